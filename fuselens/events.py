@@ -1,0 +1,321 @@
+"""The one event schema of fuselens.
+
+Capture (the worker, the compiler) produces these objects, views (report,
+server, TUI) only read them. The JSON report is `Report.to_json()`; the worker
+streams single events as JSON lines `{"type": <class name>, "data": {...}}`.
+
+Bump `SCHEMA_VERSION` on any change a reader could notice, and document the
+change in docs/events.md. This module must never import torch: the server and
+the TUI import it and must stay light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+SCHEMA_VERSION = 1
+
+KernelKind = Literal["triton", "cpp", "extern"]
+FusionVerdict = Literal["fused", "not_fused"]
+GraphStage = Literal["dynamo", "aot_inference", "aot_forward", "aot_backward"]
+ErrorKind = Literal[
+    "exception",  # the user program raised
+    "exit",  # the user program called sys.exit with a non-zero code
+    "syntax",  # the user program does not parse
+    "timeout",  # killed after --timeout seconds
+    "killed",  # the worker died (signal, OOM)
+    "compile",  # a backend failed to compile a graph (fell back to eager)
+    "fallback",  # a kernel or op fell back to ATen/eager, with the reason
+    "internal",  # fuselens itself failed; a bug to report
+]
+
+
+@dataclass
+class SourceLocation:
+    """A place in the user's code. For notebooks `file` is the .ipynb path,
+    `cell` the 0-based index among code cells and `line` is 1-based within
+    the cell."""
+
+    file: str
+    line: int
+    function: str = ""
+    code: str = ""  # the source line text, stripped
+    cell: Optional[int] = None
+    column: int = 0
+
+    def label(self) -> str:
+        where = f"{self.file}:cell{self.cell}" if self.cell is not None else self.file
+        return f"{where}:{self.line}"
+
+
+@dataclass
+class GraphBreak:
+    """Graph breaks at the same location with the same reason are one entry
+    with `count` > 1 (the parent merges them)."""
+
+    location: SourceLocation
+    reason: str  # Dynamo's "Graph Break Reason", first line
+    explanation: str = ""
+    hints: list[str] = field(default_factory=list)
+    gb_type: str = ""  # registry title, e.g. "Unsupported Tensor.item() call..."
+    registry_id: str = ""  # e.g. "GB0124" when torch names it
+    compile_id: str = ""  # "frame/compile", e.g. "0/0"
+    count: int = 1
+    user_stack: list[SourceLocation] = field(default_factory=list)  # outermost first
+
+    def key(self) -> tuple:
+        return (self.location.file, self.location.line, self.location.cell, self.reason)
+
+
+@dataclass
+class ShapeChange:
+    """One input that changed between compiles. `dim` is None for a Python
+    scalar (int/float input), otherwise the tensor dimension."""
+
+    input_name: str  # user-facing name: "x", "self.weight", "n"
+    dim: Optional[int]
+    old: str
+    new: str
+    became_dynamic: bool = False  # Dynamo marked it dynamic (automatic_dynamic)
+
+
+@dataclass
+class Recompile:
+    function: str
+    location: SourceLocation  # the compiled function's def line, or the guarded user line
+    compile_id: str
+    reasons: list[str] = field(default_factory=list)  # guard failures in user terms
+    raw_reasons: list[str] = field(default_factory=list)  # as torch wrote them
+    shape_changes: list[ShapeChange] = field(default_factory=list)
+    dtype_changes: list[str] = field(default_factory=list)
+    fix: str = ""  # the fix to consider, one sentence
+    hit_limit: bool = False  # recompile_limit reached, Dynamo gave up and runs eager
+
+
+@dataclass
+class GraphNode:
+    """One FX node of a compiled graph, enough to draw the graph."""
+
+    name: str
+    op: str  # placeholder | call_function | call_method | call_module | get_attr | output
+    target: str  # "aten.add.Tensor", "torch.sin", "output"
+    inputs: list[str] = field(default_factory=list)  # names of input nodes
+    location: Optional[SourceLocation] = None  # from node stack_trace, user frame
+    kernel: Optional[str] = None  # the kernel this node was fused into
+    shape: str = ""  # "[4, 16] f32" when known
+
+
+@dataclass
+class CompiledGraph:
+    compile_id: str
+    function: str
+    location: SourceLocation  # file and first line of the compiled function
+    backend: str  # "fuselens", "inductor", "eager", ...
+    stage: GraphStage = "dynamo"
+    ops: list[str] = field(default_factory=list)  # call targets in order
+    nodes: list[GraphNode] = field(default_factory=list)
+    graph_id: str = ""  # unique within a run: f"{compile_id}:{stage}"
+
+
+@dataclass
+class Kernel:
+    """A generated kernel or an extern (library) call of a compiled graph.
+    Times are totals over all calls, in microseconds; 0 calls when the run
+    did not time kernels."""
+
+    name: str
+    kind: KernelKind
+    backend: str = "fuselens"
+    graph_id: str = ""
+    ops: list[str] = field(default_factory=list)  # fused ATen ops, in order
+    nodes: list[str] = field(default_factory=list)  # FX node names fused here
+    source_lines: list[SourceLocation] = field(default_factory=list)
+    source: str = ""  # generated code (C++, Triton) or the extern call
+    language: str = ""  # "cpp", "python" (Triton), "" for extern
+    calls: int = 0
+    total_time_us: float = 0.0
+    bytes_accessed: Optional[int] = None  # per call, when known
+    device: str = "cpu"
+
+
+@dataclass
+class KernelTiming:
+    """Incremental timing update streamed by a worker; the parent adds it to
+    the matching Kernel (same graph_id and name)."""
+
+    name: str
+    graph_id: str
+    calls: int
+    total_time_us: float
+
+
+@dataclass
+class FusionDecision:
+    """One scheduler decision. For `fused`, `nodes` landed in `kernel`; for
+    `not_fused`, `nodes` are two nodes (or groups) that shared a buffer and
+    `reason` says why they stayed apart, in a user's words."""
+
+    decision: FusionVerdict
+    nodes: list[str]
+    reason: str
+    kernel: Optional[str] = None
+    graph_id: str = ""
+    rule: str = ""  # the scheduler rule that decided, e.g. "iteration-space"
+    locations: list[SourceLocation] = field(default_factory=list)
+    option: str = ""  # the compiler option that would change it, if any
+
+
+@dataclass
+class ErrorEntry:
+    kind: ErrorKind
+    message: str
+    location: Optional[SourceLocation] = None  # innermost user frame
+    traceback: str = ""
+    compile_id: str = ""
+
+
+@dataclass
+class PhaseTime:
+    phase: str  # "dynamo", "aot", "lowering", "scheduling", "codegen", "cpp_compile", ...
+    seconds: float
+    compile_id: str = ""
+
+
+@dataclass
+class Timings:
+    wall_s: float = 0.0  # whole run of the user program
+    compile_s: float = 0.0  # sum over all compiles
+    phases: list[PhaseTime] = field(default_factory=list)
+    kernel_time_us: float = 0.0
+
+
+@dataclass
+class RunInfo:
+    target: str  # what was run, as the user wrote it
+    target_kind: Literal["script", "module", "notebook"] = "script"
+    args: list[str] = field(default_factory=list)
+    backend: str = ""  # forced backend, "" when the program's own
+    torch_version: str = ""
+    python_version: str = ""
+    device: str = "cpu"
+    exit_code: Optional[int] = None
+    max_calls_reached: bool = False
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+@dataclass
+class Report:
+    run: RunInfo
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    recompiles: list[Recompile] = field(default_factory=list)
+    graphs: list[CompiledGraph] = field(default_factory=list)
+    kernels: list[Kernel] = field(default_factory=list)
+    fusion: list[FusionDecision] = field(default_factory=list)
+    errors: list[ErrorEntry] = field(default_factory=list)
+    timings: Timings = field(default_factory=Timings)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Report":
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if version > SCHEMA_VERSION:
+            raise ValueError(f"report schema {version} is newer than this fuselens ({SCHEMA_VERSION})")
+        return from_dict(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Report":
+        return cls.from_dict(json.loads(text))
+
+
+# Everything a worker may stream, by name. `PhaseTime` and `RunInfo` travel
+# as events too; the parent folds them into `Report`.
+EVENT_CLASSES: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        GraphBreak,
+        Recompile,
+        CompiledGraph,
+        Kernel,
+        KernelTiming,
+        FusionDecision,
+        ErrorEntry,
+        PhaseTime,
+        RunInfo,
+    )
+}
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclasses to plain JSON-able values (dicts, lists, scalars)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS_CACHE:
+        _HINTS_CACHE[cls] = typing.get_type_hints(cls)
+    return _HINTS_CACHE[cls]
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(args[0], value) if len(args) == 1 else value
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_convert(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(tp) or (Any, Any)
+        return {k: _convert(item, v) for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return from_dict(tp, value)
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Inverse of `to_dict`. Unknown keys are ignored so that an older reader
+    can load a newer minor addition."""
+    hints = _field_types(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def encode_event(event: Any) -> str:
+    """One JSON line for the worker -> parent stream."""
+    return json.dumps({"type": type(event).__name__, "data": to_dict(event)})
+
+
+def decode_event(line: str) -> Any:
+    """Parse one streamed line back into its dataclass; raises ValueError on
+    anything that is not a known event."""
+    msg = json.loads(line)
+    cls = EVENT_CLASSES.get(msg.get("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown event type {msg.get('type')!r}")
+    return from_dict(cls, msg["data"])
