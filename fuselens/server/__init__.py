@@ -1,0 +1,7 @@
+"""The fuselens language server (`fuselens server`, pygls over stdio).
+
+Modules: settings/project/planning decide what to run; analysis runs it
+through the capture worker; program/resolve/positions map results back to
+documents; diagnostics/fixes/insights turn a Report into LSP objects (pure);
+server/features hold the LSP wiring. Nothing here imports torch.
+"""

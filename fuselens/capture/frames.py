@@ -1,0 +1,116 @@
+"""Which frames are the user's, and how to point at them.
+
+A location must name the user's code: never torch internals, never
+fuselens itself, never the stdlib or `<frozen runpy>`, never a function that
+Dynamo generated (`torch_dynamo_resume_in_f_at_7` is reported as `f`).
+Notebook cells (`<nb>.ipynb#cellN`) become (file=nb, cell=N). No torch.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sysconfig
+from typing import Iterable, Optional
+
+from fuselens.capture.notebook import split_cell_filename
+from fuselens.events import SourceLocation
+
+_FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RESUME_RE = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
+
+
+def _library_dirs() -> list[str]:
+    dirs = []
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.append(os.path.realpath(path) + os.sep)
+    try:  # torch's own directory, without importing torch in the parent
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec and spec.origin:
+            dirs.append(os.path.realpath(os.path.dirname(spec.origin)) + os.sep)
+    except (ImportError, ValueError):
+        pass
+    dirs.append(os.path.realpath(_FUSELENS_DIR) + os.sep)
+    return dirs
+
+
+_LIBRARY_DIRS: Optional[list[str]] = None
+_LIB_MARKERS = (os.sep + "torch" + os.sep, os.sep + "triton" + os.sep, os.sep + "functorch" + os.sep)
+
+
+def is_user_file(filename: str) -> bool:
+    """True for the user's code (scripts, their packages, notebook cells)."""
+    global _LIBRARY_DIRS
+    if not filename:
+        return False
+    if split_cell_filename(filename):
+        return True
+    if filename.startswith("<"):
+        return False
+    if _LIBRARY_DIRS is None:
+        _LIBRARY_DIRS = _library_dirs()
+    real = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
+    if any(real.startswith(d) for d in _LIBRARY_DIRS):
+        # A user script under site-packages/torch? No: everything there is torch.
+        return False
+    if any(m in real for m in _LIB_MARKERS) and "site-packages" in real:
+        return False
+    return True
+
+
+def user_function_name(name: str) -> str:
+    """`torch_dynamo_resume_in_f_at_7` (possibly nested) -> `f`."""
+    while True:
+        m = _RESUME_RE.match(name or "")
+        if not m:
+            return name
+        name = m.group("fn")
+
+
+def resume_line(name: str) -> Optional[int]:
+    """The user line a resume function continues from (7 above), or None."""
+    m = _RESUME_RE.match(name or "")
+    return int(m.group("line")) if m else None
+
+
+def is_generated_function(name: str) -> bool:
+    return bool(_RESUME_RE.match(name or ""))
+
+
+def make_location(filename: str, line: int, function: str = "", column: int = 0) -> SourceLocation:
+    """A SourceLocation with notebook cells split out and the code text filled."""
+    code = ""
+    try:
+        code = linecache.getline(filename, int(line)).strip()
+    except Exception:  # linecache can fail on odd names; the text is optional
+        code = ""
+    cell = split_cell_filename(filename)
+    file = cell[0] if cell else filename
+    return SourceLocation(
+        file=file,
+        line=int(line or 0),
+        function=user_function_name(function),
+        code=code,
+        cell=cell[1] if cell else None,
+        column=column,
+    )
+
+
+def innermost_user(frames: Iterable[tuple[str, int, str]]) -> Optional[SourceLocation]:
+    """The last user frame of (filename, line, function) triples, outermost
+    first; None when no frame is the user's."""
+    found = None
+    for filename, line, function in frames:
+        if is_user_file(filename):
+            found = (filename, line, function)
+    return make_location(*found) if found else None
+
+
+def user_stack(frames: Iterable[tuple[str, int, str]]) -> list[SourceLocation]:
+    """Only the user's frames, outermost first."""
+    return [make_location(f, l, fn) for f, l, fn in frames if is_user_file(f)]

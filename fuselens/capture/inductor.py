@@ -1,0 +1,215 @@
+"""Inductor's kernels as `Kernel` events (worker side).
+
+Per compile, Inductor writes to the structured trace (in this order):
+`inductor_post_grad_graph` (the graph it lowers; node -> ATen target),
+`inductor_output_code` (the generated module: kernel sources),
+`inductor_provenance_tracking_node_mappings` (kernel -> post-grad nodes ->
+Dynamo nodes) and `inductor_provenance_tracking_kernel_stack_traces`
+(kernel -> user stack traces); a training graph repeats this for the
+backward. All are read from the trace, nothing from stderr. Provenance
+needs `torch._inductor.config.trace.provenance_tracking_level` (the worker
+turns it on); without it kernels still come from the output code, with ops
+from the kernel name and no user lines.
+
+Kernels of the k-th Inductor output of compile `c` get graph_id `c:dynamo`
+for k = 0 and `c:dynamo#k` after (the backward of a training graph is #1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from fuselens.capture import frames as fr
+from fuselens.capture.tracetext import _FRAME_RE
+from fuselens.events import Kernel, KernelTiming, SourceLocation
+
+Emit = Callable[[Any], None]
+
+_DEF_RE = re.compile(
+    r"^(?P<name>\w+) = async_compile\.(?P<how>cpp_pybinding|cpp|triton)\((?P<head>.*?)(?P<q>r?''')", re.M
+)
+_POST_NODE_RE = re.compile(r"^\s*(?P<name>\w+)(?::\s*\"[^\"]*\")?\s*=\s*torch\.ops\.(?P<target>[\w.]+)\(", re.M)
+_NAME_OPS_RE = re.compile(r"^(?:cpp|triton)_(?:[a-z]+_)?fused_(?P<ops>.+?)_\d+$")
+
+
+@dataclass
+class _Segment:
+    code: str = ""
+    post_targets: dict[str, str] = field(default_factory=dict)
+    code_to_post: dict[str, list[str]] = field(default_factory=dict)
+    post_to_pre: dict[str, list[str]] = field(default_factory=dict)
+    stack_traces: dict[str, list[str]] = field(default_factory=dict)
+
+
+def kernel_sources(code: str) -> dict[str, tuple[str, str]]:
+    """name -> (kind, source) for every kernel defined in an output module."""
+    out: dict[str, tuple[str, str]] = {}
+    for m in _DEF_RE.finditer(code):
+        start = m.end()
+        end = code.find("'''", start)
+        if end < 0:
+            continue
+        kind = "triton" if m.group("how") == "triton" else "cpp"
+        out[m.group("name")] = (kind, code[start:end].strip("\n"))
+    return out
+
+
+def ops_from_name(name: str) -> list[str]:
+    """`cpp_fused_add_cos_pow_sin_0` -> ["add", "cos", "pow", "sin"] (Inductor
+    joins op names with `_`, so multi-word ops split; a fallback only)."""
+    m = _NAME_OPS_RE.match(name)
+    return [p for p in m.group("ops").split("_") if p] if m else []
+
+
+class InductorKernels:
+    def __init__(self, emit: Emit, capture: Any) -> None:
+        self._emit = emit
+        self._capture = capture
+        self._segments: dict[str, list[_Segment]] = {}
+        self._pending_post: dict[str, dict[str, str]] = {}
+        self._kernels: dict[tuple[str, str], Kernel] = {}  # (graph_id, name) -> emitted
+        self.time_kernels = False
+
+    def reset_run(self, time_kernels: bool) -> None:
+        self._segments.clear()
+        self._pending_post.clear()
+        self._kernels.clear()
+        self.time_kernels = time_kernels
+
+    # trace records ----------------------------------------------------------
+    def on_record(self, cid: str, meta: dict, payload: Optional[str]) -> None:
+        if "inductor_output_code" in meta:
+            seg = _Segment(code=payload or "", post_targets=self._pending_post.pop(cid, {}))
+            self._segments.setdefault(cid, []).append(seg)
+            return
+        artifact = meta.get("artifact")
+        if not isinstance(artifact, dict):
+            return
+        name = artifact.get("name", "")
+        if name == "inductor_post_grad_graph":
+            self._pending_post[cid] = {m.group("name"): m.group("target") for m in _POST_NODE_RE.finditer(payload or "")}
+            return
+        segments = self._segments.get(cid)
+        if not segments:
+            return
+        seg = segments[-1]
+        try:
+            data = json.loads(payload or "{}")
+        except ValueError:
+            return
+        if name == "inductor_provenance_tracking_node_mappings" and isinstance(data, dict):
+            # "cppCodeToPost" on CPU; GPU runs name it by the code kind too.
+            for key, value in data.items():
+                if key.endswith("CodeToPost") and isinstance(value, dict):
+                    seg.code_to_post.update(value)
+            seg.post_to_pre.update(data.get("postToPre") or {})
+        elif name == "inductor_provenance_tracking_kernel_stack_traces" and isinstance(data, dict):
+            seg.stack_traces.update(data)
+
+    def on_compile_end(self, cid: str) -> None:
+        """compilation_metrics for `cid` arrived: its kernels are complete."""
+        for index, seg in enumerate(self._segments.pop(cid, [])):
+            graph_id = f"{cid}:dynamo" if index == 0 else f"{cid}:dynamo#{index}"
+            kernels = self._kernels_of(seg, graph_id)
+            for kernel in kernels:
+                self._kernels[(graph_id, kernel.name)] = kernel
+                self._emit(kernel)
+            if index == 0 and kernels:
+                self._capture.mark_kernels(cid, {n: k.name for k in kernels for n in k.nodes})
+
+    def flush(self) -> None:
+        for cid in list(self._segments):
+            self.on_compile_end(cid)
+
+    def _kernels_of(self, seg: _Segment, graph_id: str) -> list[Kernel]:
+        sources = kernel_sources(seg.code)
+        names = list(dict.fromkeys([*(k.rsplit(":", 1)[0] for k in seg.code_to_post), *sources]))
+        keyed = {k.rsplit(":", 1)[0]: k for k in seg.code_to_post}
+        out = []
+        for name in names:
+            key = keyed.get(name, name)
+            post = seg.code_to_post.get(key, [])
+            if name in sources:
+                kind, source = sources[name]
+            else:
+                kind, source = "extern", _extern_call(seg.code, name)
+            ops = [seg.post_targets.get(p, p) for p in post] or ops_from_name(name)
+            pre = list(dict.fromkeys(n for p in post for n in seg.post_to_pre.get(p, [])))
+            lines = _user_lines(seg.stack_traces.get(key, []))
+            out.append(
+                Kernel(
+                    name=name,
+                    kind=kind,  # type: ignore[arg-type]
+                    backend="inductor",
+                    graph_id=graph_id,
+                    ops=list(dict.fromkeys(ops)),
+                    nodes=pre,
+                    source_lines=lines,
+                    source=source,
+                    language={"cpp": "cpp", "triton": "python"}.get(kind, ""),
+                    device="cuda" if kind == "triton" else "cpu",
+                )
+            )
+        return out
+
+    # kernel timing ------------------------------------------------------------
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        """Profile the run when asked; afterwards attribute profiler time to
+        the kernels by name (cpp kernels appear when
+        `cpp.enable_kernel_profile` is on, Triton kernels as device events)."""
+        if not self.time_kernels:
+            yield
+            return
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities)
+        prof.__enter__()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                prof.__exit__(None, None, None)
+                self._attribute(prof)
+
+    def _attribute(self, prof: Any) -> None:
+        self.flush()
+        by_name: dict[str, list[Kernel]] = {}
+        for kernel in self._kernels.values():
+            by_name.setdefault(kernel.name, []).append(kernel)
+        for avg in prof.key_averages():
+            kernels = by_name.get(avg.key)
+            if not kernels:
+                continue
+            device_us = getattr(avg, "device_time_total", 0.0) or getattr(avg, "cuda_time_total", 0.0) or 0.0
+            total = float(device_us or avg.cpu_time_total)
+            kernel = kernels[0]  # same name in several graphs: the first one
+            self._emit(KernelTiming(kernel.name, kernel.graph_id, int(avg.count), total))
+
+
+def _extern_call(code: str, name: str) -> str:
+    for line in code.splitlines():
+        if name + "(" in line:
+            return line.strip()
+    return name
+
+
+def _user_lines(traces: list[str]) -> list[SourceLocation]:
+    out: list[SourceLocation] = []
+    for trace in traces:
+        frames = []
+        for line in str(trace).splitlines():
+            m = _FRAME_RE.match(line)
+            if m:
+                frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
+        loc = fr.innermost_user(frames)
+        if loc is not None and all((loc.file, loc.line, loc.cell) != (o.file, o.line, o.cell) for o in out):
+            out.append(loc)
+    return out

@@ -1,0 +1,302 @@
+"""Turn torch's structured trace into schema events (worker side).
+
+A `logging.Handler` on `torch.__trace` receives every structured record:
+`record.metadata` (a dict whose first key names the record, plus
+`frame_id`/`frame_compile_id`/`attempt`) and `record.payload` (str or None).
+File names are interned by `{"str": [path, id]}` records (RECIPES.md).
+
+Records read here: str, dynamo_start, compilation_metrics, artifact
+`dynamo_graph_break_reason`, artifact `recompile_reasons`, artifact
+`inductor_output_code`, chromium events `automatic_dynamic` and
+`pgo.dynamic_whitelist`, `symbolic_shape_specialization`. Recompiles are
+held until their compile's `compilation_metrics` (which names the compiled
+function and says whether the recompile limit was hit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from fuselens.capture import frames as fr
+from fuselens.capture import tracetext
+from fuselens.events import ErrorEntry, GraphBreak, PhaseTime, Recompile, ShapeChange, SourceLocation
+
+Emit = Callable[[Any], None]
+
+# Substrings of compilation_metrics.fail_reason meaning "recompile limit hit";
+# the option was called cache_size_limit before 2.7, recompile_limit after.
+_LIMIT_MARKERS = ("recompile_limit", "cache_size_limit", "recompile limit")
+
+
+@dataclass
+class _Pending:
+    """What one compile id accumulated before its compilation_metrics."""
+
+    raw_reasons: list[str] = field(default_factory=list)
+    dynamic: dict[tuple[str, Any], dict] = field(default_factory=dict)  # (input, dim) -> automatic_dynamic args
+    whitelist: set[str] = field(default_factory=set)  # inputs pgo marked dynamic
+    specializations: list[str] = field(default_factory=list)
+    start: Optional[tuple[str, int, str]] = None  # innermost frame of dynamo_start
+
+
+def _compile_id(meta: dict) -> str:
+    fid, cid = meta.get("frame_id"), meta.get("frame_compile_id")
+    if fid is None or cid is None:
+        return ""
+    return f"{fid}/{cid}"
+
+
+class TraceHandler(logging.Handler):
+    """Receives `torch.__trace` records and emits GraphBreak, Recompile,
+    PhaseTime, ErrorEntry and (through `on_output_code`) Inductor code."""
+
+    def __init__(self, emit: Emit, on_record: Optional[Callable[[str, dict, Optional[str]], None]] = None) -> None:
+        super().__init__(level=logging.DEBUG)
+        self._emit = emit
+        # Every record also goes to on_record(compile_id, metadata, payload)
+        # (the Inductor kernel reader); on_metrics(compile_id) after a compile.
+        self.on_record = on_record
+        self.on_metrics: Optional[Callable[[str], None]] = None
+        self._strings: dict[int, str] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._seen_breaks: set[tuple] = set()
+        self._def_lines: dict[tuple[str, str], int] = {}
+        self.frames_by_compile: dict[str, tuple[str, int, str]] = {}
+        self._lock = threading.RLock()
+        self.errors = 0
+
+    def reset_run(self) -> None:
+        """Forget per-run state (interned strings stay: torch keeps its table)."""
+        with self._lock:
+            self._pending.clear()
+            self._seen_breaks.clear()
+            self.frames_by_compile.clear()
+
+    # logging.Handler API -------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
+        meta = getattr(record, "metadata", None)
+        if not isinstance(meta, dict):
+            return
+        try:
+            with self._lock:
+                self._dispatch(meta, getattr(record, "payload", None))
+        except Exception:  # never break the user's compile because we misread a record
+            self.errors += 1
+
+    def _dispatch(self, meta: dict, payload: Optional[str]) -> None:
+        if "str" in meta:
+            value = meta["str"]
+            if isinstance(value, (list, tuple)) and len(value) == 2:
+                self._strings[int(value[1])] = str(value[0])
+            return
+        if "chromium_event" in meta and "automatic_dynamic" not in (payload or "") and "dynamic_whitelist" not in (payload or ""):
+            return  # ~90% of all records: timing spans we do not need
+        cid = _compile_id(meta)
+        if "dynamo_start" in meta:
+            self._on_dynamo_start(cid, meta["dynamo_start"] or {})
+        elif "artifact" in meta:
+            name = (meta["artifact"] or {}).get("name", "")
+            if name == "dynamo_graph_break_reason":
+                self._on_graph_break(cid, payload or "")
+            elif name == "recompile_reasons":
+                self._pending.setdefault(cid, _Pending()).raw_reasons.extend(
+                    tracetext.split_recompile_payload(payload or "")
+                )
+        elif "chromium_event" in meta:
+            self._on_chromium(cid, payload)
+        elif "symbolic_shape_specialization" in meta:
+            self._on_specialization(cid, meta["symbolic_shape_specialization"] or {})
+        elif "compilation_metrics" in meta:
+            self._on_metrics(meta["compilation_metrics"] or {})
+            if self.on_metrics is not None:
+                self.on_metrics(str((meta["compilation_metrics"] or {}).get("compile_id") or cid))
+        if self.on_record is not None:
+            self.on_record(cid, meta, payload)
+
+    # records ---------------------------------------------------------------
+    def _filename(self, value: Any) -> str:
+        if isinstance(value, int):
+            return self._strings.get(value, "")
+        return str(value or "")
+
+    def _on_dynamo_start(self, cid: str, start: dict) -> None:
+        stack = start.get("stack") or []
+        if stack:
+            inner = stack[-1]
+            frame = (self._filename(inner.get("filename")), int(inner.get("line") or 0), str(inner.get("name", "")))
+            self.frames_by_compile[cid] = frame
+            self._pending.setdefault(cid, _Pending()).start = frame
+
+    def _on_graph_break(self, cid: str, text: str) -> None:
+        parsed = tracetext.parse_graph_break(text)
+        stack = fr.user_stack(parsed.frames)
+        location = stack[-1] if stack else None
+        if location is None and parsed.at is not None:
+            location = fr.make_location(parsed.at[0], parsed.at[1])
+        if location is None:
+            location = SourceLocation(file="<unknown>", line=0)
+        gb = GraphBreak(
+            location=location,
+            reason=parsed.reason or "graph break",
+            explanation=parsed.explanation,
+            hints=[h for h in parsed.hints if h],
+            gb_type=parsed.gb_type,
+            registry_id=parsed.registry_id,
+            compile_id=cid,
+            user_stack=stack,
+        )
+        key = (cid,) + gb.key()
+        if key in self._seen_breaks:  # a restarted attempt logs the same break again
+            return
+        self._seen_breaks.add(key)
+        self._emit(gb)
+
+    def _on_chromium(self, cid: str, payload: Optional[str]) -> None:
+        if not payload:
+            return
+        try:
+            event = json.loads(payload) if isinstance(payload, str) else payload
+        except ValueError:
+            return
+        name = event.get("name")
+        args = event.get("args") or {}
+        if name == "automatic_dynamic":
+            target = args.get("compile_id") or cid
+            key = (str(args.get("name", "")), args.get("dim_changed"))
+            self._pending.setdefault(target, _Pending()).dynamic[key] = args
+        elif name == "pgo.dynamic_whitelist":
+            target = args.get("compile_id") or cid
+            names = str(args.get("recompile_dynamic_whitelist") or "")
+            pending = self._pending.setdefault(target, _Pending())
+            pending.whitelist.update(n.strip() for n in names.split(",") if n.strip())
+
+    def _on_specialization(self, cid: str, spec: dict) -> None:
+        sources = spec.get("sources") or []
+        names = ", ".join(tracetext.user_name(str(s)) for s in sources) or str(spec.get("symbol", "?"))
+        frames = [
+            (self._filename(f.get("filename")), int(f.get("line") or 0), str(f.get("name", "")))
+            for f in (spec.get("user_stack") or [])
+            if isinstance(f, dict)
+        ]
+        where = fr.innermost_user(frames)
+        at = f" at {where.label()}" if where else ""
+        reason = spec.get("reason") or ""
+        text = f"{names} was specialized to {spec.get('value')}{at}" + (f" ({reason})" if reason else "")
+        self._pending.setdefault(cid, _Pending()).specializations.append(text)
+
+    def _on_metrics(self, m: dict) -> None:
+        cid = str(m.get("compile_id") or "")
+        co_name = str(m.get("co_name") or "")
+        co_file = str(m.get("co_filename") or "")
+        first = int(m.get("co_firstlineno") or 0)
+        if co_name and not fr.is_generated_function(co_name):
+            self._def_lines.setdefault((co_file, co_name), first)
+        self._emit_phases(cid, m)
+        pending = self._pending.pop(cid, None)
+        fail_type, fail_reason = m.get("fail_type"), m.get("fail_reason")
+        hit_limit = bool(fail_type) and any(k in str(fail_reason or "") for k in _LIMIT_MARKERS)
+        if pending is not None and (pending.raw_reasons or hit_limit):
+            self._emit_recompile(cid, co_name, co_file, first, pending, hit_limit)
+        elif hit_limit:
+            self._emit_recompile(cid, co_name, co_file, first, _Pending(), True)
+        if fail_type and not hit_limit:
+            loc = None
+            if m.get("fail_user_frame_filename") and fr.is_user_file(str(m["fail_user_frame_filename"])):
+                loc = fr.make_location(str(m["fail_user_frame_filename"]), int(m.get("fail_user_frame_lineno") or 0))
+            self._emit(
+                ErrorEntry(
+                    "compile",
+                    f"{fail_type}: {str(fail_reason or '').strip().splitlines()[0] if fail_reason else ''}".strip(": "),
+                    location=loc,
+                    traceback=str(fail_reason or ""),
+                    compile_id=cid,
+                )
+            )
+
+    def _emit_phases(self, cid: str, m: dict) -> None:
+        total = float(m.get("entire_frame_compile_time_s") or 0.0)
+        backend = float(m.get("backend_compile_time_s") or 0.0)
+        if total or backend:
+            self._emit(PhaseTime("dynamo", round(max(total - backend, 0.0), 6), cid))
+            self._emit(PhaseTime("backend", round(backend, 6), cid))
+        for key, phase in (("inductor_compile_time_s", "inductor"), ("code_gen_time_s", "codegen")):
+            if m.get(key):
+                self._emit(PhaseTime(phase, round(float(m[key]), 6), cid))
+
+    def _emit_recompile(self, cid: str, co_name: str, co_file: str, first: int, p: _Pending, hit_limit: bool) -> None:
+        function = fr.user_function_name(co_name)
+        def_line = self._def_lines.get((co_file, function)) or fr.resume_line(co_name) or first
+        if not co_file and p.start:
+            co_file = p.start[0]
+        location = fr.make_location(co_file, def_line, function) if co_file else SourceLocation("<unknown>", 0, function)
+        reasons, shapes, dtypes, fixes = [], [], [], []
+        for raw in p.raw_reasons:
+            g = tracetext.translate_guard(raw, co_name)
+            dynamic = self._became_dynamic(p, g)
+            if g.text not in reasons:
+                reasons.append(g.text)
+            if g.kind in ("size", "stride", "value", "rank"):
+                new = g.new
+                if g.kind == "value":
+                    new = str((p.dynamic.get((f"L['{g.input_name}']", "scalar")) or {}).get("new", ""))
+                change = ShapeChange(g.input_name, g.dim, g.old, new, became_dynamic=dynamic)
+                if change not in shapes:
+                    shapes.append(change)
+            if g.kind == "dtype":
+                entry = f"{g.input_name}: {g.old} -> {g.new}"
+                if entry not in dtypes:
+                    dtypes.append(entry)
+            fix = tracetext.fix_for(g, dynamic)
+            if fix and fix not in fixes:
+                fixes.append(fix)
+        reasons.extend(s for s in p.specializations if s not in reasons)
+        if hit_limit:
+            reasons.append(
+                "recompile limit reached (torch._dynamo.config.recompile_limit): Dynamo stopped compiling this function and runs it eagerly"
+            )
+            fixes.append("remove the cause of the recompiles above, or raise torch._dynamo.config.recompile_limit")
+        self._emit(
+            Recompile(
+                function=function,
+                location=location,
+                compile_id=cid,
+                reasons=reasons,
+                raw_reasons=list(p.raw_reasons),
+                shape_changes=shapes,
+                dtype_changes=dtypes,
+                fix=fixes[0] if fixes else "",
+                hit_limit=hit_limit,
+            )
+        )
+
+    @staticmethod
+    def _became_dynamic(p: _Pending, g: tracetext.GuardFailure) -> bool:
+        if not g.input_name:
+            return False
+        source = f"L['{g.input_name}']"
+        if g.kind == "value":
+            return (source, "scalar") in p.dynamic or source in p.whitelist
+        return (source, g.dim) in p.dynamic or source in p.whitelist
+
+    def flush_pending(self) -> None:
+        """At the end of a run: recompiles whose metrics never came (the
+        program ended or died mid-compile) are still reported."""
+        with self._lock:
+            for cid, p in list(self._pending.items()):
+                if p.raw_reasons:
+                    file, line, name = p.start or ("", 0, "")
+                    self._emit_recompile(cid, name, file, line, p, False)
+            self._pending.clear()
+
+
+def install(handler: TraceHandler) -> logging.Logger:
+    """Attach `handler` to torch's trace logger (DEBUG, never propagates)."""
+    logger = logging.getLogger("torch.__trace")
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.addHandler(handler)
+    return logger

@@ -1,0 +1,325 @@
+"""The loop-level IR.
+
+A lowered graph (`GraphIR`) is a list of steps in FX order:
+
+* `ComputeNode`: a buffer defined by a *pointwise* index function
+  (`body(ops, index) -> value`) or a *reduction* (`body(ops, full_index) -> value`
+  folded with `reduction` over `rdims` of `full_size`). Bodies are Python closures
+  written against an abstract `ops` handler (the idea Inductor has): the C++ code
+  generator passes a handler that prints C, the Triton one prints Triton, the
+  dependency analysis passes one that records loads. Indices are sympy
+  expressions over loop variables and the graph's size symbols, so dynamic shapes
+  are plain symbols (`s77`) that become kernel arguments.
+* `ExternNode`: a library call (mm, convolution, SDPA) or an ATen fallback for
+  an op we do not lower; it runs the original FX node on real tensors.
+* Views are not steps: they are index maps composed into the loaders of their
+  consumers (`TensorValue.loader`); when a library call or a graph output needs
+  one as a tensor, the runtime re-runs the ATen view op (free, no copy).
+
+The `ops` contract (every handler implements these; values are opaque):
+  load(buffer, index) constant(value, dtype) index_expr(expr, dtype)
+  to_dtype(x, dtype) where(c, a, b), the unary ops in UNARY_OPS, the binary ops
+  in BINARY_OPS. Operands of binary ops always have the same dtype (lowering
+  inserts to_dtype); comparisons and logical ops return bool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+
+Expr = sympy.Expr
+
+UNARY_OPS = (
+    "neg abs exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan "
+    "sinh cosh tanh asinh acosh atanh erf erfc sigmoid floor ceil round trunc sign isnan isinf "
+    "logical_not bitwise_not relu lgamma signbit frac square"
+).split()
+BINARY_OPS = (
+    "add sub mul truediv floordiv truncdiv remainder fmod pow maximum minimum fmax fmin atan2 hypot "
+    "copysign eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor "
+    "lshift rshift nextafter"
+).split()
+REDUCTIONS = ("sum", "prod", "max", "min", "any", "all")
+
+
+class FloorDiv(sympy.Function):
+    """Integer floor division of non-negative index expressions (C `/`)."""
+
+    is_integer = True
+    nargs = 2
+
+    @classmethod
+    def eval(cls, base, div):
+        if div == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and div.is_Integer:
+            return sympy.Integer(int(base) // int(div))
+        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b * c)
+            return FloorDiv(base.args[0], base.args[1] * div)
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """(base // div) % mod for non-negative index expressions."""
+
+    is_integer = True
+    nargs = 3
+
+    @classmethod
+    def eval(cls, base, div, mod):
+        if mod == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and div.is_Integer and mod.is_Integer:
+            return sympy.Integer((int(base) // int(div)) % int(mod))
+        return None
+
+
+def index_var(prefix: str, i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+
+
+def sympify_size(s: Any) -> Expr:
+    """An int, SymInt or sympy expression as a sympy expression."""
+    if isinstance(s, torch.SymInt):
+        return sympy.sympify(s.node.expr)
+    if isinstance(s, sympy.Expr):
+        return s
+    return sympy.Integer(int(s))
+
+
+def same_expr(a: Expr, b: Expr) -> bool:
+    return a == b or sympy.expand(a - b) == 0
+
+
+def same_sizes(a: Sequence[Expr], b: Sequence[Expr]) -> bool:
+    return len(a) == len(b) and all(same_expr(x, y) for x, y in zip(a, b))
+
+
+def squeeze(sizes: Sequence[Expr]) -> list[Expr]:
+    """Sizes without the 1s: the iteration space a node really has."""
+    return [s for s in sizes if s != 1]
+
+
+def numel(sizes: Sequence[Expr]) -> Expr:
+    out: Expr = sympy.Integer(1)
+    for s in sizes:
+        out = out * s
+    return out
+
+
+def contiguous_strides(sizes: Sequence[Expr]) -> list[Expr]:
+    strides: list[Expr] = []
+    acc: Expr = sympy.Integer(1)
+    for s in reversed(sizes):
+        strides.append(acc)
+        acc = acc * s
+    return list(reversed(strides))
+
+
+def offset_of(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.Integer(0)) -> Expr:
+    """The storage offset of a logical index (size-1 dims contribute nothing)."""
+    out = offset
+    for i, s in zip(index, strides):
+        out = out + i * s
+    return out
+
+
+def format_sizes(sizes: Sequence[Expr]) -> str:
+    return "x".join(str(s) for s in sizes) if sizes else "scalar"
+
+
+Loader = Callable[[Any, Sequence[Expr]], Any]
+
+
+@dataclass(eq=False)
+class TensorValue:
+    """What lowering knows about one FX value: its sizes, dtype and how to read
+    element `index` (a loader against the ops handler). `source` names the
+    buffer the loader ultimately reads when it is a plain view of one."""
+
+    size: list[Expr]
+    dtype: torch.dtype
+    loader: Loader
+    source: Optional[str] = None
+    direct: bool = False  # the loader reads `source` at its own strides (no view in between)
+    strides: Optional[list[Expr]] = None  # `source`'s strides when direct
+
+
+@dataclass(eq=False)
+class BufferSpec:
+    """A tensor that exists at run time: a graph input, an extern's output or a
+    materialized compute node. Sizes/strides are symbolic."""
+
+    name: str
+    size: list[Expr]
+    stride: list[Expr]
+    dtype: torch.dtype
+    offset: Expr = sympy.Integer(0)
+
+
+@dataclass(eq=False)
+class ComputeNode:
+    """A pointwise buffer or a reduction. `size`/`stride` are its own layout (the
+    strides eager would produce, from the FX node's fake tensor)."""
+
+    name: str
+    size: list[Expr]
+    stride: list[Expr]
+    dtype: torch.dtype
+    body: Callable[[Any, Sequence[Expr]], Any]
+    fx_nodes: list[str]
+    aten_ops: list[str]
+    reduction: Optional[str] = None  # one of REDUCTIONS
+    full_size: list[Expr] = field(default_factory=list)  # reduction input sizes
+    rdims: tuple[int, ...] = ()  # reduced dims of full_size
+    acc_dtype: Optional[torch.dtype] = None  # accumulation dtype of a reduction
+    reads: set[str] = field(default_factory=set)  # buffers/compute nodes it loads
+    stack_trace: str = ""
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.reduction is not None
+
+    def outer_size(self) -> list[Expr]:
+        """The kept dims of a reduction (its output without keepdim 1s)."""
+        return [s for d, s in enumerate(self.full_size) if d not in self.rdims]
+
+    def reduced_size(self) -> list[Expr]:
+        return [s for d, s in enumerate(self.full_size) if d in self.rdims]
+
+    def describe(self) -> str:
+        if self.is_reduction:
+            return f"{self.reduction} over {format_sizes(self.reduced_size())} of {format_sizes(self.full_size)}"
+        return f"pointwise {format_sizes(self.size)}"
+
+
+@dataclass(eq=False)
+class ExternNode:
+    """A library call or ATen fallback: runs `fx_node` with real tensors."""
+
+    name: str
+    fx_node: Any  # torch.fx.Node
+    kind: str  # "extern" (mm, conv, sdpa: on purpose) or "fallback" (not lowered)
+    reason: str = ""
+    reads: set[str] = field(default_factory=set)
+    stack_trace: str = ""
+
+
+@dataclass(eq=False)
+class GraphIR:
+    """The lowered graph: steps in a valid execution order plus the tables the
+    scheduler, code generators and runtime need."""
+
+    steps: list[Any] = field(default_factory=list)  # ComputeNode | ExternNode, FX order
+    inputs: list[BufferSpec] = field(default_factory=list)
+    buffers: dict[str, BufferSpec] = field(default_factory=dict)  # every run-time tensor by name
+    values: dict[str, Any] = field(default_factory=dict)  # fx name -> TensorValue / scalar expr / tuple
+    symbols: dict[sympy.Symbol, tuple] = field(default_factory=dict)  # symbol -> ("arg", i) | ("size", i, d) | ("stride", i, d)
+    size_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
+    lowered: dict[str, bool] = field(default_factory=dict)  # fx node -> lowered (True) / ATen (False)
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
+    runtime_views: set[str] = field(default_factory=set)  # view nodes re-run by the runtime
+
+    def compute_nodes(self) -> list[ComputeNode]:
+        return [s for s in self.steps if isinstance(s, ComputeNode)]
+
+    def hint(self, expr: Expr) -> int:
+        """A concrete value for a size expression, from the example inputs."""
+        try:
+            return int(sympy.sympify(expr).subs(self.size_hints))
+        except (TypeError, ValueError):
+            return 1
+
+
+class LoadRecorder:
+    """An ops handler that only records which buffers a body loads (and the
+    index it loads them at); every other op returns a dummy value."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, Expr]] = []
+
+    def load(self, name: str, index: Expr) -> str:
+        self.loads.append((name, index))
+        return "v"
+
+    def __getattr__(self, name: str) -> Callable[..., str]:
+        return lambda *args, **kwargs: "v"
+
+
+def record_loads(node: ComputeNode) -> list[tuple[str, Expr]]:
+    """The (buffer, index) loads of a node's body at its symbolic iteration index."""
+    rec = LoadRecorder()
+    sizes = node.full_size if node.is_reduction else node.size
+    node.body(rec, [index_var("d", i) for i in range(len(sizes))])
+    return rec.loads
+
+
+def _max_value(e: Expr, ranges: dict) -> Optional[Expr]:
+    """An upper bound of a sum of non-negative terms coef*var (var < ranges[var]),
+    or None when the expression is not of that form."""
+    total: Expr = sympy.Integer(0)
+    for t in sympy.Add.make_args(e):
+        coef, rest = t.as_coeff_Mul()
+        if coef < 0:
+            return None
+        vars_ = [v for v in t.free_symbols if v in ranges]
+        if not vars_:
+            if t.is_number or all(s.is_positive for s in t.free_symbols):
+                total += t
+                continue
+            return None
+        if len(vars_) != 1 or t.has(FloorDiv, ModularIndexing, sympy.Min, sympy.Max):
+            return None
+        v = vars_[0]
+        c = sympy.cancel(t / v)
+        if c.free_symbols & set(ranges) or not (c.is_positive or c.is_number and c > 0):
+            return None
+        total += c * (ranges[v] - 1)
+    return total
+
+
+def _less(a: Expr, b: Expr) -> bool:
+    d = sympy.expand(b - a)
+    return bool(d.is_positive) or (d.is_number and d > 0)
+
+
+def simplify_index(e: Expr, ranges: dict) -> Expr:
+    """Remove FloorDiv/ModularIndexing that the ranges of the loop variables make
+    trivial (reshape index maps read back at the iteration index)."""
+
+    def fd(base: Expr, div: Expr) -> Expr:
+        base = sympy.expand(base)
+        q, rest = [], []
+        for t in sympy.Add.make_args(base):
+            (q if sympy.fraction(sympy.cancel(t / div))[1] == 1 else rest).append(t)
+        r = sympy.Add(*rest)
+        mx = _max_value(r, ranges)
+        if mx is not None and _less(mx, div):
+            return sympy.expand(sympy.Add(*q) / div)
+        return FloorDiv(base, div)
+
+    def rec(x: Expr) -> Expr:
+        if not x.args:
+            return x
+        args = [rec(a) for a in x.args]
+        if isinstance(x, FloorDiv):
+            return fd(args[0], args[1])
+        if isinstance(x, ModularIndexing):
+            base, div, mod = args
+            hi = fd(base, div * mod)
+            lo = fd(base, div)
+            if hi == 0:
+                return lo
+            diff = sympy.expand(lo - mod * hi)
+            if not diff.has(FloorDiv):
+                return diff
+            return ModularIndexing(base, div, mod)
+        return x.func(*args)
+
+    return sympy.expand(rec(e))

@@ -1,0 +1,293 @@
+"""Lowering: an ATen/prims FX graph (after AOTAutograd) to the loop IR.
+
+Walks the FX graph in order. Each call is looked up in `lowering_ops.LOWERINGS`:
+pointwise ops and reductions become `ComputeNode`s, views become index maps
+(no step at all), matmul/convolution/SDPA become `ExternNode(kind="extern")`,
+and every op without a lowering (or with a dtype we do not generate code for)
+becomes an `ExternNode(kind="fallback")` that runs ATen: always correct. Whether
+each node was lowered is recorded in `GraphIR.lowered` with the reason when not.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import BufferSpec, ComputeNode, Expr, ExternNode, GraphIR, TensorValue
+
+# dtypes the code generators handle; anything else runs through ATen.
+LOWERED_DTYPES = {
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
+
+
+class NotLowered(Exception):
+    """Raised by a lowering that cannot handle this call; the node falls back to ATen."""
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def _meta(node: torch.fx.Node) -> Any:
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+class Lowerer:
+    """Builds a GraphIR from one FX graph; `lower()` does the whole walk."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: Any) -> None:
+        self.gm = gm
+        self.options = options
+        self.graph = GraphIR()
+        self.current: Optional[torch.fx.Node] = None
+        self._counter = 0
+
+    # -- helpers used by lowering_ops ------------------------------------
+    def out_meta(self) -> Any:
+        return _meta(self.current)
+
+    def fresh(self, suffix: str) -> str:
+        self._counter += 1
+        return f"{self.current.name}_{suffix}{self._counter}"
+
+    def add_compute(
+        self,
+        body: Callable,
+        size: Sequence[Expr],
+        dtype: torch.dtype,
+        *,
+        stride: Optional[Sequence[Expr]] = None,
+        name: Optional[str] = None,
+        reduction: Optional[str] = None,
+        full_size: Sequence[Expr] = (),
+        rdims: Sequence[int] = (),
+        acc_dtype: Optional[torch.dtype] = None,
+    ) -> TensorValue:
+        """Register a compute node for the current FX node; returns a value that loads it."""
+        node = self.current
+        size = list(size)
+        name = name or node.name
+        if stride is None:
+            stride = ir.contiguous_strides(size)
+        cn = ComputeNode(
+            name=name,
+            size=size,
+            stride=list(stride),
+            dtype=dtype,
+            body=body,
+            fx_nodes=[node.name],
+            aten_ops=[_op_name(node.target)],
+            reduction=reduction,
+            full_size=list(full_size),
+            rdims=tuple(rdims),
+            acc_dtype=acc_dtype,
+            stack_trace=node.meta.get("stack_trace") or "",
+        )
+        cn.reads = {b for b, _ in ir.record_loads(cn)}
+        self.graph.steps.append(cn)
+        self.graph.buffers[name] = BufferSpec(name, size, list(stride), dtype)
+        strides = list(stride)
+        return TensorValue(
+            size, dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, strides)), name, True, strides
+        )
+
+    def out_stride(self, size: Sequence[Expr]) -> list[Expr]:
+        """Eager's output strides (from the fake tensor) when they describe
+        `size`, else contiguous."""
+        val = self.out_meta()
+        if _is_tensor(val) and len(val.shape) == len(size):
+            st = [ir.sympify_size(s) for s in val.stride()]
+            sz = [ir.sympify_size(s) for s in val.shape]
+            if ir.same_sizes(sz, size) and _dense(sz, st, self.graph.size_hints):
+                return st
+        return ir.contiguous_strides(size)
+
+    # -- the walk ----------------------------------------------------------
+    def lower(self) -> GraphIR:
+        from fuselens.compiler.lowering_ops import LOWERINGS
+
+        g = self.graph
+        input_index = 0
+        for node in self.gm.graph.nodes:
+            self.current = node
+            if node.op == "placeholder":
+                self._placeholder(node, input_index)
+                input_index += 1
+            elif node.op == "call_function":
+                if node.target is operator.getitem:
+                    base = g.values[node.args[0].name]
+                    g.values[node.name] = base[node.args[1]] if isinstance(base, (tuple, list)) else None
+                    continue
+                val = _meta(node)
+                if not _is_tensor(val) and not isinstance(val, (tuple, list)):
+                    # size arithmetic (operator.mul on SymInts, sym_size): a sympy expression
+                    g.values[node.name] = _scalar_expr(val)
+                    continue
+                fn = LOWERINGS.get(node.target) if self.options.lower else None
+                reason = self._unsupported_dtype(node)
+                if fn is None and not reason:
+                    reason = f"no lowering for {_op_name(node.target)}" if self.options.lower else "lowering disabled (option lower=False)"
+                if fn is not None and not reason:
+                    before = len(g.steps)
+                    try:
+                        args, kwargs = self._values(node.args), self._values(node.kwargs)
+                        g.values[node.name] = fn(self, *args, **kwargs)
+                        g.lowered[node.name] = True
+                        continue
+                    except NotLowered as e:
+                        del g.steps[before:]
+                        reason = str(e)
+                self._extern(node, "fallback", reason)
+            elif node.op == "output":
+                self.outputs = node.args[0]
+            elif node.op == "get_attr":
+                # constants lifted by AOT are rare here; run them through the runtime as a fallback
+                self._extern(node, "fallback", "get_attr constant")
+        return g
+
+    def _placeholder(self, node: torch.fx.Node, i: int) -> None:
+        g = self.graph
+        val = _meta(node)
+        if _is_tensor(val):
+            size = [ir.sympify_size(s) for s in val.shape]
+            stride = [ir.sympify_size(s) for s in val.stride()]
+            for d, (s, st) in enumerate(zip(val.shape, val.stride())):
+                self._note_symbol(s, ("size", i, d))
+                self._note_symbol(st, ("stride", i, d))
+            spec = BufferSpec(node.name, size, stride, val.dtype)
+            g.inputs.append(spec)
+            g.buffers[node.name] = spec
+            name = node.name
+            g.values[node.name] = TensorValue(
+                size, val.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, stride)), name, True, stride
+            )
+        else:
+            self._note_symbol(val, ("arg", i))
+            g.inputs.append(BufferSpec(node.name, [], [], torch.int64))
+            g.values[node.name] = _scalar_expr(val)
+
+    def _note_symbol(self, s: Any, where: tuple) -> None:
+        if isinstance(s, torch.SymInt):
+            expr = s.node.expr
+            if isinstance(expr, sympy.Symbol) and expr not in self.graph.symbols:
+                self.graph.symbols[expr] = where
+                hint = getattr(s.node, "hint", None)
+                if hint is not None:
+                    self.graph.size_hints[expr] = int(hint)
+
+    def _unsupported_dtype(self, node: torch.fx.Node) -> str:
+        vals = [_meta(a) for a in node.all_input_nodes] + [_meta(node)]
+        flat: list[Any] = []
+        for v in vals:
+            flat.extend(v if isinstance(v, (tuple, list)) else [v])
+        for v in flat:
+            if _is_tensor(v):
+                if v.dtype not in LOWERED_DTYPES:
+                    return f"dtype {str(v.dtype).replace('torch.', '')} is not lowered"
+                if v.device.type != "cpu":
+                    return f"device {v.device.type}: the C++ code generator runs on CPU tensors"
+        return ""
+
+    def _values(self, a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return self.graph.values[a.name]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._values(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self._values(v) for k, v in a.items()}
+        return a
+
+    def _extern(self, node: torch.fx.Node, kind: str, reason: str) -> None:
+        """A library call / ATen fallback step; its outputs become run-time buffers."""
+        g = self.graph
+        step = ExternNode(node.name, node, kind, reason, stack_trace=node.meta.get("stack_trace") or "")
+        step.reads = self.tensor_sources(node.all_input_nodes)
+        g.steps.append(step)
+        g.lowered[node.name] = kind == "extern"
+        if kind == "fallback":
+            g.fallback_reasons[node.name] = reason
+        val = _meta(node)
+        if isinstance(val, (tuple, list)):
+            g.values[node.name] = tuple(
+                self._buffer_value(f"{node.name}_out{i}", v) if _is_tensor(v) else None for i, v in enumerate(val)
+            )
+        elif _is_tensor(val):
+            g.values[node.name] = self._buffer_value(node.name, val)
+        else:
+            g.values[node.name] = None
+
+    def _buffer_value(self, name: str, val: torch.Tensor) -> TensorValue:
+        size = [ir.sympify_size(s) for s in val.shape]
+        stride = [ir.sympify_size(s) for s in val.stride()]
+        self.graph.buffers[name] = BufferSpec(name, size, stride, val.dtype)
+        return TensorValue(
+            size, val.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, stride)), name, True, stride
+        )
+
+    def tensor_sources(self, nodes: Sequence[torch.fx.Node]) -> set[str]:
+        """The buffers these FX values read (through views)."""
+        out: set[str] = set()
+        for n in nodes:
+            v = self.graph.values.get(n.name)
+            for tv in v if isinstance(v, (tuple, list)) else [v]:
+                if isinstance(tv, TensorValue):
+                    out |= sources_of(tv)
+        return out
+
+    def extern(self, reason: str) -> Any:
+        """Used by lowering_ops for library calls (mm, conv, sdpa)."""
+        self._extern(self.current, "extern", reason)
+        return self.graph.values[self.current.name]
+
+
+def sources_of(tv: TensorValue) -> set[str]:
+    rec = ir.LoadRecorder()
+    tv.loader(rec, [ir.index_var("d", i) for i in range(len(tv.size))])
+    return {b for b, _ in rec.loads}
+
+
+def _dense(size: Sequence[Expr], stride: Sequence[Expr], hints: dict) -> bool:
+    """Strides that are a permutation of a contiguous layout (no gaps, no overlap)."""
+    dims = [d for d in range(len(size)) if size[d] != 1]
+    try:
+        dims.sort(key=lambda d: int(sympy.sympify(stride[d]).subs(hints)))
+    except (TypeError, ValueError):
+        return False
+    acc: Expr = sympy.Integer(1)
+    for d in dims:
+        if not ir.same_expr(stride[d], acc):
+            return False
+        acc = acc * size[d]
+    return True
+
+
+def _scalar_expr(v: Any) -> Any:
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return sympy.sympify(v.node.expr)
+    return v
+
+
+def _op_name(target: Any) -> str:
+    name = str(target)
+    return name if name.startswith(("aten.", "prims.")) else getattr(target, "__name__", name)
+
+
+def lower(gm: torch.fx.GraphModule, options: Any) -> tuple[GraphIR, Any]:
+    """Lower a graph; returns the IR and the FX output structure."""
+    low = Lowerer(gm, options)
+    g = low.lower()
+    g.outputs = low.outputs  # type: ignore[attr-defined]
+    return g, low.outputs

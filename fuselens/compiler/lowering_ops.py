@@ -1,0 +1,302 @@
+"""The lowering table: one function per ATen/prims op we generate code for.
+
+Each lowering gets the `Lowerer` (for the output's fake tensor and to register
+compute nodes) and the call's arguments with FX nodes replaced by lowered values
+(`TensorValue`, a sympy expression for SymInts, or plain Python values). It
+returns the lowered value(s) or raises `NotLowered(reason)`, in which case the
+op runs through ATen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import Expr, ModularIndexing, FloorDiv, TensorValue
+from fuselens.compiler.lowering import Lowerer, NotLowered
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+LOWERINGS: dict[Any, Callable[..., Any]] = {}
+
+
+def register(*ops: Any) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        for op in ops:
+            if op is None:
+                continue
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                for name in op.overloads():
+                    LOWERINGS.setdefault(getattr(op, name), fn)
+            else:
+                LOWERINGS[op] = fn
+        return fn
+
+    return deco
+
+
+def _ov(packet: Any, *names: str) -> list[Any]:
+    """The named overloads of an op that exist in this torch version."""
+    return [getattr(packet, n) for n in names if hasattr(packet, n)]
+
+
+def _out_size(ctx: Lowerer) -> list[Expr]:
+    return [ir.sympify_size(s) for s in ctx.out_meta().shape]
+
+
+def broadcast(tv: TensorValue, size: Sequence[Expr]) -> Callable[[Any, Sequence[Expr]], Any]:
+    """A loader of `tv` broadcast (numpy rules) to `size`."""
+    lead = len(size) - len(tv.size)
+    zero = sympy.Integer(0)
+
+    def load(ops: Any, idx: Sequence[Expr]) -> Any:
+        inner = [zero if (s == 1 and size[lead + d] != 1) else idx[lead + d] for d, s in enumerate(tv.size)]
+        return tv.loader(ops, inner)
+
+    return load
+
+
+def load_as(ops: Any, v: Any, idx: Sequence[Expr], dtype: torch.dtype, size: Sequence[Expr]) -> Any:
+    """Element `idx` of an operand (tensor, Python scalar, SymInt expression) as `dtype`."""
+    if isinstance(v, TensorValue):
+        x = broadcast(v, size)(ops, idx)
+        return x if v.dtype == dtype else ops.to_dtype(x, dtype)
+    if isinstance(v, sympy.Expr) and not v.is_Number:
+        return ops.index_expr(v, dtype)
+    if isinstance(v, sympy.Expr):
+        v = float(v) if v.is_Float else int(v)
+    return ops.constant(v, dtype)
+
+
+def _fake(v: Any) -> Any:
+    if isinstance(v, TensorValue):
+        return torch.empty([1] * len(v.size), dtype=v.dtype, device="meta")
+    if isinstance(v, sympy.Expr):
+        return 1.0 if v.is_Float else 1
+    return v
+
+
+def promote(a: Any, b: Any) -> torch.dtype:
+    """torch's type promotion of two operands (0-dim tensors count as scalars)."""
+    return torch.result_type(_fake(a), _fake(b))
+
+
+def pointwise(
+    ctx: Lowerer,
+    args: Sequence[Any],
+    fn: Callable[..., Any],
+    *,
+    compute_dtype: Optional[torch.dtype] = None,
+    result_dtype: Optional[torch.dtype] = None,
+) -> TensorValue:
+    """Register a pointwise node computing fn(ops, *operands) at every output index.
+    Operands are converted to `compute_dtype` (default: the output dtype); the result
+    (of `result_dtype`, default compute_dtype) is converted to the output dtype."""
+    meta = ctx.out_meta()
+    size = _out_size(ctx)
+    out_dtype = meta.dtype
+    cd = compute_dtype or out_dtype
+    rd = result_dtype or cd
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        vals = [load_as(ops, a, idx, cd, size) for a in args]
+        r = fn(ops, *vals)
+        return r if rd == out_dtype else ops.to_dtype(r, out_dtype)
+
+    return ctx.add_compute(body, size, out_dtype, stride=ctx.out_stride(size))
+
+
+# -- unary -----------------------------------------------------------------
+_UNARY = {
+    "neg": "neg", "abs": "abs", "exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log",
+    "log2": "log2", "log10": "log10", "log1p": "log1p", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
+    "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "asinh",
+    "acosh": "acosh", "atanh": "atanh", "erf": "erf", "erfc": "erfc", "sigmoid": "sigmoid",
+    "floor": "floor", "ceil": "ceil", "trunc": "trunc", "sign": "sign", "relu": "relu",
+    "lgamma": "lgamma", "frac": "frac", "bitwise_not": "bitwise_not", "square": "square",
+}
+for _aten_name, _op in _UNARY.items():
+    def _make(op: str) -> Callable:
+        def lower_unary(ctx: Lowerer, x: TensorValue) -> TensorValue:
+            return pointwise(ctx, [x], lambda ops, a: getattr(ops, op)(a))
+        return lower_unary
+    if hasattr(aten, _aten_name):
+        register(*_ov(getattr(aten, _aten_name), "default"))(_make(_op))
+register(aten.round.default)(lambda ctx, x: pointwise(ctx, [x], lambda ops, a: ops.round(a)))
+
+for _aten_name, _op in {"isnan": "isnan", "isinf": "isinf", "signbit": "signbit", "logical_not": "logical_not"}.items():
+    def _make_pred(op: str) -> Callable:
+        def lower_pred(ctx: Lowerer, x: TensorValue) -> TensorValue:
+            cd = torch.bool if op == "logical_not" else x.dtype
+            return pointwise(ctx, [x], lambda ops, a: getattr(ops, op)(a), compute_dtype=cd, result_dtype=torch.bool)
+        return lower_pred
+    register(*_ov(getattr(aten, _aten_name), "default"))(_make_pred(_op))
+
+
+# -- binary ----------------------------------------------------------------
+def _binary(op: str) -> Callable:
+    def lower_binary(ctx: Lowerer, a: Any, b: Any, alpha: Any = None) -> TensorValue:
+        if alpha is not None and alpha != 1:
+            return pointwise(ctx, [a, b, alpha], lambda ops, x, y, k: getattr(ops, op)(x, ops.mul(y, k)))
+        return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y))
+    return lower_binary
+
+
+for _names, _op in [
+    (("add",), "add"), (("sub",), "sub"), (("mul",), "mul"), (("maximum",), "maximum"),
+    (("minimum",), "minimum"), (("fmax",), "fmax"), (("fmin",), "fmin"), (("atan2",), "atan2"),
+    (("hypot",), "hypot"), (("copysign",), "copysign"), (("fmod",), "fmod"),
+    (("remainder",), "remainder"), (("nextafter",), "nextafter"),
+    (("bitwise_and",), "bitwise_and"), (("bitwise_or",), "bitwise_or"), (("bitwise_xor",), "bitwise_xor"),
+    (("bitwise_left_shift",), "lshift"), (("bitwise_right_shift",), "rshift"),
+]:
+    for _n in _names:
+        register(*_ov(getattr(aten, _n), "Tensor", "Scalar"))(_binary(_op))
+
+
+@register(*_ov(aten.pow, "Tensor_Tensor", "Tensor_Scalar", "Scalar"))
+def lower_pow(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        if b == 2:
+            return pointwise(ctx, [a], lambda ops, x: ops.mul(x, x))
+        if b == 1:
+            return pointwise(ctx, [a], lambda ops, x: x)
+        if b == 0.5 and ctx.out_meta().dtype.is_floating_point:
+            return pointwise(ctx, [a], lambda ops, x: ops.sqrt(x))
+    return pointwise(ctx, [a, b], lambda ops, x, y: ops.pow(x, y))
+
+
+@register(*_ov(aten.div, "Tensor", "Scalar"))
+def lower_div(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+    return pointwise(ctx, [a, b], lambda ops, x, y: ops.truediv(x, y))
+
+
+@register(*_ov(aten.div, "Tensor_mode", "Scalar_mode"))
+def lower_div_mode(ctx: Lowerer, a: Any, b: Any, rounding_mode: Optional[str] = None) -> TensorValue:
+    op = {None: "truediv", "floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
+    return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y))
+
+
+@register(*_ov(aten.floor_divide, "default", "Scalar"))
+def lower_floor_divide(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+    return pointwise(ctx, [a, b], lambda ops, x, y: ops.floordiv(x, y))
+
+
+def _compare(op: str) -> Callable:
+    def lower_compare(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+        return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y),
+                         compute_dtype=promote(a, b), result_dtype=torch.bool)
+    return lower_compare
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+    register(*_ov(getattr(aten, _op), "Tensor", "Scalar"))(_compare(_op))
+
+for _op in ("logical_and", "logical_or", "logical_xor"):
+    def _make_logical(op: str) -> Callable:
+        def lower_logical(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+            return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y),
+                             compute_dtype=torch.bool, result_dtype=torch.bool)
+        return lower_logical
+    register(*_ov(getattr(aten, _op), "default"))(_make_logical(_op))
+
+
+@register(*_ov(aten.where, "self", "ScalarSelf", "ScalarOther", "Scalar"))
+def lower_where(ctx: Lowerer, cond: Any, a: Any, b: Any) -> TensorValue:
+    size = _out_size(ctx)
+    out_dtype = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        c = load_as(ops, cond, idx, torch.bool, size)
+        return ops.where(c, load_as(ops, a, idx, out_dtype, size), load_as(ops, b, idx, out_dtype, size))
+
+    return ctx.add_compute(body, size, out_dtype, stride=ctx.out_stride(size))
+
+
+@register(*_ov(aten.masked_fill, "Scalar", "Tensor"))
+def lower_masked_fill(ctx: Lowerer, x: Any, mask: Any, value: Any) -> TensorValue:
+    size = _out_size(ctx)
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        return ops.where(load_as(ops, mask, idx, torch.bool, size), load_as(ops, value, idx, dt, size),
+                         load_as(ops, x, idx, dt, size))
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+@register(*_ov(aten.clamp, "default", "Tensor"), *_ov(aten.clamp_min, "default", "Tensor"),
+          *_ov(aten.clamp_max, "default", "Tensor"))
+def lower_clamp(ctx: Lowerer, x: Any, lo: Any = None, hi: Any = None) -> TensorValue:
+    target = ctx.current.target
+    if target in _ov(aten.clamp_max, "default", "Tensor"):
+        lo, hi = None, lo
+    bounds = [v for v in (lo, hi) if v is not None]
+
+    def fn(ops: Any, v: Any, *bs: Any) -> Any:
+        it = iter(bs)
+        if lo is not None:
+            v = ops.maximum(v, next(it))
+        if hi is not None:
+            v = ops.minimum(v, next(it))
+        return v
+
+    return pointwise(ctx, [x, *bounds], fn)
+
+
+# -- conversions, copies, constants -----------------------------------------
+def _identity_pw(ctx: Lowerer, x: Any) -> TensorValue:
+    return pointwise(ctx, [x], lambda ops, a: a)
+
+
+@register(aten._to_copy.default)
+def lower_to_copy(ctx: Lowerer, x: Any, **kw: Any) -> TensorValue:
+    dev = kw.get("device")
+    if dev is not None and torch.device(dev).type != "cpu":
+        raise NotLowered("copy to another device")
+    return _identity_pw(ctx, x)
+
+
+register(aten.clone.default, *_ov(aten, "lift_fresh_copy"))(lambda ctx, x, **kw: _identity_pw(ctx, x))
+register(prims.convert_element_type.default)(lambda ctx, x, dtype: _identity_pw(ctx, x))
+
+
+@register(aten.copy.default)
+def lower_copy(ctx: Lowerer, dst: Any, src: Any, non_blocking: bool = False) -> TensorValue:
+    return _identity_pw(ctx, src)
+
+
+def _fill(ctx: Lowerer, value: Any) -> TensorValue:
+    if isinstance(value, TensorValue):
+        raise NotLowered("fill with a tensor value")
+    return pointwise(ctx, [value], lambda ops, v: v)
+
+
+register(*_ov(aten.full, "default"))(lambda ctx, size, value, **kw: _fill(ctx, value))
+register(*_ov(aten.full_like, "default"))(lambda ctx, x, value, **kw: _fill(ctx, value))
+register(*_ov(aten.zeros_like, "default"))(lambda ctx, x, **kw: _fill(ctx, 0))
+register(*_ov(aten.ones_like, "default"))(lambda ctx, x, **kw: _fill(ctx, 1))
+register(*_ov(aten.scalar_tensor, "default"))(lambda ctx, value, **kw: _fill(ctx, value))
+register(*_ov(aten.fill, "Scalar"))(lambda ctx, x, value: _fill(ctx, value))
+register(*_ov(aten.zeros, "default"))(lambda ctx, size, **kw: _fill(ctx, 0))
+register(*_ov(aten.ones, "default"))(lambda ctx, size, **kw: _fill(ctx, 1))
+
+
+@register(prims.iota.default)
+def lower_iota(ctx: Lowerer, length: Any, *, start: Any, step: Any, dtype: Any, device: Any, requires_grad: bool) -> TensorValue:
+    size = _out_size(ctx)
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        return ops.index_expr(sympy.sympify(start) + sympy.sympify(step) * idx[0], dt)
+
+    return ctx.add_compute(body, size, dt)
+
+
+from fuselens.compiler import lowering_views as _views  # noqa: E402,F401  (registers views)
+from fuselens.compiler import lowering_reductions as _reductions  # noqa: E402,F401

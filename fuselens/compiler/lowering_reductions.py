@@ -1,0 +1,218 @@
+"""Reduction lowerings (sum, mean, amax, var, var_mean, prod, any, all) and the
+library calls we keep as externs on purpose (mm, bmm, addmm, convolution, SDPA).
+
+A reduction node reduces `rdims` of its input; its output keeps eager's sizes
+(with or without keepdim). mean and var are several nodes (sum, then divide;
+mean, then sum of squared deviations, then divide): the scheduler fuses them
+back into one row pass, and its events say so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import sympy
+import torch
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import Expr, TensorValue
+from fuselens.compiler.lowering import Lowerer, NotLowered
+from fuselens.compiler.lowering_ops import _out_size, _ov, aten, register
+
+ZERO = sympy.Integer(0)
+
+
+def _dims(x: TensorValue, dims: Any) -> list[int]:
+    n = len(x.size)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(n))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d + max(n, 1) if d < 0 else d for d in dims} & set(range(max(n, 1)))) if n else []
+
+
+def acc_dtype_for(kind: str, dtype: torch.dtype) -> torch.dtype:
+    """Accumulate float sums/products in double (torch's float32 sums are
+    cascaded; a double accumulator matches them), integer ones in int64."""
+    if kind in ("any", "all"):
+        return torch.bool
+    if kind in ("sum", "prod"):
+        if dtype.is_floating_point:
+            return torch.float64
+        return torch.int64
+    return dtype
+
+
+def reduce(
+    ctx: Lowerer,
+    x: TensorValue,
+    dims: Any,
+    kind: str,
+    *,
+    size: Optional[Sequence[Expr]] = None,
+    dtype: Optional[torch.dtype] = None,
+    name: Optional[str] = None,
+    in_dtype: Optional[torch.dtype] = None,
+    map_fn: Any = None,
+) -> TensorValue:
+    """A reduction node over `dims` of `x` (map_fn(ops, value, index) transforms
+    each element first). `size` defaults to the FX node's output sizes."""
+    rdims = _dims(x, dims)
+    out_size = list(size) if size is not None else _out_size(ctx)
+    out_dtype = dtype or ctx.out_meta().dtype
+    acc = acc_dtype_for(kind, in_dtype or out_dtype)
+    if any(x.size[d] == 0 for d in rdims) and kind in ("max", "min"):
+        raise NotLowered("max/min over an empty dim raises in eager")
+    loader = x.loader
+    src_dtype = x.dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        v = loader(ops, idx)
+        if map_fn is not None:
+            v = map_fn(ops, v, idx)
+            return v
+        return v if src_dtype == acc else ops.to_dtype(v, acc)
+
+    return ctx.add_compute(
+        body, out_size, out_dtype, name=name, reduction=kind, full_size=list(x.size), rdims=rdims, acc_dtype=acc,
+        stride=ctx.out_stride(out_size) if size is None else None,
+    )
+
+
+@register(*_ov(aten.sum, "dim_IntList", "default"))
+def lower_sum(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
+    return reduce(ctx, x, dims, "sum")
+
+
+@register(*_ov(aten.prod, "dim_int", "default"))
+def lower_prod(ctx: Lowerer, x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
+    return reduce(ctx, x, dim, "prod")
+
+
+@register(*_ov(aten.amax, "default"), *_ov(aten.max, "default"))
+def lower_amax(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
+    return reduce(ctx, x, dims, "max")
+
+
+@register(*_ov(aten.amin, "default"), *_ov(aten.min, "default"))
+def lower_amin(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
+    return reduce(ctx, x, dims, "min")
+
+
+@register(*_ov(aten.any, "default", "dim", "dims"))
+def lower_any(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
+    return reduce(ctx, x, dims, "any")
+
+
+@register(*_ov(aten.all, "default", "dim", "dims"))
+def lower_all(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
+    return reduce(ctx, x, dims, "all")
+
+
+def _count(x: TensorValue, rdims: Sequence[int]) -> Expr:
+    return ir.numel([x.size[d] for d in rdims])
+
+
+def _keep_size(x: TensorValue, rdims: Sequence[int]) -> list[Expr]:
+    return [sympy.Integer(1) if d in rdims else s for d, s in enumerate(x.size)]
+
+
+def _divide(ctx: Lowerer, total: TensorValue, denom: Any, size: Sequence[Expr], dtype: torch.dtype,
+            name: Optional[str] = None, stride: Any = None) -> TensorValue:
+    tl = total.loader
+    tsize = total.size
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        inner = [i for i, s in zip(idx, size) if s != 1]
+        full = []
+        it = iter(inner)
+        for s in tsize:
+            full.append(ZERO if s == 1 else next(it))
+        t = tl(ops, full)
+        t = t if total.dtype == dtype else ops.to_dtype(t, dtype)
+        d = ops.index_expr(denom, dtype) if isinstance(denom, sympy.Expr) and not denom.is_Number else ops.constant(
+            float(denom), dtype)
+        return ops.truediv(t, d)
+
+    return ctx.add_compute(body, size, dtype, name=name, stride=stride)
+
+
+@register(*_ov(aten.mean, "dim", "default"))
+def lower_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
+    out_dtype = ctx.out_meta().dtype
+    if not out_dtype.is_floating_point:
+        raise NotLowered("mean of an integer dtype")
+    rdims = _dims(x, dims)
+    total = reduce(ctx, x, rdims, "sum", size=_keep_size(x, rdims), dtype=torch.float64, in_dtype=out_dtype,
+                   name=ctx.fresh("sum"))
+    size = _out_size(ctx)
+    return _divide(ctx, total, _count(x, rdims), size, out_dtype, stride=ctx.out_stride(size))
+
+
+def _var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any, size: Sequence[Expr], out_dtype: torch.dtype,
+         want_mean: bool) -> tuple[TensorValue, Optional[TensorValue]]:
+    if not out_dtype.is_floating_point:
+        raise NotLowered("var of an integer dtype")
+    rdims = _dims(x, dims)
+    keep = _keep_size(x, rdims)
+    n = _count(x, rdims)
+    total = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype, name=ctx.fresh("sum"))
+    mean = _divide(ctx, total, n, keep, torch.float64, name=ctx.fresh("mean"))
+    ml = mean.loader
+    src_dtype = x.dtype
+
+    def sq_dev(ops: Any, v: Any, idx: Sequence[Expr]) -> Any:
+        m = ml(ops, [ZERO if d in rdims else i for d, i in enumerate(idx)])
+        v = v if src_dtype == torch.float64 else ops.to_dtype(v, torch.float64)
+        dev = ops.sub(v, m)
+        return ops.mul(dev, dev)
+
+    ssd = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype, name=ctx.fresh("ssd"),
+                 map_fn=sq_dev)
+    corr = 1 if correction is None else correction
+    denom = n - corr
+    if isinstance(denom, sympy.Expr) and denom.is_Number:
+        denom = max(float(denom), 0.0)
+    var = _divide(ctx, ssd, denom, size, out_dtype, name=ctx.fresh("var") if want_mean else None,
+                  stride=None if want_mean else ctx.out_stride(size))
+    mean_out = _divide(ctx, total, n, size, out_dtype, name=ctx.fresh("mean")) if want_mean else None
+    return var, mean_out
+
+
+@register(*_ov(aten.var, "correction"))
+def lower_var(ctx: Lowerer, x: TensorValue, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> TensorValue:
+    return _var(ctx, x, dims, correction, _out_size(ctx), ctx.out_meta().dtype, False)[0]
+
+
+@register(*_ov(aten.var_mean, "correction"))
+def lower_var_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple:
+    meta = ctx.out_meta()
+    size = [ir.sympify_size(s) for s in meta[0].shape]
+    var, mean = _var(ctx, x, dims, correction, size, meta[0].dtype, True)
+    return var, mean
+
+
+# -- library calls kept on purpose ---------------------------------------------
+_EXTERN = [
+    *_ov(aten.mm, "default"), *_ov(aten.bmm, "default"), *_ov(aten.addmm, "default"),
+    *_ov(aten.baddbmm, "default"), *_ov(aten.convolution, "default"),
+    *_ov(aten.convolution_backward, "default"),
+    *_ov(aten, "_scaled_dot_product_flash_attention_for_cpu"),
+    *_ov(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    *_ov(aten, "_scaled_dot_product_efficient_attention"),
+    *_ov(aten, "_scaled_dot_product_attention_math"),
+]
+EXTERN_OPS = set()
+for _p in _EXTERN:
+    if isinstance(_p, torch._ops.OpOverloadPacket):
+        for _n in _p.overloads():
+            EXTERN_OPS.add(getattr(_p, _n))
+    else:
+        EXTERN_OPS.add(_p)
+
+
+def _lower_extern(ctx: Lowerer, *args: Any, **kwargs: Any) -> Any:
+    return ctx.extern(f"library call {ctx.current.target} (ATen's tuned kernel)")
+
+
+register(*EXTERN_OPS)(_lower_extern)

@@ -1,0 +1,326 @@
+"""View lowerings: each returns a `TensorValue` whose loader maps the view's
+index to its base's index (no copy, no step). cat and constant_pad_nd are
+pointwise nodes that read their inputs at clamped indices (always in bounds)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing, TensorValue
+from fuselens.compiler.lowering import Lowerer, NotLowered
+from fuselens.compiler.lowering_ops import _out_size, _ov, aten, load_as, register
+
+ZERO = sympy.Integer(0)
+
+
+def view_of(x: TensorValue, size: Sequence[Expr], reindex: Callable[[Sequence[Expr]], Sequence[Expr]]) -> TensorValue:
+    base = x.loader
+    return TensorValue(list(size), x.dtype, lambda ops, idx: base(ops, list(reindex(idx))), x.source)
+
+
+def _norm_dim(d: int, ndim: int) -> int:
+    return d + max(ndim, 1) if d < 0 else d
+
+
+@register(aten.alias.default, *_ov(aten, "detach"), aten.lift_fresh.default if hasattr(aten, "lift_fresh") else None)
+def lower_alias(ctx: Lowerer, x: TensorValue, *a: Any) -> TensorValue:
+    return x
+
+
+@register(aten.permute.default)
+def lower_permute(ctx: Lowerer, x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    n = len(x.size)
+    dims = [_norm_dim(d, n) for d in dims]
+    size = [x.size[d] for d in dims]
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        out = [ZERO] * n
+        for k, d in enumerate(dims):
+            out[d] = idx[k]
+        return out
+
+    return view_of(x, size, reindex)
+
+
+@register(*_ov(aten.expand, "default"))
+def lower_expand(ctx: Lowerer, x: TensorValue, sizes: Any, implicit: bool = False) -> TensorValue:
+    size = _out_size(ctx)
+    lead = len(size) - len(x.size)
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        return [ZERO if (s == 1 and size[lead + d] != 1) else idx[lead + d] for d, s in enumerate(x.size)]
+
+    return view_of(x, size, reindex)
+
+
+def _reshape_groups(src: list[Expr], dst: list[Expr]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of source and destination dims with equal products, so a
+    reshape indexes each run on its own (simple index expressions)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        gi, gj = [], []
+        pi: Expr = sympy.Integer(1)
+        pj: Expr = sympy.Integer(1)
+        if i < len(src):
+            gi.append(i); pi = pi * src[i]; i += 1
+        if j < len(dst):
+            gj.append(j); pj = pj * dst[j]; j += 1
+        while not ir.same_expr(pi, pj):
+            take_src = _divides(pi, pj)
+            if take_src is None:  # undecidable symbolically: one group for the rest
+                gi += list(range(i, len(src))); gj += list(range(j, len(dst)))
+                i, j = len(src), len(dst)
+                break
+            if take_src and i < len(src):
+                gi.append(i); pi = pi * src[i]; i += 1
+            elif not take_src and j < len(dst):
+                gj.append(j); pj = pj * dst[j]; j += 1
+            else:
+                gi += list(range(i, len(src))); gj += list(range(j, len(dst)))
+                i, j = len(src), len(dst)
+                break
+        groups.append((gi, gj))
+    return groups
+
+
+def _divides(a: Expr, b: Expr) -> "bool | None":
+    """True when a < b (a divides b: take more source dims), False when b < a, None if unknown."""
+    if a.is_Integer and b.is_Integer:
+        return int(a) < int(b)
+    if sympy.fraction(sympy.cancel(b / a))[1] == 1:
+        return True
+    if sympy.fraction(sympy.cancel(a / b))[1] == 1:
+        return False
+    return None
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, *_ov(aten, "view_copy"))
+def lower_view(ctx: Lowerer, x: TensorValue, sizes: Any) -> TensorValue:
+    if isinstance(sizes, torch.dtype):
+        raise NotLowered("view as another dtype")
+    size = _out_size(ctx)
+    src = list(x.size)
+    if ir.same_sizes(src, size):
+        return x
+    groups = _reshape_groups(src, size)
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        out = [ZERO] * len(src)
+        for gi, gj in groups:
+            flat: Expr = ZERO
+            for j in gj:
+                flat = flat * size[j] + idx[j]
+            stride: Expr = sympy.Integer(1)
+            for i in reversed(gi):
+                out[i] = ZERO if src[i] == 1 else (
+                    FloorDiv(flat, stride) if i == gi[0] else ModularIndexing(flat, stride, src[i]))
+                stride = stride * src[i]
+        return out
+
+    return view_of(x, size, reindex)
+
+
+@register(*_ov(aten.squeeze, "default", "dim", "dims"))
+def lower_squeeze(ctx: Lowerer, x: TensorValue, dims: Any = None) -> TensorValue:
+    return _unsqueeze_like(ctx, x)
+
+
+@register(aten.unsqueeze.default)
+def lower_unsqueeze(ctx: Lowerer, x: TensorValue, dim: int) -> TensorValue:
+    return _unsqueeze_like(ctx, x)
+
+
+def _unsqueeze_like(ctx: Lowerer, x: TensorValue) -> TensorValue:
+    """squeeze/unsqueeze only add or drop size-1 dims: match the non-1 dims in order."""
+    size = _out_size(ctx)
+    src_keep = [d for d, s in enumerate(x.size) if s != 1]
+    dst_keep = [d for d, s in enumerate(size) if s != 1]
+    if len(src_keep) != len(dst_keep):
+        raise NotLowered("squeeze of a dim that is not 1")
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        out = [ZERO] * len(x.size)
+        for s, d in zip(src_keep, dst_keep):
+            out[s] = idx[d]
+        return out
+
+    return view_of(x, size, reindex)
+
+
+def _dim_size(x: TensorValue, dim: int) -> Expr:
+    return x.size[dim]
+
+
+@register(aten.slice.Tensor)
+def lower_slice(ctx: Lowerer, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
+    dim = _norm_dim(dim, len(x.size))
+    size = _out_size(ctx)
+    n = x.size[dim]
+    s = sympy.sympify(0 if start is None else start)
+    if s.is_Integer and int(s) < 0:
+        s = n + s
+        if n.is_Integer:
+            s = sympy.Integer(max(int(s), 0))
+    if s.is_Integer and n.is_Integer:
+        s = sympy.Integer(min(int(s), int(n)))
+    step = sympy.sympify(step)
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        out = list(idx)
+        out[dim] = s + step * idx[dim]
+        return out
+
+    return view_of(x, size, reindex)
+
+
+@register(aten.select.int)
+def lower_select(ctx: Lowerer, x: TensorValue, dim: int, index: Any) -> TensorValue:
+    dim = _norm_dim(dim, len(x.size))
+    index = sympy.sympify(index)
+    if index.is_Integer and int(index) < 0:
+        index = x.size[dim] + index
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        return list(idx[:dim]) + [index] + list(idx[dim:])
+
+    return view_of(x, _out_size(ctx), reindex)
+
+
+@register(aten.diagonal.default)
+def lower_diagonal(ctx: Lowerer, x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
+    n = len(x.size)
+    dim1, dim2 = _norm_dim(dim1, n), _norm_dim(dim2, n)
+    rest = [d for d in range(n) if d not in (dim1, dim2)]
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        out = [ZERO] * n
+        for k, d in enumerate(rest):
+            out[d] = idx[k]
+        k = idx[len(rest)]
+        out[dim1] = k + max(-offset, 0)
+        out[dim2] = k + max(offset, 0)
+        return out
+
+    return view_of(x, _out_size(ctx), reindex)
+
+
+@register(aten.as_strided.default)
+def lower_as_strided(ctx: Lowerer, x: TensorValue, size: Any, stride: Any, storage_offset: Any = None) -> TensorValue:
+    if not x.direct:
+        raise NotLowered("as_strided of a view")
+    name = x.source
+    st = [ir.sympify_size(s) for s in stride]
+    off = ir.sympify_size(storage_offset or 0)
+    return TensorValue(_out_size(ctx), x.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, st, off)), name)
+
+
+def _split(ctx: Lowerer, x: TensorValue, sizes: Sequence[Any], dim: int) -> tuple:
+    dim = _norm_dim(dim, len(x.size))
+    outs = []
+    start: Expr = ZERO
+    for s in sizes:
+        s = sympy.sympify(s)
+        size = list(x.size)
+        size[dim] = s
+
+        def reindex(idx: Sequence[Expr], start: Expr = start) -> list[Expr]:
+            out = list(idx)
+            out[dim] = idx[dim] + start
+            return out
+
+        outs.append(view_of(x, size, reindex))
+        start = start + s
+    return tuple(outs)
+
+
+@register(aten.split.Tensor)
+def lower_split(ctx: Lowerer, x: TensorValue, split_size: Any, dim: int = 0) -> tuple:
+    return _split(ctx, x, [ir.sympify_size(m.shape[_norm_dim(dim, len(x.size))]) for m in ctx.out_meta()], dim)
+
+
+@register(aten.split_with_sizes.default)
+def lower_split_with_sizes(ctx: Lowerer, x: TensorValue, sizes: Sequence[Any], dim: int = 0) -> tuple:
+    return _split(ctx, x, sizes, dim)
+
+
+@register(aten.unbind.int)
+def lower_unbind(ctx: Lowerer, x: TensorValue, dim: int = 0) -> tuple:
+    dim = _norm_dim(dim, len(x.size))
+    if not x.size[dim].is_Integer:
+        raise NotLowered("unbind over a dynamic dim")
+    outs = []
+    for i in range(int(x.size[dim])):
+        size = x.size[:dim] + x.size[dim + 1:]
+        outs.append(view_of(x, size, lambda idx, i=i: list(idx[:dim]) + [sympy.Integer(i)] + list(idx[dim:])))
+    return tuple(outs)
+
+
+def _clamp_index(e: Expr, n: Expr) -> Expr:
+    return sympy.Min(sympy.Max(e, ZERO), n - 1)
+
+
+@register(aten.cat.default)
+def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
+    size = _out_size(ctx)
+    dt = ctx.out_meta().dtype
+    dim = _norm_dim(dim, len(size))
+    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and t.size[dim] != 0]
+    if not parts:
+        raise NotLowered("cat of empty tensors")
+    offsets: list[Expr] = []
+    acc: Expr = ZERO
+    for t in parts:
+        offsets.append(acc)
+        acc = acc + t.size[dim]
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        pos = idx[dim]
+        result = None
+        for t, off in reversed(list(zip(parts, offsets))):
+            inner = list(idx)
+            inner[dim] = _clamp_index(pos - off, t.size[dim])
+            val = load_as(ops, t, inner, dt, size)
+            if result is None:
+                result = val
+            else:
+                inside = ops.lt(ops.index_expr(pos, torch.int64), ops.index_expr(off + t.size[dim], torch.int64))
+                result = ops.where(inside, val, result)
+        return result
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+@register(aten.constant_pad_nd.default)
+def lower_constant_pad(ctx: Lowerer, x: TensorValue, pad: Sequence[Any], value: Any = 0) -> TensorValue:
+    size = _out_size(ctx)
+    dt = ctx.out_meta().dtype
+    n = len(size)
+    before = {}
+    for k in range(len(pad) // 2):
+        before[n - 1 - k] = sympy.sympify(pad[2 * k])
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        inner = list(idx)
+        conds = []
+        for d, b in before.items():
+            e = idx[d] - b
+            inner[d] = _clamp_index(e, x.size[d])
+            iv = ops.index_expr(e, torch.int64)
+            conds.append(ops.logical_and(ops.ge(iv, ops.constant(0, torch.int64)),
+                                         ops.lt(iv, ops.index_expr(x.size[d], torch.int64))))
+        val = load_as(ops, x, inner, dt, size)
+        if not conds:
+            return val
+        c = conds[0]
+        for other in conds[1:]:
+            c = ops.logical_and(c, other)
+        return ops.where(c, val, ops.constant(value, dt))
+
+    if any(int(sympy.sympify(p)) < 0 for p in pad if sympy.sympify(p).is_Integer):
+        raise NotLowered("negative padding")
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))

@@ -1,0 +1,388 @@
+"""Scheduler: groups compute nodes into kernels and explains every decision.
+
+A kernel (`KernelGroup`) iterates one space: a "full" shape (the squeezed sizes
+of its pointwise nodes / the inputs of its reductions) of which some dims may be
+reduced. Its members are *full-level* nodes (one value per full index: pointwise
+chains, reduction prologues, row-wise epilogues such as softmax's division) and
+*outer-level* nodes (one value per kept index: reductions and what follows them,
+such as layernorm's rsqrt(var + eps)). The code generator turns a row kernel into
+an outer parallel loop with one inner pass per reduction dependency level.
+
+Fusion is greedy in graph order. Each rule is one function returning `None`
+(allowed) or a `Refusal` with the reason in a user's words and the option that
+would change it; the scheduler emits `FusionDecision` events straight from those
+returns, so "why not fused" is never reconstructed after the fact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
+
+
+@dataclass
+class Refusal:
+    rule: str
+    reason: str
+    option: str = ""
+
+
+@dataclass(eq=False)
+class KernelGroup:
+    """One generated kernel."""
+
+    nodes: list[ComputeNode]
+    full: list[Expr]  # squeezed iteration space
+    rflags: Optional[list[bool]] = None  # which full dims are reduced; None: no reduction yet
+    name: str = ""
+    stores: set[str] = field(default_factory=set)  # members written to memory
+    reasons: list[str] = field(default_factory=list)  # why members joined, in order
+    order: int = 0  # position of the first member in the graph
+
+    @property
+    def has_reduction(self) -> bool:
+        return self.rflags is not None
+
+    def outer(self) -> list[Expr]:
+        if self.rflags is None:
+            return list(self.full)
+        return [s for s, r in zip(self.full, self.rflags) if not r]
+
+    def names(self) -> set[str]:
+        return {n.name for n in self.nodes}
+
+    def fx_nodes(self) -> list[str]:
+        seen: list[str] = []
+        for n in self.nodes:
+            for f in n.fx_nodes:
+                if f not in seen:
+                    seen.append(f)
+        return seen
+
+    def level(self, node: ComputeNode) -> str:
+        """"full", "outer" or "reduction" (computed in the inner loop, a value per outer index)."""
+        if node.is_reduction:
+            return "reduction"
+        if self.rflags is None or ir.same_sizes(ir.squeeze(node.size), self.full):
+            return "full"
+        return "outer"
+
+    def gvars(self) -> list[sympy.Symbol]:
+        return [ir.index_var("g", d) for d in range(len(self.full))]
+
+    def full_index(self, size: Sequence[Expr]) -> list[Expr]:
+        """The index of a full-level node (or a reduction's input) at the group's variables."""
+        it = iter(self.gvars())
+        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
+
+    def outer_index(self, size: Sequence[Expr]) -> list[Expr]:
+        g = self.gvars()
+        keep = [g[d] for d in range(len(self.full)) if not (self.rflags and self.rflags[d])]
+        it = iter(keep)
+        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
+
+    def own_index(self, node: ComputeNode) -> list[Expr]:
+        lvl = self.level(node)
+        return self.full_index(node.size) if lvl == "full" else self.outer_index(node.size)
+
+    def ranges(self) -> dict:
+        return dict(zip(self.gvars(), self.full))
+
+
+@dataclass
+class Schedule:
+    """The scheduler's result: units (KernelGroup | ExternNode) in execution order."""
+
+    units: list[Any]
+    groups: list[KernelGroup]
+    decisions: list[Any]  # fuselens.events.FusionDecision (graph_id filled by the caller)
+    group_of: dict[str, KernelGroup]
+
+
+def _space(node: ComputeNode) -> tuple[list[Expr], Optional[list[bool]]]:
+    if node.is_reduction:
+        full = [s for s in node.full_size if s != 1]
+        rflags = [d in node.rdims for d, s in enumerate(node.full_size) if s != 1]
+        return full, rflags
+    return ir.squeeze(node.size), None
+
+
+def _fmt(sizes: Sequence[Expr]) -> str:
+    return ir.format_sizes(sizes)
+
+
+class Scheduler:
+    def __init__(self, graph: GraphIR, options: Any, output_sources: set[str]) -> None:
+        self.g = graph
+        self.opt = options
+        self.steps = graph.steps
+        self.index = {s.name: i for i, s in enumerate(self.steps)}
+        self.output_sources = output_sources
+        # producers (step indices) of each step, and transitive ancestors as bitmasks
+        self.deps: list[set[int]] = []
+        self.anc: list[int] = []
+        for i, s in enumerate(self.steps):
+            d = {self.index[r] for r in s.reads if r in self.index}
+            self.deps.append(d)
+            mask = 0
+            for j in d:
+                mask |= self.anc[j] | (1 << j)
+            self.anc.append(mask)
+        self.group_of: dict[str, KernelGroup] = {}
+        self.refusals: dict[tuple[int, str], Refusal] = {}
+
+    # -- rules: each returns None (fuse) or a Refusal -------------------------
+    def rule_enabled(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        if not self.opt.fusion:
+            return Refusal("fusion-off", "fusion is turned off", "fusion")
+        return None
+
+    def rule_size(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        n = len(set(g.fx_nodes()) | {f for x in new for f in x.fx_nodes})
+        if n > self.opt.max_fusion_size:
+            return Refusal("max-fusion-size", f"the kernel would hold {n} ops, more than max_fusion_size="
+                           f"{self.opt.max_fusion_size}", "max_fusion_size")
+        return None
+
+    def rule_iteration_space(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        full, rflags = list(g.full), g.rflags
+        for n in new:
+            nfull, nflags = _space(n)
+            if n.is_reduction:
+                if rflags is None:
+                    if not ir.same_sizes(nfull, full):
+                        return Refusal("iteration-space", f"different iteration space: {_fmt(full)} vs {_fmt(nfull)} "
+                                       f"reduced to {_fmt(n.outer_size())}")
+                    if not self.opt.reduction_fusion:
+                        return Refusal("reduction-fusion", "pointwise work before a reduction is not fused into it "
+                                       "(reduction_fusion is off)", "reduction_fusion")
+                    rflags = nflags
+                elif not (ir.same_sizes(nfull, full) and nflags == rflags):
+                    return Refusal("iteration-space", f"different iteration space: rows of {_fmt(full)} vs "
+                                   f"{_fmt(nfull)} reduced over other dims")
+                elif not self.opt.reduction_fusion:
+                    return Refusal("reduction-fusion", "several reductions over the same rows are not fused "
+                                   "(reduction_fusion is off)", "reduction_fusion")
+            else:
+                outer = full if rflags is None else [s for s, r in zip(full, rflags) if not r]
+                if ir.same_sizes(nfull, full):
+                    continue
+                if rflags is not None and ir.same_sizes(nfull, outer):
+                    continue
+                what = f"{_fmt(full)}" if rflags is None else f"{_fmt(full)} and {_fmt(outer)} after reduction"
+                return Refusal("iteration-space", f"different iteration space: {_fmt(nfull)} vs {what}")
+        return None
+
+    def _merged(self, g: KernelGroup, new: Sequence[ComputeNode]) -> KernelGroup:
+        rflags = g.rflags
+        for n in new:
+            if n.is_reduction and rflags is None:
+                rflags = _space(n)[1]
+        return KernelGroup(sorted(g.nodes + list(new), key=lambda x: self.index[x.name]), list(g.full), rflags)
+
+    def rule_epilogue(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        if self.opt.epilogue_fusion:
+            return None
+        m = self._merged(g, new)
+        reds = {n.name for n in m.nodes if n.is_reduction}
+        for n in new:
+            if not n.is_reduction and n.reads & reds:
+                return Refusal("epilogue-fusion", "pointwise work after a reduction is not fused into it "
+                               "(epilogue_fusion is off)", "epilogue_fusion")
+        return None
+
+    def rule_same_index(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        """Inside a kernel a value is only available at the element being computed:
+        a consumer must read each fused producer at the producer's own index."""
+        m = self._merged(g, new)
+        members = {n.name: n for n in m.nodes}
+        ranges = m.ranges()
+        for c in m.nodes:
+            body_size = c.full_size if c.is_reduction else c.size
+            cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
+            sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
+            for buf, index in ir.record_loads(c):
+                p = members.get(buf)
+                if p is None:
+                    continue
+                want = ir.simplify_index(ir.offset_of(m.own_index(p), p.stride), ranges)
+                got = ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)
+                if not ir.same_expr(want, got):
+                    return Refusal("same-index", f"{_label(c)} reads {_label(p)} at other positions (a transpose, "
+                                   f"broadcast or shifted view), which one loop iteration does not have")
+        return None
+
+    def rule_no_cycle(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        members = {self.index[n.name] for n in g.nodes} | {self.index[n.name] for n in new}
+        mmask = sum(1 << i for i in members)
+        for i in members:
+            for j in range(len(self.steps)):
+                if j in members or not (self.anc[i] >> j) & 1:
+                    continue
+                if self.anc[j] & mmask:  # j depends on a member and a member depends on j
+                    return Refusal("cycle", f"fusing would create a cycle through {_label(self.steps[j])}, which "
+                                   "needs one of these results and produces an input of another")
+        return None
+
+    RULES: tuple[str, ...] = ("rule_enabled", "rule_iteration_space", "rule_epilogue", "rule_size",
+                              "rule_no_cycle", "rule_same_index")
+
+    def check(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        for rule in self.RULES:
+            r = getattr(self, rule)(g, new)
+            if r is not None:
+                return r
+        return None
+
+    # -- the greedy pass ------------------------------------------------------
+    def run(self) -> Schedule:
+        groups: list[KernelGroup] = []
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, ComputeNode):
+                continue
+            producer_groups: list[KernelGroup] = []
+            for j in sorted(self.deps[i], reverse=True):
+                pg = self.group_of.get(self.steps[j].name)
+                if pg is not None and pg not in producer_groups:
+                    producer_groups.append(pg)
+            target = None
+            for pg in producer_groups:
+                ref = self.check(pg, [step])
+                if ref is None:
+                    target = pg
+                    break
+                self.refusals[(id(pg), step.name)] = ref
+            if target is not None:
+                self._join(target, [step], _join_reason(target, step))
+                # several producer kernels: pull the others in too when the rules allow
+                for pg in producer_groups:
+                    if pg is target or pg not in groups:
+                        continue
+                    ref = self.check(target, pg.nodes)
+                    if ref is None:
+                        self._join(target, pg.nodes, f"{_label(step)} needs both: merged kernels")
+                        groups.remove(pg)
+                    else:
+                        self.refusals[(id(pg), step.name)] = ref
+                continue
+            if self.opt.fusion and self.opt.horizontal_fusion:
+                for cand in reversed(groups[-8:]):
+                    if cand in producer_groups:
+                        continue
+                    if self.check(cand, [step]) is None and _same_space(cand, step):
+                        self._join(cand, [step], f"{_label(step)}: independent work over the same "
+                                   f"{_fmt(cand.full)} iteration space (horizontal fusion)")
+                        target = cand
+                        break
+            if target is None:
+                full, rflags = _space(step)
+                ng = KernelGroup([step], full, rflags, reasons=[f"{_label(step)}: {step.describe()}"])
+                groups.append(ng)
+                self.group_of[step.name] = ng
+        return self._finish(groups)
+
+    def _join(self, g: KernelGroup, new: Sequence[ComputeNode], reason: str) -> None:
+        m = self._merged(g, new)
+        g.nodes, g.rflags = m.nodes, m.rflags
+        g.reasons.append(reason)
+        for n in new:
+            self.group_of[n.name] = g
+
+    def _finish(self, groups: list[KernelGroup]) -> Schedule:
+        # what each group must write to memory
+        for s in self.steps:
+            mine = self.group_of.get(s.name)
+            for r in s.reads:
+                pg = self.group_of.get(r)
+                if pg is not None and pg is not mine:
+                    pg.stores.add(r)
+        for name in self.output_sources:
+            if name in self.group_of:
+                self.group_of[name].stores.add(name)
+        units = self._order(groups)
+        counter = 0
+        for u in units:
+            if isinstance(u, KernelGroup):
+                u.name = kernel_name(u, counter)
+                counter += 1
+        return Schedule(units, [u for u in units if isinstance(u, KernelGroup)], [], self.group_of)
+
+    def _order(self, groups: list[KernelGroup]) -> list[Any]:
+        """Topological order of kernels and externs, earliest graph position first."""
+        unit_of: dict[int, Any] = {}
+        for g in groups:
+            for n in g.nodes:
+                unit_of[self.index[n.name]] = g
+        units: list[Any] = []
+        for i, s in enumerate(self.steps):
+            u = unit_of.get(i, s)
+            if u not in units:
+                units.append(u)
+        pos = {id(u): k for k, u in enumerate(units)}
+        udeps: dict[int, set[int]] = {id(u): set() for u in units}
+        for i in range(len(self.steps)):
+            u = unit_of.get(i, self.steps[i])
+            for j in self.deps[i]:
+                v = unit_of.get(j, self.steps[j])
+                if v is not u:
+                    udeps[id(u)].add(id(v))
+        done: set[int] = set()
+        out: list[Any] = []
+        remaining = list(units)
+        while remaining:
+            for k, u in enumerate(remaining):
+                if udeps[id(u)] <= done:
+                    out.append(u)
+                    done.add(id(u))
+                    del remaining[k]
+                    break
+            else:  # cannot happen: rule_no_cycle forbids it
+                raise RuntimeError("fuselens scheduler produced a cycle")
+        del pos
+        return out
+
+
+def _same_space(g: KernelGroup, n: ComputeNode) -> bool:
+    full, rflags = _space(n)
+    return ir.same_sizes(full, g.full) and (rflags == g.rflags or (not n.is_reduction and g.rflags is None))
+
+
+def _label(s: Any) -> str:
+    if isinstance(s, ComputeNode):
+        return f"{s.fx_nodes[0]} ({s.aten_ops[0]})"
+    if isinstance(s, ExternNode):
+        return f"{s.name} ({s.fx_node.target})"
+    return str(s)
+
+
+def _join_reason(g: KernelGroup, n: ComputeNode) -> str:
+    lvl = g.level(n)
+    if n.is_reduction:
+        if g.rflags is None:
+            return f"{_label(n)}: its pointwise producers become the reduction's prologue (same {_fmt(g.full)} rows)"
+        return f"{_label(n)}: another reduction over the same rows of {_fmt(g.full)}, in the same row pass"
+    if g.rflags is None:
+        return f"{_label(n)}: pointwise over the same {_fmt(g.full)} iteration space"
+    if lvl == "outer":
+        return f"{_label(n)}: pointwise on the reduced values ({_fmt(g.outer())}), epilogue of the row pass"
+    return f"{_label(n)}: pointwise over the rows after the reduction (epilogue, one more pass over each row)"
+
+
+def _short(op: str) -> str:
+    name = op.split(".")[1] if op.startswith(("aten.", "prims.")) else op
+    return name.strip("_").replace("convert_element_type", "convert")
+
+
+def kernel_name(g: KernelGroup, counter: int) -> str:
+    ops = sorted({_short(o) for n in g.nodes for o in n.aten_ops})
+    label = "_".join(ops[:6]) + ("_etc" if len(ops) > 6 else "")
+    return f"cpp_fused_{label}_{counter}"
+
+
+def schedule(graph: GraphIR, options: Any, output_sources: set[str]) -> Schedule:
+    return Scheduler(graph, options, output_sources).run()

@@ -1,0 +1,291 @@
+"""`fuselens report`: run a program under capture and render what
+torch.compile did, for a person (terminal, Markdown, HTML) or a machine
+(JSON, SARIF).
+
+Exit codes (documented in `--help`):
+  0  the report was produced (the program's own crash is a finding, not a failure)
+  1  `--fail-on` matched a finding
+  2  bad usage: unknown option, missing file, not Python, unwritable -o
+  3  fuselens itself failed (a bug; the message says where)
+
+This module never imports torch: the program runs in the capture worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from typing import Any, Callable, Optional
+
+from fuselens.events import Report
+from fuselens.report import common
+
+FORMATS = ("terminal", "json", "md", "html", "sarif")
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+DESCRIPTION = """Run TARGET with torch.compile instrumented (in a worker subprocess) and report
+graph breaks, recompiles, compiled graphs, kernels, fusion decisions and compile time."""
+
+EPILOG = f"""targets:
+  fuselens report train.py [-- ARGS]      a script; ARGS after -- go to the program
+  fuselens report -m package.module        a module, like python -m
+  fuselens report analysis.ipynb           a notebook's code cells, in order
+  fuselens report --from-json run.json     re-render a saved JSON report
+
+exit codes:
+  0  report produced (a crash of the program itself is an `error` finding)
+  1  a finding matched --fail-on
+  2  bad usage: unknown option, missing file, not a Python script or notebook
+  3  fuselens failed internally
+
+--fail-on categories: {", ".join(common.FAIL_CATEGORIES)} (comma separated;
+  "any" = graph-break,recompile,error)"""
+
+
+class UsageError(Exception):
+    """A one-line message for the user; the command exits with code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so that
+    every bad argument is one line on stderr."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        if message.startswith("unrecognized arguments:"):
+            extra = message.split(":", 1)[1].strip()
+            message = f"unexpected argument(s) {extra} (the program's own arguments go after --)"
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fuselens report", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", nargs="?", help="script.py or notebook.ipynb")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    p.add_argument("--from-json", metavar="FILE", help="render a saved JSON report instead of running")
+    p.add_argument("-f", "--format", choices=FORMATS, default="terminal", help="output format (default: terminal)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--backend", metavar="NAME",
+                   help="force this backend on every torch.compile (fuselens, inductor, eager, ...)")
+    p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop the program after S seconds")
+    p.add_argument("--max-calls", type=_positive_int, metavar="N",
+                   help="stop once each compiled function ran N times (training loops need not finish)")
+    p.add_argument("--fail-on", type=_fail_on, default=[], metavar="KINDS",
+                   help="exit 1 when the report has these findings: graph-break,recompile,error,...")
+    p.add_argument("--no-time-kernels", dest="time_kernels", action="store_false",
+                   help="do not profile kernel calls (faster; the report has no kernel times)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="terminal: only findings and the summary; no progress line")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="terminal colours")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of `fuselens report`; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except UsageError as exc:
+        print(f"fuselens report: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("fuselens report: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    # Everything after the first `--` belongs to the program, untouched.
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, program_args = argv[:cut], argv[cut + 1:]
+    else:
+        ours, program_args = argv, []
+    parser = build_parser()
+    if any(a in ("-h", "--help") for a in ours):
+        parser.print_help()
+        return EXIT_OK
+    args = parser.parse_args(ours)
+    _check_output(args.output)
+
+    if args.from_json:
+        if args.target or args.module or program_args:
+            raise UsageError("--from-json renders a saved report; give no target with it")
+        report = _load_json(args.from_json)
+    else:
+        report = _run(args, program_args)
+        if report is None:
+            return EXIT_INTERNAL
+
+    text = render(report, args.format, color=_use_color(args), quiet=args.quiet, width=_width(args))
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        if not args.quiet:
+            print(f"fuselens: wrote {args.output} ({common.summary_line(report)})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    failing = common.failing_findings(report, args.fail_on)
+    if failing:
+        print(f"fuselens: failing because of {', '.join(failing)} findings (--fail-on)", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def render(report: Report, fmt: str, *, color: bool = False, quiet: bool = False, width: int = 100,
+           root: Optional[str] = None) -> str:
+    """The report in `fmt` (one of FORMATS). Paths are shown relative to the
+    current directory; SARIF URIs relative to the repository root."""
+    cwd = os.getcwd()
+    if fmt == "terminal":
+        from fuselens.report.terminal import render_terminal
+
+        return render_terminal(report, width=width, color=color, quiet=quiet, root=root or cwd)
+    if fmt == "json":
+        from fuselens.report.json_format import render_json
+
+        return render_json(report)
+    if fmt == "md":
+        from fuselens.report.markdown import render_markdown
+
+        return render_markdown(report, root=root or cwd)
+    if fmt == "html":
+        from fuselens.report.html import render_html
+
+        return render_html(report, root=root or cwd)
+    if fmt == "sarif":
+        from fuselens.report.sarif import render_sarif
+
+        return render_sarif(report, root=root or repo_root(cwd))
+    raise UsageError(f"unknown format {fmt!r}")
+
+
+def repo_root(start: str) -> str:
+    """The enclosing git work tree of `start` (SARIF paths are relative to
+    it, as GitHub code scanning expects), else `start` itself."""
+    here = os.path.abspath(start)
+    while True:
+        if os.path.exists(os.path.join(here, ".git")):
+            return here
+        parent = os.path.dirname(here)
+        if parent == here:
+            return os.path.abspath(start)
+        here = parent
+
+
+# -- running -------------------------------------------------------------------
+def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
+    from fuselens.capture import RunOptions, Target, TargetError, analyze
+
+    if args.module and args.target:
+        raise UsageError(f"give either a target or -m MODULE, not both ({args.target!r} and -m {args.module})")
+    if args.module:
+        spec = ["-m", args.module]
+    elif args.target:
+        spec = [args.target]
+    else:
+        raise UsageError("no target: give a script.py, -m package.module or a notebook.ipynb")
+    try:
+        target = Target.from_cli([*spec, "--", *program_args])
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
+    options = RunOptions(backend=args.backend, timeout_s=args.timeout, max_calls=args.max_calls,
+                         time_kernels=args.time_kernels)
+    show_progress = not args.quiet and sys.stderr.isatty()
+    try:
+        if show_progress:
+            return _analyze_with_progress(analyze, target, options)
+        return analyze(target, options)
+    except Exception as exc:  # capture itself failed: a fuselens bug, not the program's
+        print(f"fuselens report: internal error while running {target.label()}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return None
+
+
+def _analyze_with_progress(analyze: Callable[..., Report], target: Any, options: Any) -> Report:
+    """A one-line spinner on stderr, updated with counts as events arrive."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    seen: dict[str, int] = {}
+    label = f"running {target.label()}"
+    with console.status(label) as status:
+        def on_event(event: Any) -> None:
+            name = type(event).__name__
+            seen[name] = seen.get(name, 0) + 1
+            parts = [f"{seen[k]} {v}" for k, v in (("GraphBreak", "graph breaks"), ("Recompile", "recompiles"),
+                                                    ("CompiledGraph", "graphs"), ("Kernel", "kernels")) if k in seen]
+            status.update(f"{label}  " + ", ".join(parts) if parts else label)
+
+        return analyze(target, options, on_event=on_event)
+
+
+# -- small helpers ---------------------------------------------------------------
+def _load_json(path: str) -> Report:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Report.from_json(f.read())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"{path}: not a fuselens JSON report ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
+def _check_output(path: Optional[str]) -> None:
+    """Fail before a long run, not after it, when -o cannot be written."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"-o {path}: is a directory")
+    if not os.path.isdir(folder):
+        raise UsageError(f"-o {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"-o {path}: folder {folder} is not writable")
+
+
+def _use_color(args: argparse.Namespace) -> bool:
+    if args.color != "auto":
+        return args.color == "always"
+    if args.output or os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty()
+
+
+def _width(args: argparse.Namespace) -> int:
+    if args.output or not sys.stdout.isatty():
+        return 100
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _fail_on(text: str) -> list[str]:
+    try:
+        return common.parse_fail_on(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--fail-on: ", "")) from None

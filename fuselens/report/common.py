@@ -1,0 +1,250 @@
+"""What every renderer needs from a Report, computed once: display paths,
+units, phase totals, counts, the `--fail-on` categories, per-kernel colours.
+
+Pure functions over `fuselens.events`; no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from fuselens.events import (
+    CompiledGraph,
+    GraphBreak,
+    Kernel,
+    Recompile,
+    Report,
+    ShapeChange,
+    SourceLocation,
+)
+
+GRAPH_BREAK_SITE = "https://meta-pytorch.github.io/compile-graph-break-site/gb/"
+DOCS = "https://docs.pytorch.org/docs/stable/"
+GRAPH_BREAK_DOCS = DOCS + "compile/programming_model.graph_breaks_index.html"
+RECOMPILE_DOCS = DOCS + "compile/programming_model.recompilation.html"
+TROUBLESHOOTING_DOCS = DOCS + "torch.compiler_troubleshooting.html"
+
+# Pipeline order, so phases read top to bottom as the compiler runs them;
+# unknown phases follow in the order they first appear.
+PHASE_ORDER = (
+    "dynamo",
+    "aot",
+    "lowering",
+    "scheduling",
+    "fusion",
+    "codegen",
+    "cpp_compile",
+    "triton_compile",
+    "compile",
+    "backend",
+)
+
+# `--fail-on` categories and what each one counts.
+FAIL_CATEGORIES = ("graph-break", "recompile", "recompile-limit", "error", "fusion-blocked", "any")
+
+# Colour-blind friendly pastel palette (Tableau 20 light tones) for kernels.
+KERNEL_PALETTE = (
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+    "#c7c7c7",
+    "#fdd0a2",
+    "#c6dbef",
+)
+UNFUSED_FILL = "#ffffff"
+IO_FILL = "#eeeeee"
+
+
+def display_path(file: str, root: Optional[str] = None) -> str:
+    """`file` relative to `root` when it lies inside it, else unchanged."""
+    if not root or not file or not os.path.isabs(file):
+        return file
+    try:
+        rel = os.path.relpath(file, root)
+    except ValueError:  # another drive on Windows
+        return file
+    return file if rel.startswith("..") else rel
+
+
+def location_label(loc: Optional[SourceLocation], root: Optional[str] = None) -> str:
+    """`path:line` (`path:cellN:line` in notebooks); "" without a location."""
+    if loc is None:
+        return ""
+    path = display_path(loc.file, root)
+    where = f"{path}:cell{loc.cell}" if loc.cell is not None else path
+    return f"{where}:{loc.line}"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """0.0123 -> '12.3 ms', 1.5 -> '1.50 s'."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 0.001:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def fmt_us(us: float) -> str:
+    """Kernel time in microseconds, in the most readable unit."""
+    return fmt_seconds(us / 1e6)
+
+
+def plural(n: int, word: str, many: Optional[str] = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def phase_totals(report: Report) -> list[tuple[str, float]]:
+    """Compile seconds per phase summed over all compiles, pipeline order."""
+    totals: dict[str, float] = {}
+    for p in report.timings.phases:
+        totals[p.phase] = totals.get(p.phase, 0.0) + p.seconds
+    rank = {name: i for i, name in enumerate(PHASE_ORDER)}
+    seen = list(totals)
+    return sorted(totals.items(), key=lambda kv: (rank.get(kv[0], len(rank)), seen.index(kv[0])))
+
+
+def compile_seconds(report: Report) -> float:
+    """Total compile time: the recorded total, else the sum of phases."""
+    return report.timings.compile_s or sum(p.seconds for p in report.timings.phases)
+
+
+def kernel_time_us(report: Report) -> float:
+    return report.timings.kernel_time_us or sum(k.total_time_us for k in report.kernels)
+
+
+def kernels_by_time(report: Report) -> list[Kernel]:
+    """Timed kernels, slowest first."""
+    return sorted((k for k in report.kernels if k.total_time_us > 0), key=lambda k: -k.total_time_us)
+
+
+def kernels_of(report: Report, graph: CompiledGraph) -> list[Kernel]:
+    return [k for k in report.kernels if k.graph_id and k.graph_id == graph.graph_id]
+
+
+def kernel_colors(report: Report, graph: CompiledGraph) -> dict[str, str]:
+    """Kernel name -> fill colour for the kernels of one graph. Colours are
+    assigned over the whole report (graph by graph, in node order) so the
+    same colour never means two kernels on one page until the palette wraps."""
+    return {name: color for (gid, name), color in all_kernel_colors(report).items() if gid == graph.graph_id}
+
+
+def all_kernel_colors(report: Report) -> dict[tuple[str, str], str]:
+    """(graph_id, kernel name) -> fill colour, stable for a given report."""
+    keys: list[tuple[str, str]] = []
+    for graph in report.graphs:
+        for node in graph.nodes:
+            if node.kernel and (graph.graph_id, node.kernel) not in keys:
+                keys.append((graph.graph_id, node.kernel))
+        for k in kernels_of(report, graph):
+            if (graph.graph_id, k.name) not in keys:
+                keys.append((graph.graph_id, k.name))
+    for k in report.kernels:  # kernels of graphs that were not recorded
+        if (k.graph_id, k.name) not in keys:
+            keys.append((k.graph_id, k.name))
+    return {key: KERNEL_PALETTE[i % len(KERNEL_PALETTE)] for i, key in enumerate(keys)}
+
+
+def graph_title(graph: CompiledGraph) -> str:
+    stage = "" if graph.stage == "dynamo" else f" [{graph.stage}]"
+    return f"{graph.function} (compile {graph.compile_id}){stage}"
+
+
+def gb_doc_url(gb: GraphBreak) -> str:
+    """The graph-break registry page for this break, else the general docs."""
+    rid = gb.registry_id.upper()
+    if rid.startswith("GB") and rid[2:].isdigit():
+        return f"{GRAPH_BREAK_SITE}gb{rid[2:]}.html"
+    return GRAPH_BREAK_DOCS
+
+
+def shape_change_text(sc: ShapeChange) -> str:
+    """'x' dim 0: 4 -> 7 (now dynamic), or scalar 'n': 8 -> 9."""
+    what = f"'{sc.input_name}' dim {sc.dim}" if sc.dim is not None else f"scalar '{sc.input_name}'"
+    tail = " (now dynamic)" if sc.became_dynamic else ""
+    return f"{what}: {sc.old} -> {sc.new}{tail}"
+
+
+def recompile_headline(rc: Recompile) -> str:
+    """One line saying what changed, preferring the user-terms reason."""
+    if rc.reasons:
+        return rc.reasons[0]
+    if rc.shape_changes:
+        return shape_change_text(rc.shape_changes[0])
+    if rc.dtype_changes:
+        return rc.dtype_changes[0]
+    return rc.raw_reasons[0] if rc.raw_reasons else "guard failed"
+
+
+@dataclass(frozen=True)
+class Counts:
+    graph_breaks: int  # distinct places
+    graph_break_hits: int  # summed counts
+    recompiles: int
+    recompile_limits: int
+    graphs: int
+    kernels: int
+    fused: int
+    not_fused: int
+    errors: int
+
+
+def counts(report: Report) -> Counts:
+    return Counts(
+        graph_breaks=len(report.graph_breaks),
+        graph_break_hits=sum(max(gb.count, 1) for gb in report.graph_breaks),
+        recompiles=len(report.recompiles),
+        recompile_limits=sum(1 for r in report.recompiles if r.hit_limit),
+        graphs=len(report.graphs),
+        kernels=len(report.kernels),
+        fused=sum(1 for f in report.fusion if f.decision == "fused"),
+        not_fused=sum(1 for f in report.fusion if f.decision == "not_fused"),
+        errors=len(report.errors),
+    )
+
+
+def summary_line(report: Report) -> str:
+    """'3 graph breaks (7 hits), 2 recompiles, 1 error' or 'no findings'."""
+    c = counts(report)
+    parts = []
+    if c.graph_breaks:
+        hits = f" ({c.graph_break_hits} hits)" if c.graph_break_hits != c.graph_breaks else ""
+        parts.append(plural(c.graph_breaks, "graph break") + hits)
+    if c.recompiles:
+        limit = f" ({c.recompile_limits} hit the limit)" if c.recompile_limits else ""
+        parts.append(plural(c.recompiles, "recompile") + limit)
+    if c.errors:
+        parts.append(plural(c.errors, "error"))
+    return ", ".join(parts) if parts else "no graph breaks, recompiles or errors"
+
+
+def parse_fail_on(text: str) -> list[str]:
+    """'graph-break,recompile' -> categories; ValueError names a bad one."""
+    cats = [c.strip() for c in text.split(",") if c.strip()]
+    for c in cats:
+        if c not in FAIL_CATEGORIES:
+            raise ValueError(f"--fail-on: unknown category {c!r} (choose from {', '.join(FAIL_CATEGORIES)})")
+    return cats
+
+
+def failing_findings(report: Report, categories: Iterable[str]) -> list[str]:
+    """The categories in `categories` that the report has findings for."""
+    c = counts(report)
+    have = {
+        "graph-break": c.graph_breaks > 0,
+        "recompile": c.recompiles > 0,
+        "recompile-limit": c.recompile_limits > 0,
+        "error": c.errors > 0,
+        "fusion-blocked": c.not_fused > 0,
+    }
+    cats = set(categories)
+    if "any" in cats:
+        cats |= {"graph-break", "recompile", "error"}
+    return [name for name in FAIL_CATEGORIES if name in cats and have.get(name)]

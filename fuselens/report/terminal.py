@@ -1,0 +1,325 @@
+"""The terminal view: findings a person can act on, in the manner of ruff
+(`path:line: kind message`, the source line under a gutter, then `= why`,
+`= hint`, `= fix` lines), followed by compiled graphs, kernels, fusion
+decisions and compile time per phase.
+
+`render_terminal(report)` returns the text; the Rich Console is created per
+call (never at import time) so output can be captured and tested.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Optional
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from fuselens.events import (
+    CompiledGraph,
+    ErrorEntry,
+    FusionDecision,
+    GraphBreak,
+    Kernel,
+    Recompile,
+    Report,
+    SourceLocation,
+)
+from fuselens.report import common
+
+# How many ops of a graph to list before "... and N more".
+MAX_OPS_SHOWN = 40
+TRACEBACK_TAIL_LINES = 6
+
+
+def render_terminal(
+    report: Report,
+    *,
+    width: int = 100,
+    color: bool = False,
+    quiet: bool = False,
+    root: Optional[str] = None,
+) -> str:
+    """The report as terminal text. `color` adds ANSI styles; `quiet` keeps
+    only findings (errors, graph breaks, recompiles) and the summary; paths
+    inside `root` are shown relative to it."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        width=width,
+        force_terminal=color,
+        color_system="standard" if color else None,
+        highlight=False,
+        emoji=False,
+        legacy_windows=False,
+    )
+    v = _View(console, root)
+    v.header(report)
+    v.errors(report.errors)
+    v.graph_breaks(report.graph_breaks)
+    v.recompiles(report.recompiles)
+    if not quiet:
+        v.graphs(report)
+        v.kernels(report)
+        v.fusion(report.fusion)
+        v.phases(report)
+    v.summary(report)
+    # Rich pads grid cells to the full width; trailing blanks help nobody.
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+
+class _View:
+    """Writes sections to one console; small methods, one per section."""
+
+    def __init__(self, console: Console, root: Optional[str]):
+        self.c = console
+        self.root = root
+
+    # -- pieces -----------------------------------------------------------
+    def where(self, loc: Optional[SourceLocation]) -> str:
+        return common.location_label(loc, self.root) or "<unknown location>"
+
+    def section(self, title: str, detail: str = "") -> None:
+        self.c.print()
+        line = Text(title, style="bold underline")
+        if detail:
+            line.append(f"  {detail}", style="dim")
+        self.c.print(line)
+
+    def source(self, loc: Optional[SourceLocation]) -> None:
+        """The user's line under a numbered gutter, as ruff shows it."""
+        if loc is None or not loc.code:
+            return
+        num = str(loc.line)
+        pad = " " * len(num)
+        self.c.print(Text(f" {pad} |", style="blue"))
+        gutter = Text(f" {num} | ", style="blue")
+        gutter.append(loc.code)
+        self.c.print(gutter)
+        self.c.print(Text(f" {pad} |", style="blue"))
+
+    def note(self, label: str, text: str, style: str = "") -> None:
+        """`  = label: text`, wrapped lines aligned under `text`."""
+        if not text:
+            return
+        head = Text("  = ", style="blue")
+        head.append(f"{label}:", style="bold " + style if style else "bold")
+        self.hanging(head, Text(text))
+
+    def hanging(self, head: Text, body: Text, body_style: str = "") -> None:
+        """`head body` where `body` wraps with a hanging indent."""
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold", style=body_style)
+        grid.add_row(head, body)
+        self.c.print(grid)
+
+    def headline(self, loc_text: str, code: str, code_style: str, message: str, extra: str = "") -> None:
+        line = Text(f"{loc_text}: ", style="bold")
+        line.append(code, style=code_style)
+        line.append(" ")
+        line.append(message, style="bold")
+        if extra:
+            line.append(f" {extra}", style="dim")
+        self.c.print(line)
+
+    # -- sections ---------------------------------------------------------
+    def header(self, report: Report) -> None:
+        run = report.run
+        title = Text("fuselens report ", style="bold")
+        title.append(" ".join([common.display_path(run.target, self.root), *run.args]), style="bold cyan")
+        self.c.print(title)
+        facts = []
+        if run.torch_version:
+            facts.append(f"torch {run.torch_version}")
+        if run.python_version:
+            facts.append(f"python {run.python_version}")
+        facts.append(f"backend {run.backend or 'as in the program'}")
+        if run.device:
+            facts.append(run.device)
+        if run.exit_code is not None:
+            facts.append(f"exit code {run.exit_code}")
+        if report.timings.wall_s:
+            facts.append(f"wall {common.fmt_seconds(report.timings.wall_s)}")
+        if common.compile_seconds(report):
+            facts.append(f"compile {common.fmt_seconds(common.compile_seconds(report))}")
+        if run.max_calls_reached:
+            facts.append("stopped at --max-calls")
+        self.c.print(Text(" · ".join(facts), style="dim"))
+
+    def errors(self, errors: list[ErrorEntry]) -> None:
+        if not errors:
+            return
+        self.section(f"Errors ({len(errors)})")
+        for err in errors:
+            first, *_ = err.message.splitlines() or [""]
+            self.headline(self.where(err.location), f"error[{err.kind}]", "bold red", first,
+                          f"(compile {err.compile_id})" if err.compile_id else "")
+            self.source(err.location)
+            if err.location and err.location.function:
+                self.note("in", err.location.function)
+            if err.traceback:
+                tail = [ln for ln in err.traceback.rstrip().splitlines() if ln.strip()][-TRACEBACK_TAIL_LINES:]
+                for ln in tail:
+                    self.c.print(Text(f"    {ln}", style="dim"))
+            self.c.print()
+
+    def graph_breaks(self, breaks: list[GraphBreak]) -> None:
+        if not breaks:
+            return
+        hits = sum(max(gb.count, 1) for gb in breaks)
+        self.section(f"Graph breaks ({len(breaks)})", f"{common.plural(hits, 'hit')} in total")
+        for gb in sorted(breaks, key=lambda g: -g.count):
+            extra = f"[{gb.registry_id}]" if gb.registry_id else ""
+            count = f" ×{gb.count}" if gb.count > 1 else ""
+            self.headline(self.where(gb.location), f"graph-break{count}", "bold yellow", gb.reason, extra)
+            self.source(gb.location)
+            where = gb.location.function
+            self.note("in", f"{where}, compile {gb.compile_id}" if where and gb.compile_id else where or "")
+            if gb.gb_type and gb.gb_type != gb.reason:
+                self.note("type", gb.gb_type)
+            self.note("why", gb.explanation)
+            for hint in gb.hints:
+                self.note("hint", hint, "green")
+            if len(gb.user_stack) > 1:
+                self.note("called from", " <- ".join(self.where(s) for s in reversed(gb.user_stack[:-1])))
+            self.note("docs", common.gb_doc_url(gb))
+            self.c.print()
+
+    def recompiles(self, recompiles: list[Recompile]) -> None:
+        if not recompiles:
+            return
+        self.section(f"Recompiles ({len(recompiles)})")
+        for rc in recompiles:
+            code = "recompile-limit" if rc.hit_limit else "recompile"
+            self.headline(self.where(rc.location), code, "bold magenta",
+                          f"{rc.function}: {common.recompile_headline(rc)}", f"(compile {rc.compile_id})")
+            self.source(rc.location)
+            for reason in rc.reasons[1:]:
+                self.note("guard", reason)
+            for sc in rc.shape_changes:
+                self.note("changed", common.shape_change_text(sc))
+            for dc in rc.dtype_changes:
+                self.note("dtype", dc)
+            if rc.hit_limit:
+                self.note("limit", "recompile limit reached: Dynamo gave up and runs this function eagerly", "red")
+            self.note("fix", rc.fix, "green")
+            for raw in rc.raw_reasons:
+                self.note("torch says", raw)
+            self.c.print()
+
+    def graphs(self, report: Report) -> None:
+        if not report.graphs:
+            return
+        self.section(f"Compiled graphs ({len(report.graphs)})")
+        for g in report.graphs:
+            self.graph(report, g)
+
+    def graph(self, report: Report, g: CompiledGraph) -> None:
+        line = Text(common.graph_title(g), style="bold cyan")
+        line.append(f"  {self.where(g.location)} · {g.backend} · {common.plural(len(g.ops), 'op')}", style="dim")
+        self.c.print(line)
+        ops = g.ops[:MAX_OPS_SHOWN]
+        more = f", ... and {len(g.ops) - len(ops)} more" if len(g.ops) > len(ops) else ""
+        if ops:
+            self.c.print(Text(f"    ops: {', '.join(ops)}{more}"))
+        ks = common.kernels_of(report, g)
+        if ks:
+            self.c.print(Text(f"    kernels: {', '.join(k.name for k in ks)}"))
+        self.c.print()
+
+    def kernels(self, report: Report) -> None:
+        if not report.kernels:
+            return
+        total = common.kernel_time_us(report)
+        self.section(f"Kernels ({len(report.kernels)})", f"{common.fmt_us(total)} in total" if total else "not timed")
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+        table.add_column("kernel", overflow="fold")
+        table.add_column("kind")
+        table.add_column("calls", justify="right")
+        table.add_column("time", justify="right")
+        table.add_column("fused ops", overflow="fold")
+        table.add_column("user lines", overflow="fold")
+        timed = common.kernels_by_time(report)
+        order = timed + [k for k in report.kernels if k not in timed]
+        for k in order:
+            table.add_row(*self.kernel_row(k))
+        self.c.print(table)
+
+    def kernel_row(self, k: Kernel) -> list[RenderableType]:
+        lines = _lines_label(k.source_lines, self.root)
+        time = common.fmt_us(k.total_time_us) if k.total_time_us else "-"
+        return [Text(k.name), Text(f"{k.kind} {k.device}".strip()), Text(str(k.calls or "-")), Text(time),
+                Text(", ".join(_short_op(o) for o in k.ops)), Text(lines)]
+
+    def fusion(self, decisions: list[FusionDecision]) -> None:
+        if not decisions:
+            return
+        blocked = [d for d in decisions if d.decision == "not_fused"]
+        fused = [d for d in decisions if d.decision == "fused"]
+        self.section(f"Fusion decisions ({len(decisions)})", f"{len(fused)} fused, {len(blocked)} not fused")
+        for d in blocked + fused:  # the actionable ones first
+            ok = d.decision == "fused"
+            line = Text("  fused     " if ok else "  not fused ", style="green" if ok else "bold red")
+            line.append(" + ".join(d.nodes), style="bold")
+            if ok and d.kernel:
+                line.append(f" -> {d.kernel}", style="cyan")
+            if d.rule:
+                line.append(f" [{d.rule}]", style="dim")
+            self.c.print(line)
+            self.hanging(Text("     "), Text(d.reason))
+            if d.locations:
+                self.hanging(Text("     "), Text("at " + _lines_label(d.locations, self.root)), "dim")
+            if d.option:
+                self.hanging(Text("     "), Text(f"to change it: {d.option}"), "green")
+
+    def phases(self, report: Report) -> None:
+        totals = common.phase_totals(report)
+        if not totals:
+            return
+        total = common.compile_seconds(report)
+        self.section("Compile time per phase", f"{common.fmt_seconds(total)} in total")
+        biggest = max(s for _, s in totals) or 1.0
+        name_w = max(len(n) for n, _ in totals)
+        bar_w = 40
+        for name, secs in totals:
+            n = max(1, round(bar_w * secs / biggest)) if secs > 0 else 0
+            line = Text(f"  {name.ljust(name_w)}  ")
+            line.append("█" * n, style="cyan")
+            line.append(" " * (bar_w - n) + f"  {common.fmt_seconds(secs)}")
+            self.c.print(line)
+
+    def summary(self, report: Report) -> None:
+        self.c.print()
+        c = common.counts(report)
+        style = "bold red" if (c.errors or c.graph_breaks or c.recompiles) else "bold green"
+        line = Text("Summary: ", style="bold")
+        line.append(common.summary_line(report), style=style)
+        if not (c.errors or c.graph_breaks or c.recompiles):
+            line.append(" ✓", style=style)
+        rest = [common.plural(c.graphs, "graph"), common.plural(c.kernels, "kernel")]
+        if c.fused or c.not_fused:
+            rest.append(f"{c.fused} fused / {c.not_fused} not fused")
+        line.append(f"  ({', '.join(rest)})", style="dim")
+        self.c.print(line)
+
+
+def _short_op(target: str) -> str:
+    """'aten.add.Tensor' -> 'add' for compact tables."""
+    parts = target.split(".")
+    if len(parts) >= 2 and parts[0] in ("aten", "prims", "torch"):
+        return parts[1]
+    return target
+
+
+def _lines_label(locs: list[SourceLocation], root: Optional[str]) -> str:
+    """Several user lines, grouped by file: 'demo.py:26,27 util.py:3'."""
+    by_file: dict[str, list[str]] = {}
+    for loc in locs:
+        path = common.location_label(loc, root).rsplit(":", 1)[0]
+        line = str(loc.line)
+        if line not in by_file.setdefault(path, []):
+            by_file[path].append(line)
+    return " ".join(f"{path}:{','.join(lines)}" for path, lines in by_file.items())

@@ -1,0 +1,285 @@
+"""The fuselens language server: one server object, each LSP feature a small
+function. Heavy work runs in the capture worker; mapping results to LSP
+objects is in diagnostics/fixes/insights (pure functions)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from fuselens import __version__
+from fuselens.events import Report
+from fuselens.server import analysis, planning
+from fuselens.server.analysis import AnalysisManager, RunPlan
+from fuselens.server.diagnostics import Finding, report_findings
+from fuselens.server.insights import CompiledFunction, compiled_functions
+from fuselens.server.program import split_lines
+from fuselens.server.resolve import Resolver
+from fuselens.server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+UNTRUSTED_MESSAGE = (
+    "fuselens: this workspace is not trusted, so fuselens ran no code. It analyses torch.compile by "
+    "running your program; trust the workspace (VS Code) or set fuselens.trusted = true to enable it."
+)
+
+
+@dataclass
+class UnitResult:
+    """The latest delivered result of one unit."""
+
+    plan: RunPlan
+    report: Report
+    resolver: Resolver
+    findings: dict[str, list[Finding]]
+    functions: list[CompiledFunction]
+    cached: bool
+    result_id: str = ""
+    uris: set[str] = field(default_factory=set)
+
+
+class FuselensServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__(
+            "fuselens",
+            __version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            notebook_document_sync=types.NotebookDocumentSyncOptions(
+                notebook_selector=[
+                    types.NotebookDocumentFilterWithCells(
+                        notebook="*", cells=[types.NotebookCellLanguage(language="python")]
+                    )
+                ],
+                save=True,
+            ),
+        )
+        self.settings = Settings()
+        self.manager = AnalysisManager(runner=self._run_plan)
+        self.results: dict[str, UnitResult] = {}  # unit -> latest result
+        self.uri_unit: dict[str, str] = {}  # document uri -> unit with results for it
+        self.pull_diagnostics = False
+        self.config_ready = asyncio.Event()
+        self.progress_boxes: dict[str, dict[str, str]] = {}  # unit -> {"token": ...} of its run
+        self.untrusted_told = False
+        self.scratch_dir = tempfile.mkdtemp(prefix=f"fuselens-lsp-{os.getpid()}-")
+        self._result_counter = 0
+
+    # ---- capabilities -------------------------------------------------------
+    def client_supports(self, dotted: str) -> bool:
+        node: Any = self.client_capabilities
+        for part in dotted.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                return False
+        return bool(node)
+
+    @property
+    def encoding(self) -> str:
+        try:
+            return str(self.workspace.position_encoding or "utf-16")
+        except RuntimeError:
+            return "utf-16"
+
+    # ---- documents ----------------------------------------------------------
+    def open_text(self, uri: str) -> Optional[str]:
+        doc = self.workspace.text_documents.get(uri)
+        return doc.source if doc is not None else None
+
+    def open_doc_by_path(self, real_path: str) -> Optional[tuple[str, list[str]]]:
+        for uri, doc in list(self.workspace.text_documents.items()):
+            path = to_fs_path(uri)
+            if path and os.path.realpath(path) == real_path:
+                return uri, split_lines(doc.source)
+        return None
+
+    def workspace_root_for(self, path: str) -> Optional[str]:
+        best = None
+        for folder in self.workspace.folders.values():
+            root = to_fs_path(folder.uri)
+            if root and (path == root or path.startswith(root.rstrip(os.sep) + os.sep)):
+                if best is None or len(root) > len(best):
+                    best = root
+        return best or self.workspace.root_path
+
+    def plan_for(self, uri: str) -> Optional[RunPlan]:
+        """The run plan for a text document or notebook (cell) URI."""
+        notebook = self.workspace.get_notebook_document(notebook_uri=uri) or self.workspace.get_notebook_document(cell_uri=uri)
+        if notebook is not None:
+            return self._notebook_plan(notebook)
+        path = to_fs_path(uri)
+        if not path or not uri.startswith("file:"):
+            log.info("not analysing %s: not a file on disk", uri)
+            return None
+        doc = self.workspace.text_documents.get(uri)
+        text = doc.source if doc is not None else planning.read_text(path)
+        version = doc.version if doc is not None else None
+        return planning.script_plan(
+            uri, path, text, version, self.settings, self.workspace_root_for(path),
+            open_text=lambda p: self.open_text(_file_uri(p)),
+        )
+
+    def _notebook_plan(self, notebook: types.NotebookDocument) -> RunPlan:
+        cells, versions = [], {}
+        for cell in notebook.cells:
+            if cell.kind != types.NotebookCellKind.Code:
+                continue
+            doc = self.workspace.text_documents.get(cell.document)
+            if doc is None or (doc.language_id or "python") != "python":
+                continue
+            cells.append((cell.document, doc.source))
+            if doc.version is not None:
+                versions[cell.document] = doc.version
+        path = to_fs_path(notebook.uri) if notebook.uri.startswith("file:") else None
+        root = self.workspace_root_for(path) if path else self.workspace.root_path
+        return planning.notebook_plan(notebook.uri, path, cells, versions, self.settings, root, self.scratch_dir)
+
+    # ---- running ------------------------------------------------------------
+    async def _run_plan(self, plan: RunPlan, on_event) -> Report:
+        if plan.program.notebook_uri:
+            planning.write_program(plan)
+        return await analysis.run_plan(plan, on_event)
+
+    def tell_untrusted(self) -> None:
+        if not self.untrusted_told:
+            self.untrusted_told = True
+            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=UNTRUSTED_MESSAGE))
+
+    def schedule(self, uri: str, use_cache: bool = True) -> Optional[asyncio.Task]:
+        """Analyse the unit of `uri` now (cancelling its running analysis)."""
+        if not self.settings.trusted:
+            self.tell_untrusted()
+            return None
+        plan = self.plan_for(uri)
+        if plan is None:
+            return None
+        task = self.manager.submit(plan, self.deliver, self._progress_events(plan), use_cache)
+        if task is not None:
+            asyncio.ensure_future(self._track_progress(plan, task))
+        return task
+
+    def deliver_cached(self, uri: str) -> bool:
+        """Publish cached results for `uri` without running anything."""
+        if not self.settings.trusted:
+            return False
+        plan = self.plan_for(uri)
+        report = self.manager.cached(plan) if plan is not None else None
+        if report is None:
+            return False
+        self.deliver(plan, report, True)
+        return True
+
+    def _progress_events(self, plan: RunPlan):
+        counts = {"events": 0, "breaks": 0, "graphs": 0, "last": 0.0}
+        plan.options = dict(plan.options)
+        token_box: dict[str, str] = {}
+        self.progress_boxes[plan.unit] = token_box
+
+        def on_event(event: Any) -> None:
+            name = type(event).__name__
+            counts["events"] += 1
+            counts["breaks"] += name == "GraphBreak"
+            counts["graphs"] += name == "CompiledGraph"
+            now = time.monotonic()
+            token = token_box.get("token")
+            if token and now - counts["last"] > 0.25:
+                counts["last"] = now
+                msg = f"{plan.label}: {counts['graphs']} graph(s), {counts['breaks']} break(s) so far"
+                try:
+                    self.work_done_progress.report(token, types.WorkDoneProgressReport(message=msg))
+                except Exception:
+                    log.debug("progress report failed", exc_info=True)
+
+        return on_event
+
+    async def _track_progress(self, plan: RunPlan, task: asyncio.Task) -> None:
+        """Work-done progress for one analysis; cancelling it cancels the run."""
+        if not self.client_supports("window.work_done_progress"):
+            return
+        token = f"fuselens-{uuid.uuid4().hex[:12]}"
+        try:
+            await asyncio.wait_for(self.work_done_progress.create_async(token), 5)
+        except Exception:
+            log.debug("client refused progress token", exc_info=True)
+            return
+        progress = self.work_done_progress
+        progress.begin(token, types.WorkDoneProgressBegin(title="fuselens", message=f"running {plan.label}", cancellable=True))
+        self.progress_boxes.get(plan.unit, {})["token"] = token
+        future = progress.tokens.get(token)
+        if future is not None:
+            future.add_done_callback(lambda f: task.cancel() if f.cancelled() and not task.done() else None)
+        try:
+            await asyncio.wait({task})
+        finally:
+            message = "cancelled" if task.cancelled() else "done"
+            progress.end(token, types.WorkDoneProgressEnd(message=message))
+            progress.tokens.pop(token, None)
+
+    # ---- delivering ---------------------------------------------------------
+    def deliver(self, plan: RunPlan, report: Report, cached: bool) -> None:
+        resolver = Resolver(
+            plan.program, plan.roots, self.encoding, self.open_doc_by_path, plan.notebook_cells, plan.default_uri
+        )
+        findings = report_findings(report, resolver)
+        functions = compiled_functions(report, resolver)
+        self._result_counter += 1
+        result = UnitResult(plan, report, resolver, findings, functions, cached, str(self._result_counter))
+        result.uris = set(findings) | set(plan.program.uris) | {f.uri for f in functions}
+        previous = self.results.get(plan.unit)
+        self.results[plan.unit] = result
+        stale_uris = (previous.uris - result.uris) if previous else set()
+        for uri in result.uris:
+            self.uri_unit[uri] = plan.unit
+        for uri in sorted(result.uris | stale_uris):
+            self.publish(uri, [f.diagnostic for f in findings.get(uri, [])], plan.versions.get(uri))
+        if self.pull_diagnostics and self.client_supports("workspace.diagnostics.refresh_support"):
+            self.workspace_diagnostic_refresh(None)
+        if self.client_supports("workspace.code_lens.refresh_support"):
+            self.workspace_code_lens_refresh(None)
+        if self.settings.inlay_hints and self.client_supports("workspace.inlay_hint.refresh_support"):
+            self.workspace_inlay_hint_refresh(None)
+
+    def publish(self, uri: str, diagnostics: list[types.Diagnostic], version: Optional[int]) -> None:
+        if self.pull_diagnostics:
+            return  # the client pulls (textDocument/diagnostic); never both
+        self.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics, version=version)
+        )
+
+    def result_for(self, uri: str) -> Optional[UnitResult]:
+        unit = self.uri_unit.get(uri)
+        return self.results.get(unit) if unit else None
+
+    def findings_for(self, uri: str) -> list[Finding]:
+        result = self.result_for(uri)
+        return result.findings.get(uri, []) if result else []
+
+    # ---- errors -------------------------------------------------------------
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """Log instead of popping a message: a bad request is not the user's
+        problem, and the server goes on."""
+        log.error("server error (%s): %s", getattr(source, "__name__", source), error)
+        try:
+            self.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=f"fuselens: {error}"))
+        except Exception:
+            pass
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.scratch_dir, ignore_errors=True)
+
+
+def _file_uri(path: str) -> str:
+    from fuselens.server.resolve import path_to_uri
+
+    return path_to_uri(path)

@@ -1,0 +1,314 @@
+"""The panels of the main screen. Each widget renders values computed in
+`fuselens.tui.model` (or `sampling`); none of them runs anything."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import DataTable, OptionList, Static
+from textual.widgets.option_list import Option
+from textual_plotext import PlotextPlot
+
+from fuselens.events import Report
+from fuselens.tui.model import (
+    KernelRow,
+    Summary,
+    format_delta_us,
+    format_seconds,
+    format_us,
+    summarize,
+)
+from fuselens.tui.sampling import HostProfile
+from fuselens.tui.toggles import TOGGLES, ToggleState, format_value
+
+# Kernel table columns: (key, label, sort key in model.SORT_KEYS or None).
+KERNEL_COLUMNS: tuple[tuple[str, str, Optional[str]], ...] = (
+    ("name", "kernel", "name"),
+    ("calls", "calls", "calls"),
+    ("total", "total", "total"),
+    ("delta", "Δ prev", "delta"),
+    ("mean", "mean", "mean"),
+    ("share", "share", "total"),
+    ("kind", "kind", "kind"),
+    ("bandwidth", "GB/s", "bandwidth"),
+    ("ops", "fused ops", None),
+    ("lines", "user lines", None),
+)
+
+
+def short_op(op: str) -> str:
+    """`aten.native_layer_norm.default` -> `native_layer_norm`."""
+    parts = op.split(".")
+    if parts and parts[0] in ("aten", "prims", "torch", "quantized"):
+        parts = parts[1:]
+    if len(parts) > 1 and parts[-1] in ("default", "Tensor", "Scalar", "int", "dim_IntList", "self", "out"):
+        parts = parts[:-1]
+    return ".".join(parts) or op
+
+
+def _right(text: str, style: str = "") -> Text:
+    return Text(text, style=style, justify="right")
+
+
+def _delta_cell(row: KernelRow) -> Text:
+    if row.status == "first":
+        return Text("")
+    if row.status == "new":
+        return _right("new", "bold yellow")
+    if row.status == "gone":
+        return _right(f"gone {format_delta_us(row.delta_us)}", "green")
+    base = row.total_us - (row.delta_us or 0.0)
+    text = format_delta_us(row.delta_us, base)
+    style = "red" if (row.delta_us or 0) > 0 else "green" if (row.delta_us or 0) < 0 else "dim"
+    return _right(text, style)
+
+
+class KernelTable(DataTable):
+    """Kernels of the current run with the difference to the previous one."""
+
+    BINDINGS = [Binding("s", "app.cycle_sort", "Sort", show=False)]
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for key, label, _ in KERNEL_COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, rows: list[KernelRow], sort_label: str) -> None:
+        """Replace the rows, keeping the cursor on the same kernel."""
+        keep = None
+        if self.row_count and 0 <= self.cursor_row < self.row_count:
+            keep = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        self.clear()
+        for row in rows:
+            dim = "dim" if row.status == "gone" else ""
+            name = Text(row.name, style="dim strike" if row.status == "gone" else "bold")
+            self.add_row(
+                name,
+                _right(str(row.calls), dim),
+                _right(format_us(row.total_us), dim),
+                _delta_cell(row),
+                _right(format_us(row.mean_us), dim),
+                _right(f"{row.share * 100:.1f}%" if row.share is not None else "", dim),
+                Text(row.kind if row.device == "cpu" else f"{row.kind}·{row.device}", style=dim),
+                _right(f"{row.bandwidth_gbs:.1f}" if row.bandwidth_gbs is not None else "—", dim),
+                Text(", ".join(short_op(o) for o in row.ops.split(", ") if o), style=dim),
+                Text(row.user_lines, style=dim or "cyan"),
+                key=row.key,
+            )
+        self.border_subtitle = f"sorted by {sort_label}"
+        if keep is not None:
+            try:
+                self.move_cursor(row=self.get_row_index(keep))
+            except Exception:  # the kernel is gone in this run: stay at the top
+                pass
+
+
+def _short_name(name: str, width: int = 22) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+class KernelChart(PlotextPlot):
+    """Horizontal bars: time per kernel (ms) of the current run, largest on
+    top (the table has the per-kernel differences)."""
+
+    TOP = 10  # bars at most; fewer when the widget is short (labels would collide)
+
+    _rows: Optional[list[KernelRow]] = None
+
+    def on_resize(self) -> None:
+        if self._rows is not None:
+            self.show(self._rows)
+
+    def show(self, rows: list[KernelRow]) -> None:
+        self._rows = rows
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        live = [r for r in rows if r.status != "gone"]
+        live.sort(key=lambda r: (-r.total_us, r.name))
+        rows_for_bars = self.content_size.height - 4 if self.content_size.height else self.TOP
+        live = live[: max(3, min(self.TOP, rows_for_bars))][::-1]  # plotext draws the first bar at the bottom
+        if not live:
+            plt.title("no timed kernels")
+            self.refresh()
+            return
+        names = [_short_name(r.name) for r in live]
+        plt.bar(names, [r.total_us / 1e3 for r in live], orientation="horizontal", color="cyan", width=0.6)
+        plt.title("time per kernel (ms)")
+        self.refresh()
+
+
+class SummaryBar(Static):
+    """Two lines: what ran, then the run's totals with deltas."""
+
+    def show(self, report: Report, previous: Optional[Report], run_no: int, label: str) -> None:
+        now = summarize(report)
+        old = summarize(previous) if previous is not None else None
+        head = Text.assemble(("run ", "dim"), (str(run_no), "bold"), ("  ", ""), (label, "italic"))
+        if report.run.torch_version:
+            head.append(f"  torch {report.run.torch_version} · {report.run.device}", "dim")
+        line = Text()
+        self._item(line, "graphs", str(now.graphs), old and now.graphs - old.graphs)
+        self._item(line, "breaks", str(now.breaks), old and now.breaks - old.breaks, bad_up=True)
+        self._item(line, "recompiles", str(now.recompiles), old and now.recompiles - old.recompiles, bad_up=True)
+        self._item(line, "compile", format_seconds(now.compile_s),
+                   old and (now.compile_s - old.compile_s) * 1e6, unit_us=True)
+        self._item(line, "kernels", str(now.kernels), old and now.kernels - old.kernels)
+        self._item(line, "kernel time", format_us(now.kernel_us), old and now.kernel_us - old.kernel_us,
+                   unit_us=True, base=old.kernel_us if old else None)
+        per_step = now.wall_per_step_s
+        old_step = old.wall_per_step_s if old else None
+        self._item(line, "wall/step" if per_step is not None else "wall",
+                   format_seconds(per_step if per_step is not None else now.wall_s),
+                   (per_step - old_step) * 1e6 if per_step is not None and old_step is not None else None,
+                   unit_us=True, base=old_step * 1e6 if old_step else None)
+        text = Text("\n").join([head, line])
+        for error in now.errors[:1]:
+            where = f" at {error.location.label()}" if error.location else ""
+            first = error.message.strip().splitlines()[0] if error.message.strip() else error.kind
+            text.append(f"\n✗ {error.kind}: {first}{where}", "bold red")
+        self.update(text)
+
+    @staticmethod
+    def _item(line: Text, name: str, value: str, delta, bad_up: bool = True, unit_us: bool = False,
+              base: Optional[float] = None) -> None:
+        if line:
+            line.append(" · ", "dim")
+        line.append(f"{name} ", "dim")
+        line.append(value, "bold")
+        if delta:  # None, 0 and "no previous run" print nothing
+            text = format_delta_us(delta, base) if unit_us else f"{delta:+d}"
+            line.append(f" ({text})", "red" if (delta > 0) == bad_up else "green")
+
+
+class TogglePanel(OptionList):
+    """Compiler and backend switches. Enter/space/→ next value, ← previous."""
+
+    BINDINGS = [
+        Binding("space,right,l", "cycle(1)", "Next value", show=False),
+        Binding("left,h", "cycle(-1)", "Previous value", show=False),
+    ]
+
+    class Changed(Message):
+        """A toggle got a new value (already stored in the state)."""
+
+        def __init__(self, key: str, value: object) -> None:
+            super().__init__()
+            self.key = key
+            self.value = value
+
+    def __init__(self, state: ToggleState, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.state = state
+
+    def on_mount(self) -> None:
+        self.rebuild()
+
+    def _prompt(self, key: str) -> Text:
+        toggle = next(t for t in TOGGLES if t.key == key)
+        value = self.state.get(key)
+        applies = self.state.applies(toggle)
+        text = Text(f"{toggle.label:<18}", style="" if applies else "dim")
+        changed = value != toggle.default
+        text.append(format_value(value, toggle), style=("bold yellow" if changed else "bold") if applies else "dim")
+        return text
+
+    def rebuild(self) -> None:
+        highlighted = self.highlighted
+        options: list[Option | None] = []
+        scope = None
+        for toggle in TOGGLES:
+            if toggle.scope != scope and toggle.scope != "run":
+                options.append(Option(Text(f"── {toggle.scope} ──", style="dim italic"), disabled=True))
+            scope = toggle.scope
+            options.append(Option(self._prompt(toggle.key), id=toggle.key))
+        self.set_options(options)
+        self.highlighted = highlighted if highlighted is not None else 0
+
+    def action_cycle(self, step: int) -> None:
+        option = self.highlighted_option
+        if option is None or option.id is None:
+            return
+        value = self.state.cycle(option.id, step)
+        self.rebuild()
+        self.post_message(self.Changed(option.id, value))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.action_cycle(1)
+
+
+class IssuesPanel(Static):
+    """Errors, graph breaks and recompiles of the current run, file:line first."""
+
+    def show(self, report: Report) -> None:
+        text = Text()
+        for error in report.errors:
+            where = f"{error.location.label()}  " if error.location else ""
+            text.append(f"✗ {error.kind} ", "bold red")
+            text.append(where, "cyan")
+            text.append(error.message.strip() + "\n")
+            if error.traceback and error.kind in ("exception", "internal", "syntax"):
+                text.append("\n".join(error.traceback.strip().splitlines()[-4:]) + "\n", "dim")
+        if report.errors and report.run.stderr_tail.strip() and not any(e.traceback for e in report.errors):
+            text.append("\n".join(report.run.stderr_tail.strip().splitlines()[-4:]) + "\n", "dim")
+        text.append(f"Graph breaks ({sum(b.count for b in report.graph_breaks)})\n", "bold")
+        for gb in report.graph_breaks:
+            text.append(f"{os.path.basename(gb.location.file)}:{gb.location.line}", "cyan")
+            text.append(f" ×{gb.count} " if gb.count > 1 else " ", "dim")
+            text.append(gb.reason + "\n")
+            if gb.location.code:
+                text.append(f"  {gb.location.code}\n", "dim")
+            for hint in gb.hints[:1]:
+                text.append(f"  → {hint}\n", "green")
+        text.append(f"Recompiles ({len(report.recompiles)})\n", "bold")
+        for rc in report.recompiles:
+            text.append(f"{os.path.basename(rc.location.file)}:{rc.location.line}", "cyan")
+            text.append(f" {rc.function} [{rc.compile_id}]", "dim")
+            text.append(" " + "; ".join(rc.reasons or rc.raw_reasons[:1]) + "\n")
+            if rc.fix:
+                text.append(f"  → {rc.fix}\n", "green")
+            if rc.hit_limit:
+                text.append("  recompile limit hit: running eager\n", "bold red")
+        self.update(text)
+
+
+class HostPanel(DataTable):
+    """Top Python functions in the worker by py-spy self time."""
+
+    CATEGORY_STYLE = {"user": "cyan", "compile": "magenta", "wrapper": "yellow", "torch": "blue",
+                      "import": "dim", "fuselens": "dim", "other": ""}
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        for key, label in (("function", "function"), ("where", "where"), ("self", "self"),
+                           ("total", "total"), ("category", "category")):
+            self.add_column(label, key=key)
+
+    def show(self, profile: Optional[HostProfile]) -> None:
+        self.clear()
+        if profile is None:
+            self.border_subtitle = "waiting for a run"
+            return
+        if profile.error:
+            self.border_subtitle = profile.error
+            return
+        total = profile.seconds or 1.0
+        shares = sorted(profile.categories.items(), key=lambda kv: -kv[1])
+        self.border_subtitle = f"{profile.samples} samples · " + " ".join(
+            f"{cat} {sec / total * 100:.0f}%" for cat, sec in shares if sec / total >= 0.01
+        )
+        for stat in profile.functions:
+            style = self.CATEGORY_STYLE.get(stat.category, "")
+            self.add_row(
+                Text(stat.function, style="bold"),
+                Text(_short_name(f"{os.path.basename(stat.file)}:{stat.line}", 26), style="dim"),
+                _right(format_seconds(stat.self_s)),
+                _right(format_seconds(stat.total_s), "dim"),
+                Text(stat.category, style=style),
+            )

@@ -1,0 +1,53 @@
+// Reading arguments that code lenses pass to client commands and results
+// that server commands return. Pure: both sides are JSON.
+
+/**
+ * The document URI among command arguments: a string URI, an object with a
+ * `uri` (or `textDocument.uri`) field, or a vscode.Uri-like object with
+ * `toString()` and a `scheme`. Undefined when there is none (the palette).
+ */
+export function documentUriArg(args: readonly unknown[]): string | undefined {
+  for (const a of args) {
+    if (typeof a === "string" && /^[a-z][a-z0-9+.-]*:/i.test(a)) {
+      return a;
+    }
+    if (a && typeof a === "object") {
+      const o = a as { uri?: unknown; textDocument?: { uri?: unknown }; scheme?: unknown };
+      if (typeof o.uri === "string") {
+        return o.uri;
+      }
+      if (o.textDocument && typeof o.textDocument.uri === "string") {
+        return o.textDocument.uri;
+      }
+      if (typeof o.scheme === "string" && typeof (a as object).toString === "function") {
+        return String(a);
+      }
+    }
+  }
+  return undefined;
+}
+
+/** The HTML file path from `fuselens.writeReport`: a path string or `{path}`. */
+export function reportPathFromResult(result: unknown): string {
+  if (typeof result === "string" && result) {
+    return result.startsWith("file://") ? decodeURIComponent(result.slice("file://".length)) : result;
+  }
+  if (result && typeof result === "object") {
+    const r = result as { path?: unknown; uri?: unknown };
+    if (typeof r.path === "string" && r.path) {
+      return r.path;
+    }
+    if (typeof r.uri === "string" && r.uri.startsWith("file://")) {
+      return decodeURIComponent(r.uri.slice("file://".length));
+    }
+  }
+  throw new Error("the server wrote no report (run an analysis of this file first)");
+}
+
+/**
+ * Cell documents of a notebook have `vscode-notebook-cell:` URIs; the server
+ * analyses the notebook file, so commands send the notebook's URI.
+ */
+export function isNotebookCellUri(uri: string): boolean {
+  return uri.startsWith("vscode-notebook-cell:");
+}

@@ -1,0 +1,152 @@
+// The status bar item's state machine and text. Pure.
+//
+// Results come from the server's `fuselens/analysisFinished` notification
+// when it sends one, otherwise from counting the fuselens diagnostics of the
+// active document.
+
+export interface AnalysisSummary {
+  graphBreaks: number;
+  recompiles: number;
+  errors: number;
+  /** Seconds the analysis took, when known. */
+  seconds?: number;
+}
+
+export type StatusState =
+  | { kind: "starting" }
+  | { kind: "stopped"; reason?: string }
+  | { kind: "restricted" }
+  | { kind: "idle" }
+  | { kind: "running"; file?: string }
+  | { kind: "result"; summary: AnalysisSummary; file?: string };
+
+export interface StatusView {
+  text: string;
+  tooltip: string;
+  /** "warning" / "error" background, or none. */
+  severity?: "warning" | "error";
+}
+
+/** A diagnostic as far as the summary cares. */
+export interface DiagnosticLike {
+  source?: string;
+  code?: string | number | { value: string | number };
+  message: string;
+}
+
+/** The diagnostic `source` the server stamps on its diagnostics. */
+export const DIAGNOSTIC_SOURCE = "fuselens";
+
+/** Counts fuselens graph breaks, recompiles and errors among diagnostics. */
+export function summarizeDiagnostics(diagnostics: readonly DiagnosticLike[]): AnalysisSummary {
+  const summary: AnalysisSummary = { graphBreaks: 0, recompiles: 0, errors: 0 };
+  for (const d of diagnostics) {
+    if ((d.source ?? "").toLowerCase() !== DIAGNOSTIC_SOURCE) {
+      continue;
+    }
+    const kind = diagnosticKind(d);
+    if (kind === "graph-break") {
+      summary.graphBreaks += 1;
+    } else if (kind === "recompile") {
+      summary.recompiles += 1;
+    } else if (kind === "error") {
+      summary.errors += 1;
+    }
+  }
+  return summary;
+}
+
+/** Classifies a fuselens diagnostic by its code (e.g. "graph-break", "recompile"). */
+export function diagnosticKind(d: DiagnosticLike): "graph-break" | "recompile" | "error" | "other" {
+  const raw = typeof d.code === "object" && d.code !== null ? d.code.value : d.code;
+  const code = String(raw ?? "").toLowerCase();
+  if (code.includes("break")) {
+    return "graph-break";
+  }
+  if (code.includes("recompile")) {
+    return "recompile";
+  }
+  if (code.includes("error") || code.includes("timeout") || code.includes("exception")) {
+    return "error";
+  }
+  return "other";
+}
+
+/**
+ * Reads a `fuselens/analysisFinished` notification's parameters. Accepts
+ * camelCase or snake_case counts, or lists; returns undefined for anything
+ * without counts so the caller falls back to diagnostics.
+ */
+export function summaryFromNotification(params: unknown): { uri?: string; summary: AnalysisSummary } | undefined {
+  if (!params || typeof params !== "object") {
+    return undefined;
+  }
+  const p = params as Record<string, unknown>;
+  const count = (...names: string[]): number | undefined => {
+    for (const n of names) {
+      const v = p[n];
+      if (typeof v === "number") {
+        return v;
+      }
+      if (Array.isArray(v)) {
+        return v.length;
+      }
+    }
+    return undefined;
+  };
+  const breaks = count("graphBreaks", "graph_breaks", "breaks");
+  const recompiles = count("recompiles");
+  if (breaks === undefined && recompiles === undefined) {
+    return undefined;
+  }
+  const seconds = count("seconds", "durationS", "duration_s", "wallS", "wall_s");
+  const uri = typeof p.uri === "string" ? p.uri : undefined;
+  return {
+    uri,
+    summary: { graphBreaks: breaks ?? 0, recompiles: recompiles ?? 0, errors: count("errors") ?? 0, seconds },
+  };
+}
+
+function plural(n: number, one: string, many: string): string {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
+/** Text, tooltip and colour of the status bar item for a state. */
+export function statusView(state: StatusState): StatusView {
+  switch (state.kind) {
+    case "starting":
+      return { text: "$(loading~spin) FuseLens", tooltip: "FuseLens: starting the server" };
+    case "stopped":
+      return {
+        text: "$(circle-slash) FuseLens",
+        tooltip: `FuseLens: server stopped${state.reason ? ` (${state.reason})` : ""}. Click to see the log.`,
+        severity: state.reason ? "error" : undefined,
+      };
+    case "restricted":
+      return {
+        text: "$(shield) FuseLens",
+        tooltip: "FuseLens: restricted mode. Trust this folder to let FuseLens run your program.",
+      };
+    case "idle":
+      return { text: "$(flame) FuseLens", tooltip: "FuseLens: ready. Save a Python file or run FuseLens: Analyze File." };
+    case "running":
+      return {
+        text: "$(sync~spin) FuseLens: analysing",
+        tooltip: `FuseLens: running ${state.file ?? "the program"} under torch.compile capture`,
+      };
+    case "result": {
+      const s = state.summary;
+      const parts = [plural(s.graphBreaks, "break", "breaks"), plural(s.recompiles, "recompile", "recompiles")];
+      if (s.errors) {
+        parts.push(plural(s.errors, "error", "errors"));
+      }
+      const took = s.seconds !== undefined ? ` in ${s.seconds.toFixed(1)} s` : "";
+      const clean = s.graphBreaks === 0 && s.recompiles === 0 && s.errors === 0;
+      return {
+        text: `${clean ? "$(check)" : "$(warning)"} FuseLens: ${parts.join(", ")}`,
+        tooltip: `FuseLens: last analysis${state.file ? ` of ${state.file}` : ""}${took}: ${parts.join(", ")}. Click for the report.`,
+        severity: s.errors ? "error" : clean ? undefined : "warning",
+      };
+    }
+  }
+}

@@ -1,0 +1,119 @@
+// The status bar item: server state, analysis running, last result.
+
+import * as vscode from "vscode";
+import {
+  AnalysisSummary,
+  StatusState,
+  statusView,
+  summarizeDiagnostics,
+  summaryFromNotification,
+} from "./logic/status";
+
+export class StatusBar implements vscode.Disposable {
+  private readonly item: vscode.StatusBarItem;
+  private state: StatusState = { kind: "starting" };
+  /** Results per document URI from `fuselens/analysisFinished`. */
+  private readonly results = new Map<string, AnalysisSummary>();
+  private readonly disposables: vscode.Disposable[] = [];
+
+  constructor() {
+    this.item = vscode.window.createStatusBarItem("fuselens.status", vscode.StatusBarAlignment.Left, 50);
+    this.item.name = "FuseLens";
+    this.disposables.push(
+      this.item,
+      vscode.languages.onDidChangeDiagnostics(() => this.refreshFromEditor()),
+      vscode.window.onDidChangeActiveTextEditor(() => this.refreshFromEditor()),
+    );
+    this.render();
+    this.item.show();
+  }
+
+  set(state: StatusState): void {
+    this.state = state;
+    this.render();
+  }
+
+  /** The server started analysing `uri` (notification or a command we sent). */
+  analysisStarted(uri?: string): void {
+    this.set({ kind: "running", file: uri ? shortName(uri) : undefined });
+  }
+
+  /** `fuselens/analysisFinished`: exact counts from the server. */
+  analysisFinished(params: unknown): void {
+    const parsed = summaryFromNotification(params);
+    if (parsed) {
+      if (parsed.uri) {
+        this.results.set(parsed.uri, parsed.summary);
+      }
+      this.set({ kind: "result", summary: parsed.summary, file: parsed.uri ? shortName(parsed.uri) : undefined });
+    } else {
+      this.refreshFromEditor(true);
+    }
+  }
+
+  /** Falls back to counting diagnostics of the active document. */
+  private refreshFromEditor(force = false): void {
+    if (!force && (this.state.kind === "running" || this.state.kind === "restricted" || this.state.kind === "stopped" || this.state.kind === "starting")) {
+      return;
+    }
+    const uri = activeDocumentUri();
+    if (!uri) {
+      return;
+    }
+    const known = this.results.get(uri.toString());
+    const diagnostics = collectDiagnostics(uri);
+    const summary = known ?? summarizeDiagnostics(diagnostics.map(toDiagnosticLike));
+    const fromDiagnostics = !known && diagnostics.length === 0;
+    if (fromDiagnostics && this.state.kind === "idle") {
+      return;
+    }
+    this.set({ kind: "result", summary, file: shortName(uri.toString()) });
+  }
+
+  private render(): void {
+    const view = statusView(this.state);
+    this.item.text = view.text;
+    this.item.tooltip = view.tooltip;
+    this.item.backgroundColor = view.severity ? new vscode.ThemeColor(`statusBarItem.${view.severity}Background`) : undefined;
+    this.item.command =
+      this.state.kind === "result" ? "fuselens.showReport" : this.state.kind === "restricted" ? "workbench.trust.manage" : "fuselens.showOutput";
+  }
+
+  dispose(): void {
+    for (const d of this.disposables) {
+      d.dispose();
+    }
+  }
+}
+
+/** The active text document, or the active notebook's file. */
+function activeDocumentUri(): vscode.Uri | undefined {
+  const notebook = vscode.window.activeNotebookEditor?.notebook;
+  if (notebook) {
+    return notebook.uri;
+  }
+  return vscode.window.activeTextEditor?.document.uri;
+}
+
+/** Diagnostics of a file, or of every cell of a notebook. */
+function collectDiagnostics(uri: vscode.Uri): vscode.Diagnostic[] {
+  const notebook = vscode.workspace.notebookDocuments.find((nb) => nb.uri.toString() === uri.toString());
+  if (notebook) {
+    return notebook.getCells().flatMap((cell) => vscode.languages.getDiagnostics(cell.document.uri));
+  }
+  return vscode.languages.getDiagnostics(uri);
+}
+
+function toDiagnosticLike(d: vscode.Diagnostic) {
+  const code = d.code;
+  return {
+    source: d.source,
+    message: d.message,
+    code: typeof code === "object" && code !== null ? { value: code.value } : code,
+  };
+}
+
+function shortName(uri: string): string {
+  const parts = decodeURIComponent(uri).split(/[\\/]/);
+  return parts[parts.length - 1] || uri;
+}
