@@ -41,9 +41,9 @@ from fuselens.events import CompiledGraph, ErrorEntry, Kernel
 # Ops whose result is random or uninitialised: comparing values is meaningless.
 # Matched against OpInfo names (with the variant suffix), see `skip_reason`.
 RANDOM_NAME = re.compile(
-    r"(^|[._])(rand|randn|randint|bernoulli|multinomial|normal|uniform|cauchy|exponential|"
-    r"geometric|log_normal|rrelu|gumbel_softmax|svd_lowrank|pca_lowrank)($|[._])"
-    r"|dropout|fractional_max_pool"
+    r"^(rand|randn|randint|rand_like|randn_like|randint_like|bernoulli|multinomial|normal|uniform|"
+    r"cauchy|exponential|geometric|log_normal|svd_lowrank|pca_lowrank)($|\.)"
+    r"|^nn\.functional\.(rrelu|gumbel_softmax|fractional_max_pool\dd|(feature_)?(alpha_)?dropout(\dd)?)($|\.(?!without_train))"
 )
 
 # The variants a case can exercise.
@@ -186,7 +186,9 @@ def describe_sample(sample: Any) -> str:
     def one(x: Any) -> str:
         if isinstance(x, torch.Tensor):
             s = f"{x.dtype}".replace("torch.", "") + str(list(x.shape))
-            if x.dim() and not x.is_contiguous():
+            if x.layout != torch.strided:
+                s += f" {x.layout}".replace("torch.", "")
+            elif x.dim() and not x.is_contiguous():
                 s += f" stride={x.stride()}"
             return s
         if isinstance(x, (list, tuple)):
@@ -318,13 +320,16 @@ class CountingBackend:
         self.__name__ = f"counting_{name}"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+        compiled = self.inner(gm, example_inputs, **kwargs)
+        # Counted only once compiled: a restart (e.g. TensorifyScalarRestartAnalysis
+        # under dynamic=True) raises out of the backend and Dynamo calls it again.
         self.graphs += 1
         self.ops.extend(
             str(getattr(n.target, "__name__", n.target))
             for n in gm.graph.nodes
             if n.op in ("call_function", "call_method", "call_module")
         )
-        return self.inner(gm, example_inputs, **kwargs)
+        return compiled
 
 
 def account_nodes(events: list[Any]) -> NodeAccounting:
@@ -435,6 +440,8 @@ def run_case(
     name = full_name(op)
     result = CaseResult(op=name, variant=variant, sample=sample_index, status="pass", sample_desc=describe_sample(sample))
     reason = skip_reason(op)
+    if any(t.layout != torch.strided for t in tensors):
+        reason = "sparse input (the compiler handles dense tensors; Dynamo/AOT sparse support is torch's)"
     if reason:
         result.status, result.category = "skip", reason
         return result

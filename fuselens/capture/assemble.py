@@ -131,8 +131,9 @@ class ReportBuilder:
     def _add_RunInfo(self, info: RunInfo) -> None:
         for name in _WORKER_RUN_FIELDS:
             value = getattr(info, name)
-            if value not in (None, "", False):
-                setattr(self.run, name, value)
+            if value is None or value == "" or value is False:
+                continue  # unknown to this sender; 0 (an exit code) is kept
+            setattr(self.run, name, value)
 
     def build(self) -> Report:
         """A Report of everything added so far (a fresh object each call)."""

@@ -31,6 +31,7 @@ EventCallback = Callable[[Any], None]
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _POLL_S = 0.2  # how often a blocked read checks for cancel/deadline
 _MAX_LINE = 256 * 1024 * 1024  # a runaway line is dropped, not buffered forever
+_STARTUP_S = 120.0  # worker start (torch import) allowed on top of a timeout
 
 
 class _Tail:
@@ -178,8 +179,10 @@ class _Worker:
                     pass
 
         started_at = time.monotonic()
-        deadline = started_at + options.timeout_s if options.timeout_s else None
-        state = {"started": False, "done": False, "malformed": 0}
+        # The timeout is the program's: it starts at `__started__`, after the
+        # worker imported torch. Until then a generous startup bound applies.
+        deadline = started_at + options.timeout_s + _STARTUP_S if options.timeout_s else None
+        state = {"started": False, "done": False, "malformed": 0, "timeout_s": options.timeout_s, "deadline": deadline}
         try:
             self._control.write(run_request(target.to_dict(), options.to_dict()))
             self._control.flush()
@@ -209,6 +212,7 @@ class _Worker:
             if self.cancelled:
                 return "cancelled"
             wait = _POLL_S
+            deadline = state["deadline"]
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -268,6 +272,8 @@ class _Worker:
             return False
         if kind == STARTED:
             state["started"] = True
+            if state.get("timeout_s"):
+                state["deadline"] = time.monotonic() + state["timeout_s"]
             return False
         if kind == DONE:
             if builder is None:

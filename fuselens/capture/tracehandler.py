@@ -66,6 +66,7 @@ class TraceHandler(logging.Handler):
         self._seen_breaks: set[tuple] = set()
         self._def_lines: dict[tuple[str, str], int] = {}
         self.frames_by_compile: dict[str, tuple[str, int, str]] = {}
+        self._frame_code: dict[str, tuple[str, str, int]] = {}  # frame id -> (co_name, co_filename, firstlineno)
         self._lock = threading.RLock()
         self.errors = 0
 
@@ -75,6 +76,7 @@ class TraceHandler(logging.Handler):
             self._pending.clear()
             self._seen_breaks.clear()
             self.frames_by_compile.clear()
+            self._frame_code.clear()
 
     # logging.Handler API -------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
@@ -195,6 +197,13 @@ class TraceHandler(logging.Handler):
         first = int(m.get("co_firstlineno") or 0)
         if co_name and not fr.is_generated_function(co_name):
             self._def_lines.setdefault((co_file, co_name), first)
+        frame_key = cid.split("/")[0]
+        if co_name:
+            self._frame_code[frame_key] = (co_name, co_file, first)
+        elif frame_key in self._frame_code:
+            # A compile that failed early (recompile limit) names no code:
+            # it is the same frame as that id's earlier compiles.
+            co_name, co_file, first = self._frame_code[frame_key]
         self._emit_phases(cid, m)
         pending = self._pending.pop(cid, None)
         fail_type, fail_reason = m.get("fail_type"), m.get("fail_reason")
@@ -258,7 +267,10 @@ class TraceHandler(logging.Handler):
             reasons.append(
                 "recompile limit reached (torch._dynamo.config.recompile_limit): Dynamo stopped compiling this function and runs it eagerly"
             )
-            fixes.append("remove the cause of the recompiles above, or raise torch._dynamo.config.recompile_limit")
+            if fixes:
+                fixes[0] += "; or raise torch._dynamo.config.recompile_limit"
+            else:
+                fixes.append("remove the cause of the recompiles above, or raise torch._dynamo.config.recompile_limit")
         self._emit(
             Recompile(
                 function=function,

@@ -235,10 +235,15 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     if g and guard_line is None:
         guard_line = (g.group("file").strip(), int(g.group("line")), user_function_name(g.group("fn")))
     m = _VALUE_RE.match(head)
-    if m and "___" not in m.group("lhs"):
+    if m and ("___" not in m.group("lhs") or _STACK_RE.match(m.group("lhs"))):
         name = user_name(m.group("lhs"), function)
         value = m.group("value").strip()
         where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
+        if name.startswith("the intermediate"):
+            return GuardFailure(
+                f"{name} changed: the code after the break was specialized to its value {value}",
+                raw, name, None, value, "", kind="stack_value", guard_line=guard_line,
+            )
         return GuardFailure(
             f"value of '{name}' changed: the code was specialized to {name} == {value}{where}",
             raw, name, None, value, "", kind="value", guard_line=guard_line,
@@ -262,6 +267,11 @@ def fix_for(failure: GuardFailure, became_dynamic: bool) -> str:
         return f"call the compiled code with one dtype for {name} (e.g. {name}.to(torch.{failure.old})); each dtype compiles separately"
     if failure.kind == "rank":
         return f"keep the number of dims of {name} fixed (reshape before the call); each rank compiles separately"
+    if failure.kind == "stack_value":
+        return (
+            "a Python number taken from a tensor before the graph break (e.g. .item()) is baked into the "
+            "code after it: keep it a tensor, or set torch._dynamo.config.capture_scalar_outputs = True"
+        )
     if failure.kind == "value":
         if became_dynamic:
             return f"Dynamo made {name} dynamic after this recompile; to avoid it, pass {name} as a tensor or use torch.compile(..., dynamic=True)"

@@ -241,14 +241,23 @@ def _inductor_config(options: RunOptions) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _compiler_options(options: RunOptions, emit: Any) -> Iterator[None]:
-    """Hand options to the fuselens compiler, if it is there."""
-    if options.compiler_options:
+    """Hand options to the fuselens compiler, if it is there. Options are
+    reset first so that a kept worker does not carry a previous run's."""
+    wanted = dict(options.compiler_options or {})
+    if options.time_kernels:
+        wanted.setdefault("time_kernels", True)
+    loaded = "fuselens.compiler.options" in sys.modules
+    if wanted or loaded:
         try:
             from fuselens.compiler import options as compiler_options  # type: ignore[attr-defined]
 
-            compiler_options.configure(**options.compiler_options)
+            if hasattr(compiler_options, "reset"):
+                compiler_options.reset()
+            if wanted:
+                compiler_options.configure(**wanted)
         except ImportError:
-            emit(ErrorEntry("internal", "compiler options given but fuselens.compiler.options is not available"))
+            if options.compiler_options:
+                emit(ErrorEntry("internal", "compiler options given but fuselens.compiler.options is not available"))
         except Exception as exc:
             emit(ErrorEntry("internal", f"fuselens.compiler.options.configure failed: {exc!r}"))
     yield

@@ -1,0 +1,37 @@
+"""The fuselens compiler: `torch.compile(fn, backend="fuselens")`.
+
+The package reads top to bottom as the pipeline:
+
+    options.py     CompilerOptions, configure(), current()
+    entry.py       the Dynamo backend: AOTAutograd, decompositions, per-graph driver
+    lowering*.py   ATen/prims FX graph -> loop IR (ir.py): pointwise, reductions, views, externs
+    scheduler.py   fusion into kernels; every decision (and refusal) with its reason
+    codegen/       cpp.py (C++/OpenMP); the interface in codegen/__init__.py
+    build.py       g++ into one cached shared library per graph
+    plan.py        order, allocations and frees of a compiled graph
+    runtime.py     GraphRunner: runs the plan; kernel timing
+    explain.py     events for `fuselens report`
+
+Importing this package registers the backend with Dynamo.
+"""
+
+from fuselens.compiler.options import CompilerOptions, configure, current, reset, resolve
+
+__all__ = ["CompilerOptions", "configure", "current", "reset", "resolve", "fuselens_backend"]
+
+
+def __getattr__(name: str):
+    if name == "fuselens_backend":
+        from fuselens.compiler.entry import fuselens_backend
+
+        return fuselens_backend
+    raise AttributeError(name)
+
+
+def _register() -> None:
+    from fuselens.compiler.entry import register
+
+    register()
+
+
+_register()

@@ -225,6 +225,7 @@ class GraphIR:
     lowered: dict[str, bool] = field(default_factory=dict)  # fx node -> lowered (True) / ATen (False)
     fallback_reasons: dict[str, str] = field(default_factory=dict)
     runtime_views: set[str] = field(default_factory=set)  # view nodes re-run by the runtime
+    constants: dict[str, Any] = field(default_factory=dict)  # get_attr tensors by name
 
     def compute_nodes(self) -> list[ComputeNode]:
         return [s for s in self.steps if isinstance(s, ComputeNode)]

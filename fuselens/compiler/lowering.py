@@ -154,8 +154,13 @@ class Lowerer:
             elif node.op == "output":
                 self.outputs = node.args[0]
             elif node.op == "get_attr":
-                # constants lifted by AOT are rare here; run them through the runtime as a fallback
-                self._extern(node, "fallback", "get_attr constant")
+                # a constant tensor of the graph module (AOT lifts few): a buffer the runtime holds
+                val = getattr(self.gm, node.target)
+                if isinstance(val, torch.Tensor):
+                    g.constants[node.name] = val
+                    g.values[node.name] = self._buffer_value(node.name, val)
+                else:
+                    g.values[node.name] = val
         return g
 
     def _placeholder(self, node: torch.fx.Node, i: int) -> None:

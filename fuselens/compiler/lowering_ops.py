@@ -206,6 +206,26 @@ for _op in ("logical_and", "logical_or", "logical_xor"):
     register(*_ov(getattr(aten, _op), "default"))(_make_logical(_op))
 
 
+# prims twins of the ATen pointwise ops (decompositions emit some of them)
+for _name in ("add", "sub", "mul", "maximum", "minimum", "atan2", "fmod", "remainder", "bitwise_and",
+              "bitwise_or", "bitwise_xor", "hypot", "nextafter", "copysign", "fmax", "fmin"):
+    if hasattr(prims, _name):
+        register(getattr(prims, _name).default)(_binary({"fmod": "fmod"}.get(_name, _name)))
+for _name in _UNARY:
+    if hasattr(prims, _name) and _name not in ("relu",):
+        register(getattr(prims, _name).default)(
+            (lambda op: lambda ctx, x: pointwise(ctx, [x], lambda ops, a: getattr(ops, op)(a)))(_UNARY[_name]))
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    if hasattr(prims, _name):
+        register(getattr(prims, _name).default)(_compare(_name))
+
+
+@register(prims.div.default)
+def lower_prims_div(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+    op = "truediv" if ctx.out_meta().dtype.is_floating_point else "truncdiv"
+    return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y))
+
+
 @register(*_ov(aten.where, "self", "ScalarSelf", "ScalarOther", "Scalar"))
 def lower_where(ctx: Lowerer, cond: Any, a: Any, b: Any) -> TensorValue:
     size = _out_size(ctx)

@@ -216,3 +216,27 @@ def _lower_extern(ctx: Lowerer, *args: Any, **kwargs: Any) -> Any:
 
 
 register(*EXTERN_OPS)(_lower_extern)
+
+
+# -- prims that some decompositions (native_layer_norm's var_mean) emit ---------
+prims = torch.ops.prims
+
+
+@register(prims.var.default)
+def lower_prims_var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any = 1, *, output_dtype: Any = None) -> TensorValue:
+    return _var(ctx, x, dims, correction, _out_size(ctx), ctx.out_meta().dtype, False)[0]
+
+
+@register(prims.sum.default)
+def lower_prims_sum(ctx: Lowerer, x: TensorValue, dims: Any, *, output_dtype: Any = None) -> TensorValue:
+    return reduce(ctx, x, dims, "sum")
+
+
+@register(prims.amax.default)
+def lower_prims_amax(ctx: Lowerer, x: TensorValue, dims: Any) -> TensorValue:
+    return reduce(ctx, x, dims, "max")
+
+
+@register(prims.amin.default)
+def lower_prims_amin(ctx: Lowerer, x: TensorValue, dims: Any) -> TensorValue:
+    return reduce(ctx, x, dims, "min")

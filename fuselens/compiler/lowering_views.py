@@ -324,3 +324,13 @@ def lower_constant_pad(ctx: Lowerer, x: TensorValue, pad: Sequence[Any], value: 
     if any(int(sympy.sympify(p)) < 0 for p in pad if sympy.sympify(p).is_Integer):
         raise NotLowered("negative padding")
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+@register(torch.ops.prims.broadcast_in_dim.default)
+def lower_broadcast_in_dim(ctx: Lowerer, x: TensorValue, shape: Any, broadcast_dimensions: Sequence[int]) -> TensorValue:
+    size = _out_size(ctx)
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        return [ZERO if (x.size[k] == 1 and size[d] != 1) else idx[d] for k, d in enumerate(broadcast_dimensions)]
+
+    return view_of(x, size, reindex)

@@ -30,7 +30,9 @@ TROUBLESHOOTING_DOCS = DOCS + "torch.compiler_troubleshooting.html"
 # unknown phases follow in the order they first appear.
 PHASE_ORDER = (
     "dynamo",
+    "backend",
     "aot",
+    "inductor",
     "lowering",
     "scheduling",
     "fusion",

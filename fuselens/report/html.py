@@ -218,10 +218,11 @@ def _time_charts(report: Report) -> str:
     kernel_html = (charts.bar_chart(kernel_bars, title="Kernel time per kernel") + more if kernel_bars
                    else '<p class="muted">Kernels were not timed in this run.</p>')
     total = common.compile_seconds(report)
+    ktime = common.kernel_time_us(report)
+    kernel_total = f" ({escape(common.fmt_us(ktime))} in total)" if ktime else ""
     inner = (f'<div class="charts"><figure><figcaption>Compile time per phase '
              f'({escape(common.fmt_seconds(total))} in total)</figcaption>{compile_html}</figure>'
-             f'<figure><figcaption>Kernel time per kernel '
-             f'({escape(common.fmt_us(common.kernel_time_us(report)))} in total)</figcaption>{kernel_html}</figure></div>')
+             f'<figure><figcaption>Kernel time per kernel{kernel_total}</figcaption>{kernel_html}</figure></div>')
     return section("time", "Where the time went", inner)
 
 

@@ -235,24 +235,28 @@ class _View:
             return
         total = common.kernel_time_us(report)
         self.section(f"Kernels ({len(report.kernels)})", f"{common.fmt_us(total)} in total" if total else "not timed")
+        timed = common.kernels_by_time(report)
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-        table.add_column("kernel", overflow="fold")
+        # Kernel names are what people search for: give them room before ops.
+        longest = max(len(k.name) for k in report.kernels)
+        table.add_column("kernel", overflow="fold", min_width=min(longest, 46))
         table.add_column("kind")
-        table.add_column("calls", justify="right")
-        table.add_column("time", justify="right")
+        if timed:
+            table.add_column("calls", justify="right")
+            table.add_column("time", justify="right")
         table.add_column("fused ops", overflow="fold")
         table.add_column("user lines", overflow="fold")
-        timed = common.kernels_by_time(report)
         order = timed + [k for k in report.kernels if k not in timed]
         for k in order:
-            table.add_row(*self.kernel_row(k))
+            table.add_row(*self.kernel_row(k, bool(timed)))
         self.c.print(table)
 
-    def kernel_row(self, k: Kernel) -> list[RenderableType]:
+    def kernel_row(self, k: Kernel, timed: bool) -> list[RenderableType]:
         lines = _lines_label(k.source_lines, self.root)
-        time = common.fmt_us(k.total_time_us) if k.total_time_us else "-"
-        return [Text(k.name), Text(f"{k.kind} {k.device}".strip()), Text(str(k.calls or "-")), Text(time),
-                Text(", ".join(_short_op(o) for o in k.ops)), Text(lines)]
+        cells = [Text(k.name), Text(f"{k.kind} {k.device}".strip())]
+        if timed:
+            cells += [Text(str(k.calls or "-")), Text(common.fmt_us(k.total_time_us) if k.total_time_us else "-")]
+        return cells + [Text(", ".join(_short_op(o) for o in k.ops)), Text(lines)]
 
     def fusion(self, decisions: list[FusionDecision]) -> None:
         if not decisions:

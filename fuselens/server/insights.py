@@ -48,17 +48,19 @@ def format_us(us: float) -> str:
 
 
 def compiled_functions(report: Report, resolver: Resolver) -> list[CompiledFunction]:
-    """Compiled functions of the report that lie in the editor's documents."""
+    """Compiled functions of the report that lie in the editor's documents.
+    Graphs of resume functions (after a graph break) count for the function
+    they resume."""
     index = SourceIndex(resolver.program.text) if resolver.program.text else None
     found: dict[tuple[str, int], CompiledFunction] = {}
     for graph in report.graphs:
         where = resolver.locate(graph.location)
         if where is None:
             continue
-        fn = found.get(where)
+        start, end = _function_span(index, resolver, where[0], where[1], graph.function)
+        fn = found.get((where[0], start))
         if fn is None:
-            end = _end_line(index, resolver, *where)
-            fn = found[where] = CompiledFunction(graph.function, where[0], where[1], end)
+            fn = found[(where[0], start)] = CompiledFunction(graph.function, where[0], start, end)
         fn.graphs.append(graph)
         if graph.compile_id not in fn.compile_ids:
             fn.compile_ids.append(graph.compile_id)
@@ -73,17 +75,22 @@ def compiled_functions(report: Report, resolver: Resolver) -> list[CompiledFunct
     return sorted(found.values(), key=lambda f: (f.uri, f.line))
 
 
-def _end_line(index: Optional[SourceIndex], resolver: Resolver, uri: str, line: int) -> int:
-    """Last line of the function whose def (or first decorator) is `line`."""
+def _function_span(index: Optional[SourceIndex], resolver: Resolver, uri: str, line: int, name: str) -> tuple[int, int]:
+    """(first, last) document line of the function `name` that holds `line`
+    (first = its first decorator); (line, line) when unknown."""
     program_line = resolver.program.to_program(uri, line)
     if index is None or index.tree is None or program_line is None:
-        return line
+        return line, line
+    best = None
     for node in ast.walk(index.tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if first - 1 <= program_line <= node.lineno - 1:
-                return line + (node.end_lineno - 1 - program_line)
-    return line
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+            if first <= program_line <= node.end_lineno - 1 and (best is None or first > best[0]):
+                if node.name == name or best is None:
+                    best = (first, node.end_lineno - 1)
+    if best is None:
+        return line, line
+    return line + (best[0] - program_line), line + (best[1] - program_line)
 
 
 def code_lenses(functions: list[CompiledFunction], uri: str, resolver: Resolver) -> list[types.CodeLens]:

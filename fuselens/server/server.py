@@ -88,9 +88,10 @@ class FuselensServer(LanguageServer):
     @property
     def encoding(self) -> str:
         try:
-            return str(self.workspace.position_encoding or "utf-16")
+            encoding = self.workspace.position_encoding or "utf-16"
         except RuntimeError:
             return "utf-16"
+        return str(getattr(encoding, "value", encoding))
 
     # ---- documents ----------------------------------------------------------
     def open_text(self, uri: str) -> Optional[str]:
@@ -222,6 +223,7 @@ class FuselensServer(LanguageServer):
         try:
             await asyncio.wait({task})
         finally:
+            self.progress_boxes.get(plan.unit, {}).pop("token", None)  # no report after the end
             message = "cancelled" if task.cancelled() else "done"
             progress.end(token, types.WorkDoneProgressEnd(message=message))
             progress.tokens.pop(token, None)

@@ -70,8 +70,6 @@ def _delta_cell(row: KernelRow) -> Text:
 class KernelTable(DataTable):
     """Kernels of the current run with the difference to the previous one."""
 
-    BINDINGS = [Binding("s", "app.cycle_sort", "Sort", show=False)]
-
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = True
@@ -129,12 +127,13 @@ class KernelChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        live = [r for r in rows if r.status != "gone"]
+        live = [r for r in rows if r.status != "gone" and r.total_us > 0]
         live.sort(key=lambda r: (-r.total_us, r.name))
         rows_for_bars = self.content_size.height - 4 if self.content_size.height else self.TOP
         live = live[: max(3, min(self.TOP, rows_for_bars))][::-1]  # plotext draws the first bar at the bottom
         if not live:
-            plt.title("no timed kernels")
+            # Kernels exist but were not timed (or there are none): no empty axes.
+            plt.title("no kernel timings in this run" if rows else "no kernels in this run")
             self.refresh()
             return
         names = [_short_name(r.name) for r in live]
@@ -286,8 +285,8 @@ class HostPanel(DataTable):
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        for key, label in (("function", "function"), ("where", "where"), ("self", "self"),
-                           ("total", "total"), ("category", "category")):
+        for key, label in (("function", "function"), ("self", "self"), ("total", "total"),
+                           ("category", "category"), ("where", "where")):
             self.add_column(label, key=key)
 
     def show(self, profile: Optional[HostProfile]) -> None:
@@ -307,8 +306,8 @@ class HostPanel(DataTable):
             style = self.CATEGORY_STYLE.get(stat.category, "")
             self.add_row(
                 Text(stat.function, style="bold"),
-                Text(_short_name(f"{os.path.basename(stat.file)}:{stat.line}", 26), style="dim"),
                 _right(format_seconds(stat.self_s)),
                 _right(format_seconds(stat.total_s), "dim"),
                 Text(stat.category, style=style),
+                Text(_short_name(f"{os.path.basename(stat.file)}:{stat.line}", 26), style="dim"),
             )

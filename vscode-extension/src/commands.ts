@@ -4,7 +4,7 @@
 // command the server advertises, so client ids never reuse a server id.
 
 import * as vscode from "vscode";
-import { documentUriArg, isNotebookCellUri, reportPathFromResult } from "./logic/commandArgs";
+import { documentUriArg, isNotebookCellUri, reportFromResult } from "./logic/commandArgs";
 import { commandLine, profilerArgv, shellKind } from "./logic/shell";
 import { FuselensServer } from "./server";
 import { StatusBar } from "./statusBar";
@@ -28,12 +28,20 @@ export function registerCommands(
       return void vscode.window.showWarningMessage("FuseLens runs your program to analyse it: trust this folder first.");
     }
     status.analysisStarted(uri);
+    let result: unknown;
     try {
-      await server.executeCommand("fuselens.analyze", [uri]);
+      // {force: true}: the user asked for a fresh run, not the cached one.
+      result = await server.executeCommand("fuselens.analyze", [uri, { force: true }]);
+      const answer = result as { status?: string; message?: string } | null;
+      if (answer?.status === "untrusted") {
+        void vscode.window.showWarningMessage("FuseLens: the server treats this folder as untrusted; nothing ran.");
+      } else if (answer?.status === "error") {
+        reportError("Analysis failed", answer.message ?? "unknown error");
+      }
     } catch (err) {
       reportError("Analysis failed", err);
     } finally {
-      status.analysisFinished(undefined);
+      status.analysisFinished(result, uri);
     }
   });
 
@@ -43,8 +51,14 @@ export function registerCommands(
       return void vscode.window.showWarningMessage("FuseLens: open an analysed Python file or notebook first.");
     }
     try {
-      const file = reportPathFromResult(await server.executeCommand("fuselens.writeReport", [uri]));
-      await showReportFile(file);
+      const report = reportFromResult(await server.executeCommand("fuselens.writeReport", [uri]));
+      if (report.format === "html") {
+        await showReportFile(report.path);
+      } else {
+        // The server falls back to JSON when it cannot render HTML.
+        const doc = await vscode.workspace.openTextDocument(vscode.Uri.file(report.path));
+        await vscode.window.showTextDocument(doc, { viewColumn: vscode.ViewColumn.Beside, preview: true });
+      }
     } catch (err) {
       reportError("No report", err);
     }

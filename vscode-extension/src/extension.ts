@@ -36,6 +36,11 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     status.analysisStarted((params as { uri?: string } | undefined)?.uri),
   );
   server.onNotification("fuselens/analysisFinished", (params) => status.analysisFinished(params));
+  // What the server does send: work-done progress around each analysis.
+  server.onProgress({
+    begin: (message) => status.set({ kind: "running", file: message?.replace(/^running\s+/, "") }),
+    end: () => status.analysisFinished(undefined),
+  });
 
   registerCommands(context, server, status, kernels);
 

@@ -12,7 +12,8 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { chooseInterpreter, InterpreterChoice, serverCommandLine } from "./logic/interpreter";
-import { initializationOptions, readSettings, FuselensSettings } from "./logic/settings";
+import { enforceTrust, initializationOptions, readSettings, FuselensSettings } from "./logic/settings";
+import { ProgressListener, trackServerProgress } from "./progress";
 import { activePythonEnvironment } from "./pythonExtension";
 
 export const SERVER_ID = "fuselens";
@@ -38,6 +39,7 @@ export class FuselensServer implements vscode.Disposable {
   private queue: Promise<void> = Promise.resolve();
   private listeners: ServerListener[] = [];
   private notificationHandlers: [string, (params: unknown) => void][] = [];
+  private progressListener: ProgressListener | undefined;
   interpreter: InterpreterChoice | undefined;
   settings: FuselensSettings | undefined;
 
@@ -57,6 +59,11 @@ export class FuselensServer implements vscode.Disposable {
     if (this.client) {
       this.clientDisposables.push(this.client.onNotification(method, handler));
     }
+  }
+
+  /** Hears when server analyses begin and end (work-done progress). */
+  onProgress(listener: ProgressListener): void {
+    this.progressListener = listener;
   }
 
   get running(): boolean {
@@ -125,6 +132,20 @@ export class FuselensServer implements vscode.Disposable {
       initializationOptions: initializationOptions(this.settings, trusted, folder?.uri.fsPath ?? ""),
       // The server owns what happens; a crash loop should not spam restarts.
       connectionOptions: { maxRestartCount: 3 },
+      middleware: {
+        workspace: {
+          // The server also reads `trusted` from the "fuselens" section; in
+          // VS Code only workspace trust decides it, so a folder's own
+          // settings.json cannot switch it on.
+          configuration: async (params, token, next) => {
+            const result = await next(params, token);
+            if (!Array.isArray(result)) {
+              return result;
+            }
+            return result.map((value, i) => enforceTrust(params.items[i]?.section, value, vscode.workspace.isTrusted));
+          },
+        },
+      },
     };
     const client = new LanguageClient(SERVER_ID, SERVER_NAME, serverOptions, clientOptions);
     this.client = client;
@@ -137,6 +158,9 @@ export class FuselensServer implements vscode.Disposable {
     );
     for (const [method, handler] of this.notificationHandlers) {
       this.clientDisposables.push(client.onNotification(method, handler));
+    }
+    if (this.progressListener) {
+      this.clientDisposables.push(trackServerProgress(client, this.progressListener));
     }
     try {
       await client.start();

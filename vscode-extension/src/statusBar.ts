@@ -2,7 +2,6 @@
 
 import * as vscode from "vscode";
 import {
-  AnalysisSummary,
   StatusState,
   statusView,
   summarizeDiagnostics,
@@ -12,8 +11,6 @@ import {
 export class StatusBar implements vscode.Disposable {
   private readonly item: vscode.StatusBarItem;
   private state: StatusState = { kind: "starting" };
-  /** Results per document URI from `fuselens/analysisFinished`. */
-  private readonly results = new Map<string, AnalysisSummary>();
   private readonly disposables: vscode.Disposable[] = [];
 
   constructor() {
@@ -38,14 +35,16 @@ export class StatusBar implements vscode.Disposable {
     this.set({ kind: "running", file: uri ? shortName(uri) : undefined });
   }
 
-  /** `fuselens/analysisFinished`: exact counts from the server. */
-  analysisFinished(params: unknown): void {
+  /**
+   * An analysis ended. `params` with counts (the `fuselens.analyze` answer,
+   * or a `fuselens/analysisFinished` notification) are shown as they are;
+   * otherwise the diagnostics are counted (they keep the item current after).
+   */
+  analysisFinished(params: unknown, uri?: string): void {
     const parsed = summaryFromNotification(params);
+    const file = parsed?.uri ?? uri;
     if (parsed) {
-      if (parsed.uri) {
-        this.results.set(parsed.uri, parsed.summary);
-      }
-      this.set({ kind: "result", summary: parsed.summary, file: parsed.uri ? shortName(parsed.uri) : undefined });
+      this.set({ kind: "result", summary: parsed.summary, file: file ? shortName(file) : undefined });
     } else {
       this.refreshFromEditor(true);
     }
@@ -58,14 +57,15 @@ export class StatusBar implements vscode.Disposable {
     }
     const uri = activeDocumentUri();
     if (!uri) {
+      if (force) {
+        this.set({ kind: "idle" });
+      }
       return;
     }
-    const known = this.results.get(uri.toString());
     const diagnostics = collectDiagnostics(uri);
-    const summary = known ?? summarizeDiagnostics(diagnostics.map(toDiagnosticLike));
-    const fromDiagnostics = !known && diagnostics.length === 0;
-    if (fromDiagnostics && this.state.kind === "idle") {
-      return;
+    const summary = summarizeDiagnostics(diagnostics.map(toDiagnosticLike));
+    if (diagnostics.length === 0 && this.state.kind === "idle") {
+      return; // nothing analysed yet: keep "ready"
     }
     this.set({ kind: "result", summary, file: shortName(uri.toString()) });
   }

@@ -4,7 +4,7 @@
 import * as fs from "fs/promises";
 import * as path from "path";
 import * as vscode from "vscode";
-import { KERNEL_SCHEME, kernelArgsFromQuery, kernelSourceText, kernelUriParts } from "./logic/kernelUri";
+import { KERNEL_SCHEME, kernelArgsFromQuery, kernelChoices, kernelSourceText, kernelUriParts } from "./logic/kernelUri";
 import { FuselensServer } from "./server";
 
 /** Serves `fuselens-kernel:` documents from the server's `fuselens.kernelSource` command. */
@@ -24,9 +24,23 @@ export class KernelSourceProvider implements vscode.TextDocumentContentProvider 
   }
 }
 
-/** Opens the kernel a code lens pointed at, beside the code. */
+/**
+ * Opens a kernel of a code lens beside the code; a lens over several kernels
+ * asks which one.
+ */
 export async function showKernelSource(provider: KernelSourceProvider, args: unknown[]): Promise<void> {
-  const { path: p, query } = kernelUriParts(args);
+  const { uri: documentUri, names } = kernelChoices(args);
+  if (!documentUri || names.length === 0) {
+    throw new Error("use the code lens over a compiled function to pick a kernel");
+  }
+  const name =
+    names.length === 1
+      ? names[0]
+      : await vscode.window.showQuickPick(names, { title: "FuseLens: generated kernels", placeHolder: "kernel to show" });
+  if (!name) {
+    return;
+  }
+  const { path: p, query } = kernelUriParts(documentUri, name);
   const uri = vscode.Uri.from({ scheme: KERNEL_SCHEME, path: p, query });
   let doc = await vscode.workspace.openTextDocument(uri);
   const language = provider.languages.get(uri.toString());

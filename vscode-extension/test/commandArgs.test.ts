@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { documentUriArg, isNotebookCellUri, reportPathFromResult } from "../src/logic/commandArgs";
+import { documentUriArg, isNotebookCellUri, reportFromResult } from "../src/logic/commandArgs";
 
 test("the document URI is found as a string, a {uri} object or a textDocument", () => {
   assert.equal(documentUriArg(["file:///w/a.py"]), "file:///w/a.py");
@@ -15,11 +15,19 @@ test("a vscode.Uri-like argument is turned into its string", () => {
   assert.equal(documentUriArg([uriLike]), "file:///w/d.py");
 });
 
-test("writeReport may answer with a path, a file URI or {path}", () => {
-  assert.equal(reportPathFromResult("/tmp/r.html"), "/tmp/r.html");
-  assert.equal(reportPathFromResult("file:///tmp/my%20r.html"), "/tmp/my r.html");
-  assert.equal(reportPathFromResult({ path: "/tmp/x.html" }), "/tmp/x.html");
-  assert.throws(() => reportPathFromResult(null), /no report/);
+test("writeReport's {path, format} answer is read, JSON reports are recognised", () => {
+  assert.deepEqual(reportFromResult({ path: "/tmp/s/a-report.html", uri: "file:///tmp/s/a-report.html", format: "html" }), {
+    path: "/tmp/s/a-report.html",
+    format: "html",
+  });
+  assert.deepEqual(reportFromResult({ path: "/tmp/s/a-report.json", format: "json" }).format, "json");
+  assert.deepEqual(reportFromResult("file:///tmp/my%20r.html"), { path: "/tmp/my r.html", format: "html" });
+  assert.deepEqual(reportFromResult({ uri: "file:///tmp/x.json" }), { path: "/tmp/x.json", format: "json" });
+});
+
+test("writeReport's error is passed on to the user", () => {
+  assert.throws(() => reportFromResult({ error: "no analysis for this document yet" }), /no analysis for this document yet/);
+  assert.throws(() => reportFromResult(null), /no report/);
 });
 
 test("notebook cell URIs are recognised", () => {

@@ -5,6 +5,7 @@ import {
   initializationOptions,
   normaliseInterpreter,
   readSettings,
+  enforceTrust,
   settingsChangeAction,
 } from "../src/logic/settings";
 
@@ -62,4 +63,19 @@ test("changing a server setting restarts the server, other sections do not", () 
   assert.equal(settingsChangeAction((s) => s === "fuselens.interpreter"), "restart");
   assert.equal(settingsChangeAction((s) => s === "fuselens.trace.server"), "none");
   assert.equal(settingsChangeAction((s) => s === "editor.fontSize"), "none");
+});
+
+test("a workspace's own fuselens.trusted cannot override workspace trust", () => {
+  assert.deepEqual(enforceTrust("fuselens", { trusted: true, backend: "eager" }, false), { trusted: false, backend: "eager" });
+  assert.deepEqual(enforceTrust("fuselens", { backend: "" }, true), { backend: "", trusted: true });
+  assert.equal(enforceTrust("fuselens.trusted", true, false), false);
+  assert.deepEqual(enforceTrust(undefined, { "fuselens.trusted": true, fuselens: { trusted: true } }, false), {
+    fuselens: { trusted: false },
+  });
+});
+
+test("other sections pass through unchanged", () => {
+  const editor = { fontSize: 12 };
+  assert.equal(enforceTrust("editor", editor, false), editor);
+  assert.equal(enforceTrust("fuselens", null, false), null);
 });

@@ -27,18 +27,35 @@ export function documentUriArg(args: readonly unknown[]): string | undefined {
   return undefined;
 }
 
-/** The HTML file path from `fuselens.writeReport`: a path string or `{path}`. */
-export function reportPathFromResult(result: unknown): string {
+/** A report file written by `fuselens.writeReport`. */
+export interface ReportFile {
+  path: string;
+  /** "html", or "json" when the server could not render HTML. */
+  format: string;
+}
+
+/**
+ * Reads `fuselens.writeReport`'s answer: `{path, uri, format}`, `{error}`, or
+ * a bare path / file URI. Throws with the server's message when it wrote none.
+ */
+export function reportFromResult(result: unknown): ReportFile {
+  const fromPath = (p: string): ReportFile => ({ path: p, format: p.toLowerCase().endsWith(".json") ? "json" : "html" });
   if (typeof result === "string" && result) {
-    return result.startsWith("file://") ? decodeURIComponent(result.slice("file://".length)) : result;
+    return fromPath(result.startsWith("file://") ? decodeURIComponent(result.slice("file://".length)) : result);
   }
   if (result && typeof result === "object") {
-    const r = result as { path?: unknown; uri?: unknown };
+    const r = result as { path?: unknown; uri?: unknown; format?: unknown; error?: unknown };
+    let file: ReportFile | undefined;
     if (typeof r.path === "string" && r.path) {
-      return r.path;
+      file = fromPath(r.path);
+    } else if (typeof r.uri === "string" && r.uri.startsWith("file://")) {
+      file = fromPath(decodeURIComponent(r.uri.slice("file://".length)));
     }
-    if (typeof r.uri === "string" && r.uri.startsWith("file://")) {
-      return decodeURIComponent(r.uri.slice("file://".length));
+    if (file) {
+      return typeof r.format === "string" && r.format ? { ...file, format: r.format } : file;
+    }
+    if (typeof r.error === "string" && r.error) {
+      throw new Error(r.error);
     }
   }
   throw new Error("the server wrote no report (run an analysis of this file first)");

@@ -1,8 +1,10 @@
 // Virtual documents for generated kernel source: `fuselens-kernel:` URIs.
 //
-// The URI carries the arguments of the server's `fuselens.kernelSource`
-// command (whatever the code lens passed) in its query, and a path whose file
-// extension gives the document its language (C++ or Python for Triton).
+// The server's code lens passes `[documentUri, firstKernelName, allKernelNames]`
+// to `fuselens.showKernelSource`; the server command `fuselens.kernelSource`
+// takes `(documentUri, kernelName)` and answers `{name, language, kind,
+// graph_id, source}` (or `{source: "", error}`). The URI keeps those two
+// arguments in its query and the kernel name in its path (the editor tab).
 // Pure: works on URI components, the caller builds the vscode.Uri.
 
 export const KERNEL_SCHEME = "fuselens-kernel";
@@ -12,45 +14,71 @@ export interface KernelUriParts {
   query: string;
 }
 
-/** The fields a kernel reference may carry (server-defined; all optional). */
-interface KernelRef {
-  name?: unknown;
-  kernel?: unknown;
-  language?: unknown;
-  kind?: unknown;
-  graph_id?: unknown;
-  graphId?: unknown;
+/** The document a lens was on and the kernels it offers, first one first. */
+export interface KernelChoices {
+  uri: string;
+  names: string[];
 }
 
-/** Builds path and query for the arguments a code lens gave `fuselens.showKernelSource`. */
-export function kernelUriParts(args: unknown[]): KernelUriParts {
-  const ref = firstObject(args);
-  const name = safeName(String(ref?.name ?? ref?.kernel ?? (typeof args[0] === "string" ? args[0] : "kernel")));
-  const graph = ref?.graph_id ?? ref?.graphId;
-  const dir = typeof graph === "string" && graph ? `/${safeName(graph)}` : "";
-  const ext = languageExtension(String(ref?.language ?? ref?.kind ?? ""));
-  return { path: `${dir}/${name}${ext}`, query: encodeURIComponent(JSON.stringify(args)) };
-}
-
-/** The command arguments back from a `fuselens-kernel:` URI query. */
-export function kernelArgsFromQuery(query: string): unknown[] {
-  const decoded = JSON.parse(decodeURIComponent(query));
-  if (!Array.isArray(decoded)) {
-    throw new Error("fuselens-kernel URI query is not an argument list");
+/**
+ * Reads `[uri, name, names]` (the server's lens) or `[{uri, name}]`.
+ * Names are de-duplicated, the lens's own first.
+ */
+export function kernelChoices(args: readonly unknown[]): KernelChoices {
+  let uri = "";
+  const names: string[] = [];
+  const add = (n: unknown) => {
+    if (typeof n === "string" && n && !names.includes(n)) {
+      names.push(n);
+    }
+  };
+  for (const [i, a] of args.entries()) {
+    if (typeof a === "string") {
+      if (i === 0) {
+        uri = a;
+      } else {
+        add(a);
+      }
+    } else if (Array.isArray(a)) {
+      a.forEach(add);
+    } else if (a && typeof a === "object") {
+      const o = a as { uri?: unknown; name?: unknown; kernel?: unknown };
+      if (typeof o.uri === "string") {
+        uri = o.uri;
+      }
+      add(o.name ?? o.kernel);
+    }
   }
-  return decoded;
+  return { uri, names };
+}
+
+/** Path and query of the virtual document of kernel `name` of document `uri`. */
+export function kernelUriParts(uri: string, name: string): KernelUriParts {
+  return { path: `/${safeName(name)}`, query: encodeURIComponent(JSON.stringify([uri, name])) };
+}
+
+/** The `fuselens.kernelSource` arguments back from a `fuselens-kernel:` URI query. */
+export function kernelArgsFromQuery(query: string): [string, string] {
+  const decoded = JSON.parse(decodeURIComponent(query));
+  if (!Array.isArray(decoded) || decoded.length !== 2 || !decoded.every((v) => typeof v === "string")) {
+    throw new Error("fuselens-kernel URI query is not [documentUri, kernelName]");
+  }
+  return [decoded[0], decoded[1]];
 }
 
 /** The server's answer to `fuselens.kernelSource`: a string or `{source, language}`. */
 export function kernelSourceText(result: unknown): { text: string; language?: string } {
-  if (typeof result === "string") {
+  if (typeof result === "string" && result) {
     return { text: result };
   }
   if (result && typeof result === "object") {
-    const r = result as { source?: unknown; text?: unknown; language?: unknown };
-    const text = typeof r.source === "string" ? r.source : typeof r.text === "string" ? r.text : undefined;
-    if (text !== undefined) {
-      return { text, language: typeof r.language === "string" ? vscodeLanguageId(r.language) : undefined };
+    const r = result as { source?: unknown; language?: unknown; kind?: unknown; error?: unknown };
+    if (typeof r.source === "string" && r.source) {
+      const language = typeof r.language === "string" && r.language ? r.language : String(r.kind ?? "");
+      return { text: r.source, language: vscodeLanguageId(language) };
+    }
+    if (typeof r.error === "string" && r.error) {
+      throw new Error(r.error);
     }
   }
   throw new Error("the server returned no kernel source");
@@ -68,16 +96,6 @@ export function vscodeLanguageId(language: string): string | undefined {
     default:
       return undefined;
   }
-}
-
-function languageExtension(language: string): string {
-  const id = vscodeLanguageId(language);
-  return id === "cpp" ? ".cpp" : id === "python" ? ".py" : "";
-}
-
-function firstObject(args: unknown[]): KernelRef | undefined {
-  const found = args.find((a) => a !== null && typeof a === "object" && !Array.isArray(a));
-  return found as KernelRef | undefined;
 }
 
 function safeName(name: string): string {

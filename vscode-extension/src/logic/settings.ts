@@ -96,3 +96,23 @@ export function settingsChangeAction(affects: (section: string) => boolean): Set
 function stringOr(value: unknown, fallback: string): string {
   return typeof value === "string" ? value : fallback;
 }
+
+/**
+ * A `workspace/configuration` answer with `trusted` set from workspace
+ * trust: for the "fuselens" section (and the whole configuration) only.
+ */
+export function enforceTrust(section: string | undefined, value: unknown, trusted: boolean): unknown {
+  if (section === "fuselens" && value && typeof value === "object" && !Array.isArray(value)) {
+    return { ...(value as Record<string, unknown>), trusted };
+  }
+  if ((section === undefined || section === "") && value && typeof value === "object" && !Array.isArray(value)) {
+    const all = value as Record<string, unknown>;
+    const inner = all.fuselens && typeof all.fuselens === "object" ? (all.fuselens as Record<string, unknown>) : {};
+    const { ["fuselens.trusted"]: _dropped, ...rest } = all;
+    return { ...rest, fuselens: { ...inner, trusted } };
+  }
+  if (section === "fuselens.trusted") {
+    return trusted;
+  }
+  return value;
+}

@@ -1,0 +1,45 @@
+"""Code generators: turn a scheduled KernelGroup into source text.
+
+The interface every generator implements (C++ in `cpp.py`, Triton in `triton.py`):
+
+    generate(group: KernelGroup, graph: GraphIR, options) -> KernelSource
+    library_source(kernels: list[KernelSource]) -> str      # one compilation unit per graph
+
+The IR hands a generator everything through `group.nodes` (ComputeNodes with
+bodies written against the `ops` handler contract in `ir.py`), `group.full` /
+`group.rflags` (the iteration space), `group.level(node)` / `group.own_index`
+(where each value lives) and `group.stores` (what must reach memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+
+@dataclass
+class KernelSource:
+    """One generated kernel: its function text and its calling convention.
+    Arguments are, in order: a pointer per name in `buffers` (inputs first, then
+    `outputs`), then one int64 per symbol in `symbols`."""
+
+    name: str
+    source: str
+    buffers: list[str]
+    outputs: list[str]
+    symbols: list[sympy.Symbol] = field(default_factory=list)
+    bytes_accessed: int = 0
+    language: str = "cpp"
+
+
+def get_generator(target: str) -> Any:
+    """The code generator module for `target` ("cpp"; "triton" when present)."""
+    if target == "triton":
+        from fuselens.compiler.codegen import triton  # type: ignore[attr-defined]
+
+        return triton
+    from fuselens.compiler.codegen import cpp
+
+    return cpp

@@ -1,0 +1,564 @@
+"""C++/OpenMP code generation: one `extern "C"` function per KernelGroup.
+
+Loop structure of a kernel over full space F with reduced dims R:
+
+    #pragma omp parallel for collapse(k) if(work >= parallel_threshold)
+    for outer dims (g0, g1, ...)              // kept dims of F, one row each
+      outer-level values that need no reduction
+      for each pass p = 0..P:                 // one pass per reduction dependency level
+        init accumulators of pass p
+        #pragma omp simd reduction(...)       // innermost reduced dim, vectorized
+        for reduced dims: full-level values, stores, accumulator updates
+        finish accumulators, outer-level epilogues, their stores
+
+A pointwise kernel is the same with its last dim as the inner (simd) loop; a
+1-D one is split into parallel chunks. Values are emitted once per scope
+(common subexpressions are shared by a cache keyed on the C expression).
+g++ 12 vectorizes the simd loops (see `-fopt-info-vec` notes in build.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import sympy
+import torch
+
+from fuselens.compiler import ir
+from fuselens.compiler.codegen import KernelSource
+from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
+from fuselens.compiler.scheduler import KernelGroup
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+CHUNK = 4096  # elements per parallel chunk of a 1-D pointwise kernel
+
+
+def cexpr(e: Any) -> str:
+    """A sympy index expression as C (int64 arithmetic, non-negative divisions)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        v = int(e)
+        return f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        terms = [cexpr(a) for a in e.args]
+        return "(" + " + ".join(terms) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(cexpr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([cexpr(e.base)] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({cexpr(e.args[0])} / {cexpr(e.args[1])})"
+    if isinstance(e, ModularIndexing):
+        return f"(({cexpr(e.args[0])} / {cexpr(e.args[1])}) % {cexpr(e.args[2])})"
+    if isinstance(e, sympy.Min):
+        return _fold("std::min<int64_t>", [cexpr(a) for a in e.args])
+    if isinstance(e, sympy.Max):
+        return _fold("std::max<int64_t>", [cexpr(a) for a in e.args])
+    if isinstance(e, sympy.Rational):
+        return f"({e.p} / {e.q})"
+    raise NotImplementedError(f"cannot print index expression {e!r} as C")
+
+
+def _fold(fn: str, args: list[str]) -> str:
+    out = args[0]
+    for a in args[1:]:
+        out = f"{fn}({out}, {a})"
+    return out
+
+
+def cconst(value: Any, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return "NAN" if dtype == torch.float32 else "std::numeric_limits<double>::quiet_NaN()"
+        if math.isinf(v):
+            return ("" if v > 0 else "-") + ("INFINITY" if dtype == torch.float32 else "std::numeric_limits<double>::infinity()")
+        return f"{v!r}f" if dtype == torch.float32 else repr(v)
+    v = int(value)
+    if v == -(2**63):
+        return "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{CTYPES[dtype]}>(INT64_C({v}))"
+
+
+@dataclass
+class CVal:
+    name: str
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_UNARY_FLOAT = {
+    "exp": "fl_exp({x})", "log": "fl_log({x})", "sin": "fl_sin({x})", "cos": "fl_cos({x})",
+    "tanh": "fl_tanh({x})", "erf": "fl_erf({x})", "sigmoid": "fl_sigmoid({x})",
+    "exp2": "std::exp2({x})", "expm1": "std::expm1({x})", "log2": "std::log2({x})", "log10": "std::log10({x})",
+    "log1p": "std::log1p({x})", "sqrt": "std::sqrt({x})", "rsqrt": "({one} / std::sqrt({x}))",
+    "reciprocal": "({one} / {x})", "tan": "std::tan({x})", "asin": "std::asin({x})", "acos": "std::acos({x})",
+    "atan": "std::atan({x})", "sinh": "std::sinh({x})", "cosh": "std::cosh({x})", "asinh": "std::asinh({x})",
+    "acosh": "std::acosh({x})", "atanh": "std::atanh({x})", "erfc": "std::erfc({x})", "floor": "std::floor({x})",
+    "ceil": "std::ceil({x})", "round": "std::nearbyint({x})", "trunc": "std::trunc({x})", "lgamma": "std::lgamma({x})",
+    "frac": "fl_frac({x})",
+}
+
+
+class CppOps:
+    """The `ops` handler that prints C++. Each op emits `const T tN = expr;` into
+    the current scope (with CSE) and returns the variable."""
+
+    def __init__(self, kernel: "CppKernel") -> None:
+        self.k = kernel
+
+    def _emit(self, expr: str, dtype: torch.dtype) -> CVal:
+        return self.k.emit(expr, dtype)
+
+    # -- memory and constants
+    def load(self, name: str, index: Expr) -> CVal:
+        return self.k.load(name, index)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> CVal:
+        return CVal(cconst(value, dtype), dtype)
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> CVal:
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({cexpr(self.k.simplify(expr))})", dtype)
+
+    def to_dtype(self, x: CVal, dtype: torch.dtype) -> CVal:
+        if x.dtype == dtype:
+            return x
+        if dtype == torch.bool:
+            return self._emit(f"({x} != 0)", dtype)
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
+
+    def where(self, c: CVal, a: CVal, b: CVal) -> CVal:
+        return self._emit(f"({c} ? {a} : {b})", a.dtype)
+
+    # -- unary
+    def __getattr__(self, op: str) -> Any:
+        if op in _UNARY_FLOAT:
+            fmt = _UNARY_FLOAT[op]
+
+            def unary(x: CVal) -> CVal:
+                if not x.dtype.is_floating_point:
+                    if op in ("floor", "ceil", "round", "trunc"):
+                        return x
+                    raise NotImplementedError(f"{op} of {x.dtype}")
+                return self._emit(fmt.format(x=x, one=cconst(1, x.dtype)), x.dtype)
+
+            return unary
+        raise AttributeError(op)
+
+    def neg(self, x: CVal) -> CVal:
+        return self._emit(f"(-{x})", x.dtype)
+
+    def abs(self, x: CVal) -> CVal:
+        return self._emit(f"fl_abs({x})", x.dtype)
+
+    def sign(self, x: CVal) -> CVal:
+        return self._emit(f"fl_sign({x})", x.dtype)
+
+    def relu(self, x: CVal) -> CVal:
+        return self._emit(f"fl_relu({x})", x.dtype)
+
+    def square(self, x: CVal) -> CVal:
+        return self._emit(f"({x} * {x})", x.dtype)
+
+    def isnan(self, x: CVal) -> CVal:
+        return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", torch.bool)
+
+    def isinf(self, x: CVal) -> CVal:
+        if not x.dtype.is_floating_point:
+            return self._emit("false", torch.bool)
+        return self._emit(f"(std::fabs({x}) == std::numeric_limits<{CTYPES[x.dtype]}>::infinity())", torch.bool)
+
+    def signbit(self, x: CVal) -> CVal:
+        return self._emit(f"std::signbit({x})" if x.dtype.is_floating_point else f"({x} < 0)", torch.bool)
+
+    def logical_not(self, x: CVal) -> CVal:
+        return self._emit(f"(!{x})", torch.bool)
+
+    def bitwise_not(self, x: CVal) -> CVal:
+        if x.dtype == torch.bool:
+            return self._emit(f"(!{x})", torch.bool)
+        return self._emit(f"static_cast<{CTYPES[x.dtype]}>(~{x})", x.dtype)
+
+    # -- binary
+    def _bin(self, a: CVal, b: CVal, fmt: str, dtype: Optional[torch.dtype] = None) -> CVal:
+        dt = dtype or a.dtype
+        expr = fmt.format(a=a, b=b, T=CTYPES[a.dtype])
+        if dt != torch.bool and not dt.is_floating_point and dt not in (torch.int64,):
+            expr = f"static_cast<{CTYPES[dt]}>({expr})"  # C integer promotion
+        return self._emit(expr, dt)
+
+    def add(self, a, b):  # noqa: D102
+        if a.dtype == torch.bool:
+            return self._bin(a, b, "({a} || {b})")
+        return self._bin(a, b, "({a} + {b})")
+
+    def sub(self, a, b):
+        return self._bin(a, b, "({a} - {b})")
+
+    def mul(self, a, b):
+        if a.dtype == torch.bool:
+            return self._bin(a, b, "({a} && {b})")
+        return self._bin(a, b, "({a} * {b})")
+
+    def truediv(self, a, b):
+        return self._bin(a, b, "({a} / {b})")
+
+    def floordiv(self, a, b):
+        return self._bin(a, b, "fl_floordiv<{T}>({a}, {b})")
+
+    def truncdiv(self, a, b):
+        return self._bin(a, b, "fl_truncdiv<{T}>({a}, {b})")
+
+    def remainder(self, a, b):
+        return self._bin(a, b, "fl_remainder<{T}>({a}, {b})")
+
+    def fmod(self, a, b):
+        return self._bin(a, b, "fl_fmod<{T}>({a}, {b})")
+
+    def pow(self, a, b):
+        return self._bin(a, b, "fl_pow<{T}>({a}, {b})")
+
+    def maximum(self, a, b):
+        return self._bin(a, b, "fl_maximum<{T}>({a}, {b})")
+
+    def minimum(self, a, b):
+        return self._bin(a, b, "fl_minimum<{T}>({a}, {b})")
+
+    def fmax(self, a, b):
+        return self._bin(a, b, "std::fmax({a}, {b})")
+
+    def fmin(self, a, b):
+        return self._bin(a, b, "std::fmin({a}, {b})")
+
+    def atan2(self, a, b):
+        return self._bin(a, b, "std::atan2({a}, {b})")
+
+    def hypot(self, a, b):
+        return self._bin(a, b, "std::hypot({a}, {b})")
+
+    def copysign(self, a, b):
+        return self._bin(a, b, "std::copysign({a}, {b})")
+
+    def nextafter(self, a, b):
+        return self._bin(a, b, "std::nextafter({a}, {b})")
+
+    def eq(self, a, b):
+        return self._bin(a, b, "({a} == {b})", torch.bool)
+
+    def ne(self, a, b):
+        return self._bin(a, b, "({a} != {b})", torch.bool)
+
+    def lt(self, a, b):
+        return self._bin(a, b, "({a} < {b})", torch.bool)
+
+    def le(self, a, b):
+        return self._bin(a, b, "({a} <= {b})", torch.bool)
+
+    def gt(self, a, b):
+        return self._bin(a, b, "({a} > {b})", torch.bool)
+
+    def ge(self, a, b):
+        return self._bin(a, b, "({a} >= {b})", torch.bool)
+
+    def logical_and(self, a, b):
+        return self._bin(a, b, "({a} && {b})", torch.bool)
+
+    def logical_or(self, a, b):
+        return self._bin(a, b, "({a} || {b})", torch.bool)
+
+    def logical_xor(self, a, b):
+        return self._bin(a, b, "({a} != {b})", torch.bool)
+
+    def bitwise_and(self, a, b):
+        return self._bin(a, b, "({a} & {b})")
+
+    def bitwise_or(self, a, b):
+        return self._bin(a, b, "({a} | {b})")
+
+    def bitwise_xor(self, a, b):
+        return self._bin(a, b, "({a} ^ {b})")
+
+    def lshift(self, a, b):
+        return self._bin(a, b, "fl_shl<{T}>({a}, {b})")
+
+    def rshift(self, a, b):
+        return self._bin(a, b, "fl_shr<{T}>({a}, {b})")
+
+
+_RED_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
+_RED_OMP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+
+
+@dataclass
+class _Scope:
+    lines: list[str]
+    cache: dict[str, CVal] = field(default_factory=dict)
+    values: dict[str, CVal] = field(default_factory=dict)  # member name -> value in this scope
+    indent: int = 0
+
+
+class CppKernel:
+    """Generates the C++ function of one KernelGroup."""
+
+    def __init__(self, group: KernelGroup, graph: GraphIR, options: Any) -> None:
+        self.g = group
+        self.graph = graph
+        self.opt = options
+        self.members = {n.name: n for n in group.nodes}
+        self.ranges = group.ranges()
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+        self.symbols: set[sympy.Symbol] = set()
+        self.scope: _Scope = _Scope([])
+        self.outer_scope: Optional[_Scope] = None
+        self.counter = 0
+        self.phase: dict[str, int] = {}
+        self.current_phase = 0
+        self.ops = CppOps(self)
+        self.bytes = 0
+
+    # -- helpers used by CppOps
+    def simplify(self, e: Expr) -> Expr:
+        e = ir.simplify_index(sympy.sympify(e), self.ranges)
+        self.symbols |= {s for s in e.free_symbols if s in self.graph.symbols or s in self.graph.size_hints}
+        return e
+
+    def cx(self, e: Expr) -> str:
+        """Print a size expression, noting the symbols it needs as arguments."""
+        return cexpr(self.simplify(e))
+
+    def emit(self, expr: str, dtype: torch.dtype) -> CVal:
+        hit = self.scope.cache.get(expr)
+        if hit is not None and hit.dtype == dtype:
+            return hit
+        if self.outer_scope is not None:
+            hit = self.outer_scope.cache.get(expr)
+            if hit is not None and hit.dtype == dtype:
+                return hit
+        self.counter += 1
+        v = CVal(f"t{self.counter}", dtype)
+        self.scope.lines.append(f"{'  ' * self.scope.indent}const {CTYPES[dtype]} {v} = {expr};")
+        self.scope.cache[expr] = v
+        return v
+
+    def ptr(self, name: str, write: bool = False) -> str:
+        lst = self.writes if write else self.reads
+        if name not in lst:
+            lst.append(name)
+        return f"b_{_cname(name)}"
+
+    def load(self, name: str, index: Expr) -> CVal:
+        m = self.members.get(name)
+        if m is not None:
+            for sc in (self.scope, self.outer_scope):
+                if sc is not None and name in sc.values:
+                    return sc.values[name]
+            lvl = self.g.level(m)
+            if lvl == "full" and not (name in self.g.stores and self.phase[name] < self.current_phase):
+                return self.compute(m)
+            if lvl != "full":
+                raise RuntimeError(f"{name} used before its reduction finished")
+        spec = self.graph.buffers[name]
+        return self.emit(f"{self.ptr(name)}[{cexpr(self.simplify(index))}]", spec.dtype)
+
+    def compute(self, node: ComputeNode) -> CVal:
+        """The value of a full- or outer-level member at the current iteration."""
+        idx = self.g.own_index(node)
+        v = node.body(self.ops, idx)
+        if v.dtype != node.dtype:
+            v = self.ops.to_dtype(v, node.dtype)
+        self.scope.values[node.name] = v
+        return v
+
+    def store(self, node: ComputeNode, v: CVal, idx: Sequence[Expr]) -> None:
+        off = cexpr(self.simplify(ir.offset_of(idx, node.stride)))
+        self.scope.lines.append(f"{'  ' * self.scope.indent}{self.ptr(node.name, True)}[{off}] = {v};")
+
+    # -- phases
+    def _phases(self) -> int:
+        last = 0
+        for n in self.g.nodes:
+            lvl = self.g.level(n)
+            deps = [self.members[r] for r in n.reads if r in self.members]
+            if lvl == "outer":
+                p = max([self.phase[d.name] for d in deps] or [-1])
+            else:
+                p = 0
+                for d in deps:
+                    dl = self.g.level(d)
+                    p = max(p, self.phase[d.name] + (1 if dl in ("reduction", "outer") else 0))
+            self.phase[n.name] = p
+            last = max(last, p)
+        return last
+
+    # -- the function
+    def generate(self) -> KernelSource:
+        g = self.g
+        nfull = len(g.full)
+        gv = g.gvars()
+        if g.rflags is None:
+            outer_dims = list(range(max(nfull - 1, 0)))
+            inner_dims = [nfull - 1] if nfull else []
+        else:
+            outer_dims = [d for d in range(nfull) if not g.rflags[d]]
+            inner_dims = [d for d in range(nfull) if g.rflags[d]]
+        nphases = self._phases()
+        body: list[str] = []
+        outer_numel = ir.numel([g.full[d] for d in outer_dims])
+        total = ir.numel(g.full)
+        threads = self.opt.resolved_threads()
+        chunked = g.rflags is None and not outer_dims and inner_dims
+        par_if = f"if({self.cx(total)} >= {self.opt.parallel_threshold}) num_threads({threads})"
+        ind = 1
+        if chunked:
+            n = self.cx(g.full[0])
+            body.append(f"  #pragma omp parallel for {par_if}")
+            body.append(f"  for (int64_t c0 = 0; c0 < {n}; c0 += {CHUNK}) {{")
+            ind = 2
+        elif outer_dims:
+            coll = f" collapse({len(outer_dims)})" if len(outer_dims) > 1 else ""
+            body.append(f"  #pragma omp parallel for{coll} {par_if}")
+            for k, d in enumerate(outer_dims):
+                body.append(f"{'  ' * (1 + k)}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(g.full[d])}; {gv[d]}++)")
+            ind = 1 + len(outer_dims)
+            body.append(f"{'  ' * (ind - 1)}{{")
+        else:
+            body.append("  {")
+        self.outer_scope = _Scope(body, indent=ind)
+        self.scope = self.outer_scope
+        outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
+        # outer-level values that need no reduction
+        self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
+        for p in range(nphases + 1):
+            self.current_phase = p
+            reds = [n for n in g.nodes if n.is_reduction and self.phase[n.name] == p]
+            fulls = [n for n in g.nodes if g.level(n) == "full" and self.phase[n.name] == p and n.name in g.stores]
+            if not reds and not fulls:
+                self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+                continue
+            accs = self._init_accs(reds, ind)
+            clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in zip(reds, accs))
+            nan_flags = [f"{a}_nan" for r, a in zip(reds, accs) if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point]
+            clauses += "".join(f" reduction(||:{f})" for f in nan_flags)
+            simdlen = f" simdlen({self.opt.vector_width})" if self.opt.vector_width else ""
+            loop_lines: list[str] = []
+            saved = self.scope
+            self.scope = _Scope(loop_lines, indent=ind + len(inner_dims) + (1 if chunked else 0))
+            for n in fulls:
+                v = self.compute(n) if n.name not in self.scope.values else self.scope.values[n.name]
+                self.store(n, v, g.own_index(n))
+            for r, a in zip(reds, accs):
+                v = r.body(self.ops, g.full_index(r.full_size))
+                if v.dtype != r.acc_dtype:
+                    v = self.ops.to_dtype(v, r.acc_dtype)
+                loop_lines.extend(self._accumulate(r, a, v, self.scope.indent))
+            self.scope = saved
+            for k, d in enumerate(inner_dims):
+                pad = "  " * (ind + k)
+                if k == len(inner_dims) - 1:
+                    body.append(f"{pad}#pragma omp simd{simdlen}{clauses}")
+                if chunked:
+                    body.append(f"{pad}for (int64_t {gv[d]} = c0; {gv[d]} < std::min<int64_t>(c0 + {CHUNK}, "
+                                f"{self.cx(g.full[d])}); {gv[d]}++)")
+                else:
+                    body.append(f"{pad}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(g.full[d])}; {gv[d]}++)")
+            body.append(f"{'  ' * (ind + len(inner_dims) - 1 if inner_dims else ind)}{{")
+            body.extend(loop_lines)
+            body.append(f"{'  ' * (ind + len(inner_dims) - 1 if inner_dims else ind)}}}")
+            for r, a in zip(reds, accs):
+                res = a
+                if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
+                    res = f"({a}_nan ? {cconst(float('nan'), r.acc_dtype)} : {a})"
+                v = self.emit(f"static_cast<{CTYPES[r.dtype]}>({res})", r.dtype)
+                self.scope.values[r.name] = v
+                if r.name in g.stores:
+                    self.store(r, v, g.outer_index(r.size))
+            self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+        body.append(f"{'  ' * (ind - 1)}}}")
+        return self._finish(body)
+
+    def _outer_epilogue(self, nodes: Sequence[ComputeNode]) -> None:
+        for n in nodes:
+            v = self.compute(n)
+            if n.name in self.g.stores:
+                self.store(n, v, self.g.outer_index(n.size))
+
+    def _init_accs(self, reds: Sequence[ComputeNode], ind: int) -> list[str]:
+        names = []
+        for r in reds:
+            self.counter += 1
+            a = f"acc{self.counter}"
+            t = CTYPES[r.acc_dtype]
+            if r.reduction == "max":
+                init = "-std::numeric_limits<%s>::infinity()" % t if r.acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::lowest()"
+            elif r.reduction == "min":
+                init = "std::numeric_limits<%s>::infinity()" % t if r.acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::max()"
+            else:
+                init = _RED_INIT[r.reduction]
+            self.scope.lines.append(f"{'  ' * ind}{t} {a} = {init};")
+            if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
+                self.scope.lines.append(f"{'  ' * ind}bool {a}_nan = false;")
+            names.append(a)
+        return names
+
+    def _accumulate(self, r: ComputeNode, a: str, v: CVal, indent: int) -> list[str]:
+        pad = "  " * indent
+        if r.reduction == "sum":
+            return [f"{pad}{a} += {v};"] if r.acc_dtype != torch.bool else [f"{pad}{a} = {a} || {v};"]
+        if r.reduction == "prod":
+            return [f"{pad}{a} *= {v};"]
+        if r.reduction == "any":
+            return [f"{pad}{a} = {a} || {v};"]
+        if r.reduction == "all":
+            return [f"{pad}{a} = {a} && {v};"]
+        cmp = ">" if r.reduction == "max" else "<"
+        out = [f"{pad}{a} = {v} {cmp} {a} ? {v} : {a};"]
+        if r.acc_dtype.is_floating_point:
+            out.append(f"{pad}{a}_nan = {a}_nan || ({v} != {v});")
+        return out
+
+    def _finish(self, body: list[str]) -> KernelSource:
+        name = self.g.name
+        params = []
+        for b in self.reads:
+            if b in self.writes:
+                continue
+            params.append(f"const {CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{_cname(b)}")
+        for b in self.writes:
+            params.append(f"{CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{_cname(b)}")
+        syms = sorted(self.symbols, key=lambda s: s.name)
+        params += [f"const int64_t {s.name}" for s in syms]
+        src = f'extern "C" void {name}({", ".join(params)})\n{{\n' + "\n".join(body) + "\n}\n"
+        buffers = [b for b in self.reads if b not in self.writes] + list(self.writes)
+        nbytes = 0
+        for b in buffers:
+            spec = self.graph.buffers[b]
+            nbytes += self.graph.hint(ir.numel(spec.size)) * spec.dtype.itemsize
+        return KernelSource(name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms,
+                            bytes_accessed=nbytes, language="cpp")
+
+
+def _cname(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+
+
+def generate(group: KernelGroup, graph: GraphIR, options: Any) -> KernelSource:
+    """The C++ source of one kernel (a function definition; the prelude is added by `library_source`)."""
+    return CppKernel(group, graph, options).generate()
+
+
+def library_source(kernels: Sequence[KernelSource]) -> str:
+    from fuselens.compiler.codegen.cpp_prelude import PRELUDE
+
+    return PRELUDE + "\n" + "\n".join(k.source for k in kernels)

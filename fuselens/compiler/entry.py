@@ -1,0 +1,251 @@
+"""Entry: `torch.compile(fn, backend="fuselens", options={...})`.
+
+Dynamo hands us an FX graph of torch calls; AOTAutograd (`aot_module_simplified`)
+functionalizes it, applies our decompositions and, when gradients are needed,
+splits it into forward and backward graphs with the min-cut rematerialization
+partitioner (the one Inductor uses; falls back to the default partitioner where
+networkx is missing). Each resulting graph goes through our pipeline:
+
+    lowering -> scheduling -> codegen (C++) -> build (g++, cached) -> runtime plan
+
+Decompositions: torch's core ATen table (`torch._decomp.core_aten_decompositions`),
+plus the composite ops we would rather fuse as their parts than call whole:
+native_layer_norm, _softmax, _log_softmax, gelu, batch norm (functional and
+inference), group norm, hardtanh, leaky_relu, elu, var_mean/var, linalg_vector_norm
+and native_dropout. mm/addmm/bmm/convolution/SDPA stay whole (library calls).
+
+Compile errors of a graph fall back to running that graph eagerly, with an
+ErrorEntry naming the kernel; restart exceptions of Dynamo are never caught.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.fx
+
+from fuselens import sink
+from fuselens.compiler import options as options_mod
+from fuselens.compiler.build import KernelCompileError, build
+from fuselens.compiler.codegen import get_generator
+from fuselens.events import ErrorEntry, PhaseTime, SourceLocation
+
+aten = torch.ops.aten
+
+
+def _restart_exceptions() -> tuple[type, ...]:
+    try:
+        import torch._dynamo.exc as exc
+    except ImportError:  # pragma: no cover
+        return ()
+    names = ("RestartAnalysis", "TensorifyScalarRestartAnalysis", "SkipFrame", "SpeculationRestartAnalysis",
+             "UnspecializeRestartAnalysis")
+    return tuple(getattr(exc, n) for n in names if hasattr(exc, n))
+
+
+RESTARTS = _restart_exceptions()
+
+
+def decompositions() -> dict:
+    """The decomposition table (documented in the module docstring)."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    extra = [
+        aten.native_layer_norm, aten._softmax, aten._log_softmax, aten.gelu, aten.native_batch_norm,
+        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
+        aten._native_batch_norm_legit_no_training, aten.native_group_norm, aten.hardtanh, aten.leaky_relu,
+        aten.elu, aten.var_mean, aten.var, aten.linalg_vector_norm, aten.native_dropout, aten.mean,
+    ]
+    table.update(get_decompositions([op for op in extra if op is not None]))
+    # ops we lower ourselves: keep them whole
+    for keep in (aten.var_mean.correction, aten.var.correction, aten.mean.dim, aten.mean.default):
+        table.pop(keep, None)
+    return table
+
+
+_ids = itertools.count()
+_ids_lock = threading.Lock()
+_used_graph_ids: set[str] = set()
+
+
+def _compile_id() -> str:
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+        return str(cid) if cid is not None else ""
+    except (ImportError, AttributeError):
+        return ""
+
+
+def _graph_id(compile_id: str, stage: str) -> str:
+    base = f"{compile_id or 'x'}:{stage}"
+    with _ids_lock:
+        gid = base
+        while gid in _used_graph_ids:
+            gid = f"{base}#{next(_ids)}"
+        _used_graph_ids.add(gid)
+    return gid
+
+
+def _user_location(gm: torch.fx.GraphModule) -> tuple[str, SourceLocation]:
+    from fuselens.compiler.explain import location_from_stack
+
+    for n in gm.graph.nodes:
+        loc = location_from_stack(n.meta.get("stack_trace") or "")
+        if loc is not None:
+            return loc.function, loc
+    return "<unknown>", SourceLocation(file="<unknown>", line=0)
+
+
+def _boxed(fn: Callable) -> Callable:
+    def run(args: list) -> Any:
+        out = fn(*args)
+        args.clear()
+        return out
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, stage: str, opts: Any,
+                  compile_id: str, function: str, location: SourceLocation, aot_start: Optional[float] = None) -> Callable:
+    """One AOT graph through our pipeline; returns a boxed callable."""
+    from fuselens.compiler.explain import build_events
+    from fuselens.compiler.lowering import lower
+    from fuselens.compiler.plan import make_runner
+    from fuselens.compiler.scheduler import Scheduler
+
+    graph_id = _graph_id(compile_id, stage)
+    phases: list[tuple[str, float]] = []
+    if aot_start is not None:
+        phases.append(("aot", time.perf_counter() - aot_start))
+    try:
+        t = time.perf_counter()
+        graph, outputs = lower(gm, opts)
+        phases.append(("lowering", time.perf_counter() - t))
+        t = time.perf_counter()
+        from fuselens.compiler.ir import TensorValue
+        from fuselens.compiler.lowering import sources_of
+
+        out_sources: set[str] = set()
+        for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+            if isinstance(o, torch.fx.Node):
+                v = graph.values.get(o.name)
+                for tv in v if isinstance(v, tuple) else [v]:
+                    if isinstance(tv, TensorValue):
+                        out_sources |= sources_of(tv)
+        scheduler = Scheduler(graph, opts, out_sources)
+        sched = scheduler.run()
+        phases.append(("scheduling", time.perf_counter() - t))
+        t = time.perf_counter()
+        gen = get_generator("cpp" if opts.target == "auto" else opts.target)
+        kernels = {}
+        spans = []
+        parts = []
+        line = gen.library_source([]).count("\n") + 1
+        for grp in sched.groups:
+            ks = gen.generate(grp, graph, opts)
+            if opts.source_hook is not None:
+                ks.source = opts.source_hook(grp.name, ks.source)
+            kernels[grp.name] = ks
+            n = ks.source.count("\n") + 1
+            spans.append((grp.name, line, line + n))
+            line += n
+            parts.append(ks)
+        source = gen.library_source(parts)
+        phases.append(("codegen", time.perf_counter() - t))
+        t = time.perf_counter()
+        lib = build(source, opts, spans).lib if parts else None
+        phases.append(("cpp_compile", time.perf_counter() - t))
+        runner = make_runner(graph, sched, kernels, lib, outputs, opts.time_kernels)
+        events = build_events(gm, graph, sched, scheduler, kernels, graph_id, compile_id, stage, function, location)
+    except RESTARTS:
+        raise
+    except KernelCompileError as e:
+        if not opts.fallback_on_error:
+            raise
+        _report_fallback("compile", str(e), compile_id, traceback.format_exc(), opts)
+        return _boxed(gm.forward)
+    except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
+        if not opts.fallback_on_error:
+            raise
+        _report_fallback("internal", f"fuselens could not compile graph {graph_id}: {type(e).__name__}: {e}",
+                         compile_id, traceback.format_exc(), opts)
+        return _boxed(gm.forward)
+    for ev in events:
+        sink.emit(ev)
+    for phase, secs in phases:
+        sink.emit(PhaseTime(phase=phase, seconds=secs, compile_id=compile_id))
+    if runner.timing is not None:
+        from fuselens.compiler.runtime import register_timing
+
+        register_timing(graph_id, runner.timing)
+    runner.graph_id = graph_id  # type: ignore[attr-defined]
+    return runner
+
+
+def _report_fallback(kind: str, message: str, compile_id: str, tb: str, opts: Any) -> None:
+    sink.emit(ErrorEntry(kind=kind, message=message + " (the graph runs eagerly)", traceback=tb, compile_id=compile_id))
+
+
+def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Optional[dict] = None,
+                     mode: Optional[str] = None, **kwargs: Any) -> Callable:
+    """The Dynamo backend. `options` (a dict) overrides the process-wide
+    `fuselens.compiler.configure(...)` defaults for this compile; `mode` is accepted
+    and ignored (there is one mode)."""
+    opts = options_mod.resolve(options)
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    try:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
+        import networkx  # noqa: F401  (min-cut needs it)
+    except ImportError:  # pragma: no cover
+        from torch._functorch.partitioners import default_partition as partition
+
+    compile_id = _compile_id()
+    function, location = _user_location(gm)
+    start = time.perf_counter()
+
+    def make(stage: str) -> Callable:
+        def compiler(g: torch.fx.GraphModule, ins: Sequence[Any]) -> Callable:
+            return compile_graph(g, ins, stage=stage, opts=opts, compile_id=compile_id, function=function,
+                                 location=location, aot_start=start if stage != "aot_backward" else None)
+
+        return compiler
+
+    return aot_module_simplified(
+        gm,
+        example_inputs,
+        fw_compiler=make("aot_forward"),
+        bw_compiler=make("aot_backward"),
+        inference_compiler=make("aot_inference"),
+        decompositions=decompositions(),
+        partition_fn=partition,
+    )
+
+
+def register() -> None:
+    """Make `torch.compile(backend="fuselens")` work after `import fuselens.compiler`.
+
+    When Dynamo found our `torch_dynamo_backends` entry point first it registers the
+    loaded function itself (and asserts on a duplicate), so we only register when
+    neither a compiler function nor an entry point is known under our name."""
+    try:
+        from torch._dynamo.backends import registry
+    except ImportError:  # pragma: no cover
+        return
+    fns = getattr(registry, "_COMPILER_FNS", None)
+    backends = getattr(registry, "_BACKENDS", {})
+    if fns is not None and "fuselens" in fns:
+        return
+    if backends.get("fuselens") is not None:  # an entry point Dynamo is loading/will load
+        return
+    registry.register_backend(compiler_fn=fuselens_backend, name="fuselens")

@@ -1,0 +1,172 @@
+"""Events for `fuselens report`: the compiled graph, its kernels, every fusion
+decision and the fallbacks, built from the scheduler's own records."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR
+from fuselens.compiler.scheduler import KernelGroup, Schedule, Scheduler, _label
+from fuselens.events import (
+    CompiledGraph,
+    ErrorEntry,
+    FusionDecision,
+    GraphNode,
+    Kernel,
+    SourceLocation,
+)
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def location_from_stack(stack: str) -> Optional[SourceLocation]:
+    """The innermost user frame of a node's `stack_trace`."""
+    if not stack:
+        return None
+    frames = _FRAME.findall(stack)
+    for file, line, fn, code in reversed(frames):
+        if "/torch/" in file or "fuselens/compiler" in file:
+            continue
+        return SourceLocation(file=file, line=int(line), function=fn, code=code.strip())
+    return None
+
+
+def target_name(t: Any) -> str:
+    s = str(t)
+    if s.startswith(("aten.", "prims.")):
+        return s
+    return getattr(t, "__name__", s)
+
+
+def _shape(node: torch.fx.Node) -> str:
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return f"[{', '.join(str(s) for s in v.shape)}] {str(v.dtype).replace('torch.', '')}"
+    return ""
+
+
+def extern_kernel_names(sched: Schedule) -> dict[str, str]:
+    out = {}
+    for i, u in enumerate(x for x in sched.units if isinstance(x, ExternNode)):
+        out[u.name] = f"extern_{target_name(u.fx_node.target).split('.')[1] if '.' in target_name(u.fx_node.target) else u.name}_{i}"
+    return out
+
+
+def build_events(
+    gm: torch.fx.GraphModule,
+    graph: GraphIR,
+    sched: Schedule,
+    scheduler: Scheduler,
+    kernels: dict,
+    graph_id: str,
+    compile_id: str,
+    stage: str,
+    function: str,
+    location: SourceLocation,
+) -> list[Any]:
+    events: list[Any] = []
+    kernel_of: dict[str, str] = {}
+    for grp in sched.groups:
+        for f in grp.fx_nodes():
+            kernel_of[f] = grp.name
+    ext_names = extern_kernel_names(sched)
+    kernel_of.update(ext_names)
+    nodes = []
+    ops = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            ops.append(target_name(n.target))
+        nodes.append(GraphNode(
+            name=n.name, op=n.op, target=target_name(n.target) if n.op == "call_function" else str(n.target),
+            inputs=[a.name for a in n.all_input_nodes], location=location_from_stack(n.meta.get("stack_trace") or ""),
+            kernel=kernel_of.get(n.name), shape=_shape(n)))
+    events.append(CompiledGraph(compile_id=compile_id, function=function, location=location, backend="fuselens",
+                                stage=stage, ops=ops, nodes=nodes, graph_id=graph_id))
+    # kernels
+    for grp in sched.groups:
+        ks = kernels[grp.name]
+        locs = _locations(grp.nodes)
+        events.append(Kernel(name=grp.name, kind="cpp", graph_id=graph_id,
+                             ops=[o for n in grp.nodes for o in n.aten_ops], nodes=grp.fx_nodes(), source_lines=locs,
+                             source=ks.source, language="cpp", bytes_accessed=ks.bytes_accessed))
+    for e in (u for u in sched.units if isinstance(u, ExternNode)):
+        node = e.fx_node
+        call = f"{target_name(node.target)}({', '.join(str(a) for a in node.args)})"
+        loc = location_from_stack(e.stack_trace)
+        events.append(Kernel(name=ext_names[e.name], kind="extern", graph_id=graph_id, ops=[target_name(node.target)],
+                             nodes=[e.name], source_lines=[loc] if loc else [], source=call, language=""))
+    events.extend(fusion_decisions(graph, sched, scheduler, graph_id, ext_names))
+    # fallbacks, one entry per op kind
+    seen = set()
+    for e in (u for u in sched.units if isinstance(u, ExternNode) and u.kind == "fallback"):
+        key = (target_name(e.fx_node.target), e.reason)
+        if key in seen:
+            continue
+        seen.add(key)
+        events.append(ErrorEntry(kind="fallback", message=f"{key[0]} runs in ATen ({e.reason}) in graph {graph_id}",
+                                 location=location_from_stack(e.stack_trace), compile_id=compile_id))
+    return events
+
+
+def _locations(nodes: list[ComputeNode]) -> list[SourceLocation]:
+    out: list[SourceLocation] = []
+    for n in nodes:
+        loc = location_from_stack(n.stack_trace)
+        if loc and not any(l.file == loc.file and l.line == loc.line for l in out):
+            out.append(loc)
+    return out
+
+
+def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, graph_id: str,
+                     ext_names: dict[str, str]) -> list[FusionDecision]:
+    out: list[FusionDecision] = []
+    for grp in sched.groups:
+        fx = grp.fx_nodes()
+        if len(grp.nodes) > 1:
+            out.append(FusionDecision(decision="fused", nodes=fx, kernel=grp.name, graph_id=graph_id,
+                                      reason="; ".join(grp.reasons), rule="fused", locations=_locations(grp.nodes)))
+    seen: set[tuple[str, str]] = set()
+    steps = {s.name: s for s in graph.steps}
+    for s in graph.steps:
+        for r in sorted(s.reads):
+            p = steps.get(r)
+            if p is None:
+                continue
+            pg, cg = sched.group_of.get(p.name), sched.group_of.get(s.name)
+            if pg is not None and pg is cg:
+                continue
+            pair = (_fx(p), _fx(s))
+            if pair in seen or pair[0] == pair[1]:
+                continue
+            seen.add(pair)
+            rule, reason, option = _why_apart(p, s, pg, cg, scheduler, ext_names)
+            out.append(FusionDecision(decision="not_fused", nodes=list(pair), reason=reason, graph_id=graph_id,
+                                      rule=rule, option=option, kernel=None))
+    return out
+
+
+def _fx(s: Any) -> str:
+    return s.fx_nodes[0] if isinstance(s, ComputeNode) else s.name
+
+
+def _why_apart(p: Any, c: Any, pg: Optional[KernelGroup], cg: Optional[KernelGroup], scheduler: Scheduler,
+               ext_names: dict[str, str]) -> tuple[str, str, str]:
+    for s, other in ((c, p), (p, c)):
+        if isinstance(s, ExternNode):
+            if s.kind == "fallback":
+                return "fallback", f"{_label(s)} is not lowered ({s.reason}); it runs in ATen between kernels", "lower"
+            return ("extern", f"{_label(s)} is a library call ({ext_names.get(s.name, s.name)}); the C++ code "
+                    "generator has no matmul/convolution template to fuse pointwise work into", "")
+    ref = scheduler.refusals.get((id(pg), c.name))
+    if ref is None and pg is not None and cg is not None:
+        ref = scheduler.check(pg, cg.nodes)
+        if ref is None:
+            return ("greedy-order", f"{_label(c)} was fused into {cg.name} first; merging {pg.name} into it as well "
+                    "was not attempted in graph order", "")
+    if ref is None:
+        return "unknown", "not fused", ""
+    return ref.rule, ref.reason, ref.option

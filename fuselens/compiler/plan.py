@@ -1,0 +1,207 @@
+"""Turn a Schedule into the runtime plan: calls in order, allocations with
+symbolic sizes, lazily re-created views, and a Free right after each buffer's
+last use (views and aliasing ATen outputs keep their base alive)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import sympy
+import torch
+import torch.fx
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue
+from fuselens.compiler.runtime import ExternCall, Free, GraphRunner, KernelCall, KernelStats, SymEval
+from fuselens.compiler.scheduler import KernelGroup, Schedule
+
+
+def _fresh_outputs(target: Any) -> bool:
+    """ATen ops whose outputs never alias their inputs (safe to recycle)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    return all(r.alias_info is None for r in schema.returns)
+
+
+class Planner:
+    def __init__(self, graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any, timing: bool) -> None:
+        self.g = graph
+        self.sched = sched
+        self.kernels = kernels
+        self.lib = lib
+        self.fx_outputs = outputs
+        self.timing = timing
+        syms = sorted(graph.symbols, key=lambda s: s.name)
+        self.symeval = SymEval(syms)
+        self.plan: list[Any] = []
+        self.views: set[str] = set()
+        self.alias_parent: dict[str, str] = {}
+        self.kernel_allocated: set[str] = set()
+
+    def slot(self, e: Any) -> int:
+        return self.symeval.add(e)
+
+    def _root(self, n: str) -> str:
+        while n in self.alias_parent:
+            n = self.alias_parent[n]
+        return n
+
+    def _union(self, a: str, b: str) -> None:
+        ra, rb = self._root(a), self._root(b)
+        if ra != rb:
+            self.alias_parent[ra] = rb
+
+    def ref(self, a: Any) -> Any:
+        """An FX argument as a run-time reference: ("buf", name), ("sym", slot) or a constant."""
+        if isinstance(a, torch.fx.Node):
+            v = self.g.values.get(a.name)
+            if isinstance(v, TensorValue) and v.direct:
+                return ("buf", v.source)
+            if isinstance(v, sympy.Expr):
+                return ("sym", self.slot(v)) if not v.is_Number else (int(v) if v.is_Integer else float(v))
+            if v is None and a.name in self.g.buffers:
+                return ("buf", a.name)
+            if isinstance(v, tuple) and all(isinstance(x, TensorValue) and x.direct for x in v if x is not None):
+                return tuple(("buf", x.source) if x is not None else None for x in v)
+            return ("buf", self.view(a))
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.ref(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self.ref(v) for k, v in a.items()}
+        if isinstance(a, (torch.SymInt, torch.SymFloat)):
+            return ("sym", self.slot(a.node.expr))
+        return a
+
+    def view(self, node: torch.fx.Node) -> str:
+        """Re-create a lowered view (or a tuple of views) with ATen, once."""
+        name = node.name
+        if name not in self.views:
+            self.views.add(name)
+            args = self.ref(node.args)
+            kwargs = self.ref(node.kwargs)
+            self.plan.append(ExternCall(name, node.target, args, kwargs, name))
+            for leaf in _bufs(args):
+                self._union(name, leaf)
+        return name
+
+    def build(self) -> GraphRunner:
+        g = self.g
+        for unit in self.sched.units:
+            if isinstance(unit, KernelGroup):
+                ks = self.kernels[unit.name]
+                alloc = []
+                for o in ks.outputs:
+                    spec = g.buffers[o]
+                    alloc.append((o, self.slot(tuple(spec.size)), self.slot(tuple(spec.stride)), spec.dtype))
+                    self.kernel_allocated.add(o)
+                fn = getattr(self.lib, unit.name)
+                import ctypes
+
+                fn.argtypes = [ctypes.c_void_p] * len(ks.buffers) + [ctypes.c_int64] * len(ks.symbols)
+                fn.restype = None
+                self.plan.append(KernelCall(unit.name, fn, ks.buffers, ks.outputs, alloc, [s.name for s in ks.symbols]))
+            else:
+                self._extern(unit)
+        outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
+        self._insert_frees(outputs)
+        timing = {n: KernelStats() for n in self.kernels} if self.timing else None
+        # tuples of sizes/strides are single slots: flatten in SymEval by making each a tuple expr
+        self.symeval.exprs = [e if not isinstance(e, tuple) else _TupleExpr(e) for e in self.symeval.exprs]
+        symbol_sources = {}
+        for s, src in g.symbols.items():
+            if src[0] == "arg":
+                symbol_sources[s.name] = ("arg", g.inputs[src[1]].name)
+            else:
+                symbol_sources[s.name] = (src[0], g.inputs[src[1]].name, src[2])
+        reusable = {n for n in self.kernel_allocated if self._root(n) == n and not any(
+            self._root(k) == n for k in self.alias_parent)}
+        return GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
+                           outputs, reusable - self._output_bufs, timing, constants=g.constants)
+
+    def _extern(self, e: ExternNode) -> None:
+        node = e.fx_node
+        args, kwargs = self.ref(node.args), self.ref(node.kwargs)
+        v = self.g.values.get(node.name)
+        if isinstance(v, tuple):
+            outs: Any = [x.source if isinstance(x, TensorValue) else None for x in v]
+        else:
+            outs = node.name
+        self.plan.append(ExternCall(node.name, node.target, args, kwargs, outs))
+        if not _fresh_outputs(node.target):
+            for o in outs if isinstance(outs, list) else [outs]:
+                if o is not None:
+                    for leaf in _bufs((args, kwargs)):
+                        self._union(o, leaf)
+
+    def _insert_frees(self, outputs: list) -> None:
+        self._output_bufs = set()
+        for b in _bufs(outputs):
+            self._output_bufs.add(b)
+        keep = {self._root(b) for b in self._output_bufs}
+        last: dict[str, int] = {}
+        for i, step in enumerate(self.plan):
+            names: list[str] = []
+            if isinstance(step, KernelCall):
+                names = list(step.buffers)
+            else:
+                names = list(_bufs((step.args, step.kwargs)))
+                outs = step.outputs if isinstance(step.outputs, list) else [step.outputs]
+                names += [o for o in outs if o is not None]
+            for n in names:
+                last[self._root(n)] = i
+                last[n] = max(last.get(n, -1), i)
+        groups: dict[str, list[str]] = {}
+        for n in last:
+            groups.setdefault(self._root(n), []).append(n)
+        frees: dict[int, list[str]] = {}
+        for root, members in groups.items():
+            if root in keep:
+                continue
+            at = max(last[m] for m in members)
+            frees.setdefault(at, []).extend(members)
+        new_plan: list[Any] = []
+        for i, step in enumerate(self.plan):
+            new_plan.append(step)
+            if i in frees:
+                new_plan.append(Free(sorted(set(frees[i]))))
+        self.plan = new_plan
+
+
+class _TupleExpr:
+    def __init__(self, items: tuple) -> None:
+        self.items = items
+
+
+def _compile_slots(se: SymEval) -> Any:
+    """Slots are single expressions or tuples of expressions (sizes, strides)."""
+    flat = SymEval(se.symbols)
+    shape: list[Any] = []
+    for e in se.exprs:
+        if isinstance(e, _TupleExpr):
+            shape.append([flat.add(x) for x in e.items])
+        else:
+            shape.append(flat.add(e))
+    fn = flat.compile()
+
+    def evaluate(env: dict) -> list:
+        vals = fn(env)
+        return [[vals[i] for i in s] if isinstance(s, list) else vals[s] for s in shape]
+
+    return evaluate
+
+
+def _bufs(a: Any):
+    if isinstance(a, tuple) and len(a) == 2 and a[0] == "buf":
+        yield a[1]
+    elif isinstance(a, (list, tuple)):
+        for x in a:
+            yield from _bufs(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from _bufs(x)
+
+
+def make_runner(graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any, timing: bool) -> GraphRunner:
+    return Planner(graph, sched, kernels, lib, outputs, timing).build()

@@ -1,0 +1,235 @@
+"""The runtime wrapper: runs a scheduled graph.
+
+`GraphRunner(args)` (boxed: one list of inputs, which it clears so inputs can be
+freed early, as AOTAutograd's boxed convention allows) evaluates the size
+symbols from the inputs, then walks a flat plan: allocate a kernel's outputs
+with their symbolic sizes/strides (reusing the storage of dead intermediates of
+the same size), call the kernel through ctypes with data pointers and sizes,
+run externs/fallbacks with ATen, re-create views that an extern or an output
+needs (free: the ATen view op), and drop every buffer right after its last use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from fuselens.compiler import ir
+
+
+def pyexpr(e: Any) -> str:
+    """A sympy size expression as Python source (symbols are local names)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(pyexpr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(pyexpr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer:
+        return f"({pyexpr(e.base)} ** {int(e.exp)})"
+    if isinstance(e, ir.FloorDiv):
+        return f"({pyexpr(e.args[0])} // {pyexpr(e.args[1])})"
+    if isinstance(e, ir.ModularIndexing):
+        return f"(({pyexpr(e.args[0])} // {pyexpr(e.args[1])}) % {pyexpr(e.args[2])})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        fn = "min" if isinstance(e, sympy.Min) else "max"
+        return f"{fn}({', '.join(pyexpr(a) for a in e.args)})"
+    if isinstance(e, sympy.Rational):
+        return f"({e.p} / {e.q})"
+    if e.is_Float:
+        return repr(float(e))
+    # anything else (sympy functions in SymInt arithmetic): evaluate through sympy
+    raise NotImplementedError(str(e))
+
+
+class SymEval:
+    """Compiles size expressions into one Python function of the symbol values."""
+
+    def __init__(self, symbols: Sequence[sympy.Symbol]) -> None:
+        self.symbols = list(symbols)
+        self.exprs: list[Any] = []
+
+    def add(self, e: Any) -> int:
+        self.exprs.append(e)
+        return len(self.exprs) - 1
+
+    def compile(self) -> Callable[[dict], list]:
+        names = [s.name for s in self.symbols]
+        try:
+            body = ", ".join(pyexpr(e) for e in self.exprs)
+            src = f"def _f({', '.join(names)}):\n    return [{body}]\n"
+            ns: dict[str, Any] = {}
+            exec(src, ns)  # noqa: S102 - our own printed arithmetic
+            fn = ns["_f"]
+            return lambda env: fn(*[env[n] for n in names])
+        except NotImplementedError:
+            exprs = [sympy.sympify(e) for e in self.exprs]
+            return lambda env: [int(e.subs({s: env[s.name] for s in self.symbols})) for e in exprs]
+
+
+@dataclass
+class KernelCall:
+    name: str
+    fn: Any
+    buffers: list[str]
+    outputs: list[str]
+    alloc: list[tuple[str, int, int, torch.dtype]]  # name, sizes slot, strides slot, dtype
+    symbols: list[str]
+
+
+@dataclass
+class ExternCall:
+    name: str
+    target: Any
+    args: Any  # with ("buf", name) / ("sym", slot) leaves
+    kwargs: Any
+    outputs: Any  # name or list of names (tuple results)
+
+
+@dataclass
+class Free:
+    names: list[str]
+
+
+@dataclass
+class KernelStats:
+    calls: int = 0
+    seconds: float = 0.0
+
+
+class GraphRunner:
+    """A compiled graph ready to run (boxed calling convention)."""
+
+    _boxed_call = True
+
+    def __init__(self, plan: list[Any], input_names: list[str], symbol_sources: dict[str, tuple],
+                 symeval: Callable[[dict], list], outputs: Any, reusable: set[str], timing: Optional[dict] = None,
+                 constants: Optional[dict] = None) -> None:
+        self.constants = dict(constants or {})
+        self.plan = plan
+        self.input_names = input_names
+        self.symbol_sources = symbol_sources
+        self.symeval = symeval
+        self.outputs = outputs
+        self.reusable = reusable
+        self.timing = timing  # kernel name -> KernelStats when timing is on
+        self.timing_lock = threading.Lock()
+
+    def __call__(self, args: list) -> Any:
+        env: dict[str, Any] = dict(zip(self.input_names, args))
+        env.update(self.constants)
+        if isinstance(args, list):
+            args.clear()  # boxed convention: let inputs die as soon as we are done with them
+        syms = {}
+        for name, src in self.symbol_sources.items():
+            kind = src[0]
+            if kind == "arg":
+                syms[name] = int(env[src[1]])
+            elif kind == "size":
+                syms[name] = int(env[src[1]].shape[src[2]])
+            else:
+                syms[name] = int(env[src[1]].stride(src[2]))
+        slots = self.symeval(syms) if self.symeval else []
+        pool: dict[tuple, list[torch.Tensor]] = {}
+        for step in self.plan:
+            if isinstance(step, KernelCall):
+                for name, sz, st, dtype in step.alloc:
+                    env[name] = _alloc(pool, slots[sz], slots[st], dtype)
+                ptrs = [env[b].data_ptr() for b in step.buffers]
+                sargs = [syms[s] for s in step.symbols]
+                if self.timing is not None:
+                    t0 = time.perf_counter()
+                    step.fn(*ptrs, *sargs)
+                    dt = time.perf_counter() - t0
+                    with self.timing_lock:
+                        st_ = self.timing[step.name]
+                        st_.calls += 1
+                        st_.seconds += dt
+                else:
+                    step.fn(*ptrs, *sargs)
+            elif isinstance(step, ExternCall):
+                a = _resolve(step.args, env, slots)
+                k = _resolve(step.kwargs, env, slots)
+                out = step.target(*a, **k)
+                if isinstance(step.outputs, list):
+                    for n, v in zip(step.outputs, out):
+                        if n is not None:
+                            env[n] = v
+                else:
+                    env[step.outputs] = out
+            else:
+                for n in step.names:
+                    t = env.pop(n, None)
+                    if n in self.reusable and t is not None:
+                        pool.setdefault((t.dtype, t.untyped_storage().nbytes()), []).append(t)
+        return [_resolve(o, env, slots) for o in self.outputs]
+
+
+def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype) -> torch.Tensor:
+    extent = 1 + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
+    if any(s == 0 for s in size):
+        extent = 0
+    nbytes = extent * dtype.itemsize
+    free = pool.get((dtype, nbytes))
+    if free:
+        t = free.pop()
+        return t.as_strided(size, stride, 0)
+    return torch.empty_strided(size, stride, dtype=dtype)
+
+
+def _resolve(a: Any, env: dict, slots: list) -> Any:
+    if isinstance(a, tuple) and len(a) == 2 and a[0] == "buf":
+        return env[a[1]]
+    if isinstance(a, tuple) and len(a) == 2 and a[0] == "sym":
+        return slots[a[1]]
+    if isinstance(a, list):
+        return [_resolve(x, env, slots) for x in a]
+    if isinstance(a, tuple):
+        return tuple(_resolve(x, env, slots) for x in a)
+    if isinstance(a, dict):
+        return {k: _resolve(v, env, slots) for k, v in a.items()}
+    return a
+
+
+# -- kernel timing: one flusher for every runner --------------------------------
+_timed: list[tuple[str, dict, dict]] = []  # (graph_id, stats, last flushed snapshot)
+_timed_lock = threading.Lock()
+_flusher_registered = False
+
+
+def register_timing(graph_id: str, stats: dict) -> None:
+    """Let `sink.flush()` emit KernelTiming events (deltas since the last flush)."""
+    global _flusher_registered
+    from fuselens import sink
+
+    with _timed_lock:
+        _timed.append((graph_id, stats, {}))
+        if not _flusher_registered:
+            sink.add_flusher(flush_timings)
+            _flusher_registered = True
+
+
+def flush_timings() -> None:
+    from fuselens import sink
+    from fuselens.events import KernelTiming
+
+    with _timed_lock:
+        entries = list(_timed)
+    for graph_id, stats, last in entries:
+        for name, st in stats.items():
+            calls0, secs0 = last.get(name, (0, 0.0))
+            if st.calls > calls0:
+                sink.emit(KernelTiming(name=name, graph_id=graph_id, calls=st.calls - calls0,
+                                       total_time_us=(st.seconds - secs0) * 1e6))
+                last[name] = (st.calls, st.seconds)

@@ -1,0 +1,5 @@
+import time
+
+print("hanging", flush=True)
+while True:
+    time.sleep(0.05)

@@ -1,0 +1,5 @@
+import os
+import signal
+
+print("killing myself", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)

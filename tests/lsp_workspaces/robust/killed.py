@@ -1,0 +1,4 @@
+import os
+import signal
+
+os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,153 @@
+"""Every bad input gives a report with a clear error entry, and the caller
+survives; plus the runner's other promises (module targets, max_calls,
+kept sessions, cancellation, bounded output). Runs start in parallel once
+per module (the worker's torch import dominates their cost)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+
+import pytest
+
+from fuselens.capture import RunOptions, Target, WorkerSession, analyze, analyze_async
+
+CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
+LIMIT = 4096
+
+RUNS = {
+    "raises": (["bad_raises.py"], RunOptions()),
+    "exit3": (["bad_exit3.py"], RunOptions()),
+    "hang": (["bad_hang.py"], RunOptions(timeout_s=4)),
+    "sigkill": (["bad_sigkill.py"], RunOptions()),
+    "loud": (["bad_loud.py"], RunOptions(output_limit_bytes=LIMIT)),
+    "syntax": (["bad_syntax.py"], RunOptions()),
+    "garbage": (["bad_garbage_events.py"], RunOptions()),
+    "train": (["train_loop.py", "--", "1000"], RunOptions(max_calls=3)),
+    "module": (["-m", "corpus_pkg.run", "--", "a", "b"], RunOptions()),
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    def one(item):
+        key, (argv, options) = item
+        started = time.monotonic()
+        report = analyze(Target.from_cli(argv, cwd=CORPUS), options)
+        return key, (report, time.monotonic() - started)
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        return dict(pool.map(one, RUNS.items()))
+
+
+def p(name: str) -> str:
+    return os.path.join(CORPUS, name)
+
+
+def test_program_that_raises_reports_exception_at_the_raising_user_line(runs):
+    report, _ = runs["raises"]
+    (err,) = report.errors
+    assert err.kind == "exception" and err.message == "FileNotFoundError: no weights at weights.pt"
+    assert (err.location.file, err.location.line, err.location.function) == (p("bad_raises.py"), 5, "load")
+    assert "fuselens" not in err.traceback and "runpy" not in err.traceback
+    assert report.run.exit_code == 1 and len(report.graphs) == 1  # what ran before the error is kept
+
+
+def test_sys_exit_3_reports_exit_with_code_and_line(runs):
+    report, _ = runs["exit3"]
+    (err,) = report.errors
+    assert (err.kind, err.message, err.location.line) == ("exit", "sys.exit(3)", 4)
+    assert report.run.exit_code == 3 and "about to exit" in report.run.stdout_tail
+
+
+def test_hanging_program_is_killed_at_the_timeout(runs):
+    report, seconds = runs["hang"]
+    (err,) = report.errors
+    assert err.kind == "timeout" and "4 s" in err.message
+    assert seconds < 4 + 10  # startup plus the timeout, not forever
+    assert "hanging" in report.run.stdout_tail
+
+
+def test_program_that_sigkills_itself_is_reported_killed(runs):
+    report, _ = runs["sigkill"]
+    (err,) = report.errors
+    assert err.kind == "killed" and "SIGKILL" in err.message
+    assert report.run.exit_code == -9 and "killing myself" in report.run.stdout_tail
+
+
+def test_megabytes_of_output_keep_only_a_bounded_tail(runs):
+    report, _ = runs["loud"]
+    assert not report.errors and report.run.exit_code == 0
+    assert len(report.run.stdout_tail.encode()) <= LIMIT and report.run.stdout_tail.endswith("END-OF-OUTPUT\n")
+    assert 0 < len(report.run.stderr_tail.encode()) <= LIMIT
+
+
+def test_syntax_error_is_reported_with_its_line(runs):
+    report, _ = runs["syntax"]
+    (err,) = report.errors
+    assert err.kind == "syntax" and "expected ':'" in err.message
+    assert (err.location.file, err.location.line) == (p("bad_syntax.py"), 4)
+
+
+def test_malformed_worker_lines_are_counted_not_fatal(runs):
+    report, _ = runs["garbage"]
+    assert [e.kind for e in report.errors] == ["internal"] and "3 malformed" in report.errors[0].message
+    assert [g.location.line for g in report.graph_breaks] == [13]
+    assert report.run.exit_code == 0
+
+
+def test_max_calls_stops_a_training_loop_early(runs):
+    report, _ = runs["train"]
+    assert report.run.max_calls_reached and report.run.exit_code == 0 and not report.errors
+    assert "finished all steps" not in report.run.stdout_tail
+    assert report.graphs
+
+
+def test_module_target_runs_as_main_with_its_arguments(runs):
+    report, _ = runs["module"]
+    assert "argv ['a', 'b']" in report.run.stdout_tail
+    assert [(g.location.file, g.location.line) for g in report.graph_breaks] == [(p("corpus_pkg/run.py"), 7)]
+    assert report.run.target == "-m corpus_pkg.run" and report.run.target_kind == "module"
+
+
+def test_session_reruns_in_the_same_process_with_a_forced_backend():
+    with WorkerSession(Target.from_cli(["rc_dtype.py"], cwd=CORPUS)) as session:
+        first = session.run(RunOptions())
+        pid = session.pid
+        second = session.run(RunOptions(backend="aot_eager"))
+        assert session.pid == pid  # no new Python, no second torch import
+    assert {g.backend for g in first.graphs} == {"eager"}
+    assert {g.backend for g in second.graphs} == {"aot_eager"} and second.run.backend == "aot_eager"
+    # torch._dynamo.reset() between runs: the same recompile is seen again
+    assert [r.compile_id for r in second.recompiles] == [r.compile_id for r in first.recompiles] == ["0/1"]
+
+
+async def test_cancelling_analyze_async_kills_the_worker_promptly(tmp_path):
+    pid_file = tmp_path / "pid"
+    target = Target.from_cli(["write_pid_and_hang.py", "--", str(pid_file)], cwd=CORPUS)
+    task = asyncio.ensure_future(analyze_async(target, RunOptions()))
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the program never started"
+        await asyncio.sleep(0.1)
+    pid = int(pid_file.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    cancelled_at = time.monotonic()
+    while time.monotonic() - cancelled_at < 5:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail("the user program still runs 5 s after cancel")
+
+
+async def test_analyze_async_streams_events_on_the_loop():
+    seen = []
+    report = await analyze_async(Target.from_cli(["gb_print.py"], cwd=CORPUS), RunOptions(), on_event=seen.append)
+    assert any(type(e).__name__ == "GraphBreak" for e in seen)
+    assert report.graph_breaks and report.run.exit_code == 0

@@ -1,0 +1,68 @@
+"""The HTML report in a real browser: headless Chromium opens the single
+file offline, builds a DOM with the charts and graph pictures, and paints a
+page that is not blank. Skips (saying why) where no Chromium is installed:
+`apt-get install -y chromium`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+
+import pytest
+
+from fuselens.report.html import render_html
+from report_helpers import demo_report
+
+CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)")
+
+
+def chromium(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    profile = tmp_path / "profile"  # a fresh profile: nothing cached, nothing shared
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=False, timeout=120, cwd=tmp_path)
+
+
+def png_ink(path) -> tuple[int, int, float]:
+    """(width, height, share of non-zero bytes in the filtered pixel rows):
+    a blank white page is ~0.0003, a page with text and pictures ~0.03."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    i, idat, width, height = 8, b"", 0, 0
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i:i + 4])
+        kind, body = data[i + 4:i + 8], data[i + 8:i + 8 + n]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        i += 12 + n
+    raw = zlib.decompress(idat)
+    return width, height, sum(1 for b in raw if b) / len(raw)
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(render_html(demo_report()), encoding="utf-8")
+    url = "file://" + os.path.abspath(page)
+
+    dom = chromium(["--dump-dom", url], tmp_path)
+    assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-2000:]
+    html = dom.stdout.decode("utf-8", errors="replace")
+    # the browser parsed the inline SVGs into the DOM: 2 charts + 2 graphs
+    assert html.count("<svg") >= 4
+    assert 'class="node fl-node fl-k' in html  # graph nodes carry their kernel class
+    assert "Where the time went" in html
+
+    shot = tmp_path / "shot.png"
+    proc = chromium(["--window-size=1280,2400", f"--screenshot={shot}", url], tmp_path)
+    assert proc.returncode == 0 and shot.exists(), proc.stderr.decode(errors="replace")[-2000:]
+    width, height, ink = png_ink(shot)
+    assert (width, height) == (1280, 2400)
+    assert ink > 0.005, f"the page looks blank (ink {ink:.4f})"

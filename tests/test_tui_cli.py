@@ -1,0 +1,45 @@
+"""`fuselens tui` command line: option parsing and the errors that stop it
+before an app starts (the app itself is tested in test_tui_pilot.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuselens.cli import main as fuselens_main
+from fuselens.tui import cli
+from fuselens.tui.toggles import ToggleState
+
+
+def test_own_options_stop_at_the_target_and_the_rest_goes_to_the_program():
+    ours, rest = cli._split(["--backend", "eager", "--no-sample", "train.py", "--", "--epochs", "1"])
+    assert ours == ["--backend", "eager", "--no-sample"]
+    assert rest == ["train.py", "--", "--epochs", "1"]
+    ours, rest = cli._split(["--timeout=5", "-m", "pkg.train", "--lr", "3"])
+    assert ours == ["--timeout=5"] and rest == ["-m", "pkg.train", "--lr", "3"]
+
+
+def test_set_starts_with_named_toggles_and_accepts_on_off_auto():
+    state = ToggleState(backend="fuselens")
+    cli.apply_sets(state, ["fuselens:fusion=off", "fuselens:max_fusion_size=8", "fuselens:threads=auto"])
+    assert state.get("fuselens:fusion") is False
+    assert state.get("fuselens:max_fusion_size") == 8
+    assert state.get("fuselens:threads") == 0
+
+
+def test_missing_target_exits_2_with_a_one_line_message(capsys, tmp_path):
+    assert fuselens_main(["tui", str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.py: no such file" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("item", ["fusion=off", "fuselens:nonsense=1", "fuselens:max_fusion_size=3"])
+def test_a_bad_set_exits_2_and_names_the_valid_toggles(capsys, item):
+    assert cli.main(["--set", item, "x.py"]) == 2
+    assert "fuselens tui:" in capsys.readouterr().err
+
+
+def test_an_unreadable_replay_file_exits_2(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert cli.main(["--replay", str(bad)]) == 2
+    assert "cannot read report" in capsys.readouterr().err
