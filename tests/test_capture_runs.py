@@ -151,3 +151,19 @@ async def test_analyze_async_streams_events_on_the_loop():
     report = await analyze_async(Target.from_cli(["gb_print.py"], cwd=CORPUS), RunOptions(), on_event=seen.append)
     assert any(type(e).__name__ == "GraphBreak" for e in seen)
     assert report.graph_breaks and report.run.exit_code == 0
+
+
+@pytest.mark.slow
+def test_inductor_kernels_carry_fused_ops_user_lines_source_and_time():
+    """Inductor compile (~40 s on 2 cores): kernels come from the trace's
+    output code and provenance artifacts, times from the profiler."""
+    demo = os.path.join(os.path.dirname(__file__), "..", "examples", "demo.py")
+    report = analyze(Target.from_cli([demo, "--", "inductor"]), RunOptions(time_kernels=True, timeout_s=400))
+    assert not report.errors, report.errors
+    pointwise = [k for k in report.kernels if k.kind == "cpp" and "gelu" in k.name]
+    assert pointwise and "aten.erf.default" in pointwise[0].ops and "extern \"C\"" in pointwise[0].source
+    assert {loc.line for loc in pointwise[0].source_lines} >= {42}  # gelu(h * w + b) line
+    assert any(k.kind == "extern" and "addmm" in k.name for k in report.kernels)
+    assert any(k.calls > 0 and k.total_time_us > 0 for k in report.kernels)
+    graph = report.graphs[0]
+    assert any(n.kernel == pointwise[0].name for n in graph.nodes)

@@ -7,8 +7,6 @@ a compile; the Inductor test is marked slow."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import subprocess
 import sys

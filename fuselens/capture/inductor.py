@@ -185,7 +185,11 @@ class InductorKernels:
         for kernel in self._kernels.values():
             by_name.setdefault(kernel.name, []).append(kernel)
         for avg in prof.key_averages():
-            kernels = by_name.get(avg.key)
+            # cpp kernels are recorded under their name, possibly prefixed
+            # with the graph's (`graph_0_cpp_fused_..._0`).
+            kernels = by_name.get(avg.key) or next(
+                (ks for name, ks in by_name.items() if not name.startswith("extern") and avg.key.endswith(name)), None
+            )
             if not kernels:
                 continue
             device_us = getattr(avg, "device_time_total", 0.0) or getattr(avg, "cuda_time_total", 0.0) or 0.0

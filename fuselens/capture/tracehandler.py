@@ -178,7 +178,8 @@ class TraceHandler(logging.Handler):
 
     def _on_specialization(self, cid: str, spec: dict) -> None:
         sources = spec.get("sources") or []
-        names = ", ".join(tracetext.user_name(str(s)) for s in sources) or str(spec.get("symbol", "?"))
+        function = self.frames_by_compile.get(cid, ("", 0, ""))[2]
+        names = ", ".join(tracetext.user_name(str(s), function) for s in sources) or str(spec.get("symbol", "?"))
         frames = [
             (self._filename(f.get("filename")), int(f.get("line") or 0), str(f.get("name", "")))
             for f in (spec.get("user_stack") or [])

@@ -191,7 +191,8 @@ def user_name(source: str, function: str = "") -> str:
         line = resume_line(function)
         where = f" at line {line}" if line else ""
         return f"the intermediate value #{m.group('n')} carried over the graph break{where}"
-    return name
+    # Inside a larger expression (`len(___stack0) == 2`): name it inline.
+    return re.sub(r"___stack(\d+)", r"<value #\1 carried over the graph break>", name)
 
 
 def translate_guard(raw: str, function: str = "") -> GuardFailure:

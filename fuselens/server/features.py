@@ -189,7 +189,6 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             ls.tell_untrusted()
             return {"status": "untrusted"}
         task = ls.schedule(uri, use_cache=not force)
-        result = ls.result_for(uri)
         if task is None:
             plan = ls.plan_for(uri)
             report = ls.manager.cached(plan) if plan else None
@@ -201,7 +200,6 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             if current is not None and current.cancelling():
                 raise  # the client cancelled this request: the run was cancelled with it
             return {"status": "cancelled"}
-        result = ls.result_for(uri)
         return summary(report, "ok" if report is not None else "superseded")
 
     @ls.command(CANCEL)

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -218,13 +217,3 @@ class Sampler:
             self._dir.cleanup()
             self._dir = None
 
-
-def wait_for_pid(get_pid: Any, timeout_s: float = 5.0) -> Optional[int]:
-    """Poll `get_pid()` until it returns a pid (the worker is starting)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pid = get_pid()
-        if pid:
-            return pid
-        time.sleep(0.05)
-    return None

@@ -16,7 +16,6 @@ from textual_plotext import PlotextPlot
 from fuselens.events import Report
 from fuselens.tui.model import (
     KernelRow,
-    Summary,
     format_delta_us,
     format_seconds,
     format_us,
@@ -114,7 +113,7 @@ class KernelChart(PlotextPlot):
     """Horizontal bars: time per kernel (ms) of the current run, largest on
     top (the table has the per-kernel differences)."""
 
-    TOP = 10  # bars at most; fewer when the widget is short (labels would collide)
+    TOP = 10  # bars at most; fewer when the plot has fewer rows
 
     _rows: Optional[list[KernelRow]] = None
 
@@ -129,15 +128,22 @@ class KernelChart(PlotextPlot):
         plt.clear_figure()
         live = [r for r in rows if r.status != "gone" and r.total_us > 0]
         live.sort(key=lambda r: (-r.total_us, r.name))
-        rows_for_bars = self.content_size.height - 4 if self.content_size.height else self.TOP
-        live = live[: max(3, min(self.TOP, rows_for_bars))][::-1]  # plotext draws the first bar at the bottom
+        # plotext aligns labels only when each bar gets exactly one row: show
+        # as many bars as the plot has rows and pad the rest with empty bars
+        # (at the bottom, so the largest kernel sits under the title).
+        # (render() sizes the plot by self.size: title, frame and ticks take 4 rows.)
+        height = self.size.height
+        plot_rows = height - 4 if height > 4 else self.TOP
+        live = live[: min(self.TOP, plot_rows)]
         if not live:
             # Kernels exist but were not timed (or there are none): no empty axes.
             plt.title("no kernel timings in this run" if rows else "no kernels in this run")
             self.refresh()
             return
-        names = [_short_name(r.name) for r in live]
-        plt.bar(names, [r.total_us / 1e3 for r in live], orientation="horizontal", color="cyan", width=0.6)
+        pad = max(0, plot_rows - len(live)) if height > 4 else 0
+        names = [" " * (i + 1) for i in range(pad)] + [_short_name(r.name) for r in reversed(live)]
+        values = [0.0] * pad + [r.total_us / 1e3 for r in reversed(live)]
+        plt.bar(names, values, orientation="horizontal", color="cyan", width=0.3)  # thin: one row each
         plt.title("time per kernel (ms)")
         self.refresh()
 

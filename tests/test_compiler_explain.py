@@ -1,0 +1,148 @@
+"""Fusion decisions, events, options, the build cache and the compile-error
+fallback of the fuselens compiler."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuselens.compiler as fc
+from fuselens import sink
+from fuselens.compiler import build as build_mod
+from fuselens.compiler.options import UnknownOptionError
+from fuselens.events import CompiledGraph, ErrorEntry, FusionDecision, Kernel, KernelTiming, PhaseTime
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    fc.reset()
+    yield
+    torch._dynamo.reset()
+    fc.reset()
+
+
+def compile_events(fn, *args, **kw):
+    with sink.collect() as events:
+        out = torch.compile(fn, backend="fuselens", **kw)(*args)
+    torch.testing.assert_close(out, fn(*args))
+    return events
+
+
+def of(events, cls):
+    return [e for e in events if isinstance(e, cls)]
+
+
+def test_layernorm_fusion_decision_names_one_kernel_and_the_row_pass():
+    events = compile_events(lambda x, w, b: F.layer_norm(x, (64,), w, b), torch.randn(16, 64), torch.randn(64),
+                            torch.randn(64))
+    (k,) = [k for k in of(events, Kernel) if k.kind == "cpp"]
+    fused = [d for d in of(events, FusionDecision) if d.decision == "fused"]
+    assert len(fused) == 1 and fused[0].kernel == k.name
+    assert "same rows" in fused[0].reason and "epilogue" in fused[0].reason
+    (graph,) = of(events, CompiledGraph)
+    assert graph.graph_id == fused[0].graph_id == k.graph_id
+    assert {n.kernel for n in graph.nodes if n.op == "call_function" and n.kernel} == {k.name}
+
+
+def test_transposed_read_is_not_fused_and_says_why():
+    events = compile_events(lambda x: x.sin().t().contiguous() * 2, torch.randn(8, 8))
+    refused = [d for d in of(events, FusionDecision) if d.decision == "not_fused"]
+    assert refused, "expected a not_fused decision"
+    assert refused[0].rule == "same-index" and "sin" in refused[0].nodes[0]
+    assert "other positions" in refused[0].reason
+
+
+def test_reduction_of_a_reduction_reports_different_iteration_space():
+    events = compile_events(lambda x: x.amax(-1).sum(), torch.randn(32, 16))
+    refused = [d for d in of(events, FusionDecision) if d.decision == "not_fused"]
+    assert any(d.rule == "iteration-space" and "different iteration space" in d.reason for d in refused)
+
+
+def test_not_fused_because_of_option_names_the_option():
+    events = compile_events(lambda x: torch.softmax(x, -1), torch.randn(8, 32), options={"epilogue_fusion": False})
+    refused = [d for d in of(events, FusionDecision) if d.decision == "not_fused"]
+    assert any(d.option == "epilogue_fusion" for d in refused)
+    assert len([k for k in of(events, Kernel) if k.kind == "cpp"]) > 1
+
+
+def test_matmul_edges_are_explained_as_library_calls():
+    events = compile_events(lambda x, w: torch.relu(x @ w), torch.randn(8, 16), torch.randn(16, 4))
+    assert any(d.rule == "extern" for d in of(events, FusionDecision))
+
+
+def test_max_fusion_size_splits_long_chains():
+    def f(x):
+        for _ in range(6):
+            x = x.sin() + 1
+        return x
+
+    events = compile_events(f, torch.randn(100), options={"max_fusion_size": 4})
+    assert len([k for k in of(events, Kernel) if k.kind == "cpp"]) >= 3
+    assert any(d.option == "max_fusion_size" for d in of(events, FusionDecision))
+
+
+def test_options_changed_between_compiles_take_effect():
+    f = lambda x: x.sin() * 2 + 1  # noqa: E731
+    x = torch.randn(64)
+    fc.configure(fusion=False)
+    n_unfused = len([k for k in of(compile_events(f, x), Kernel) if k.kind == "cpp"])
+    torch._dynamo.reset()
+    fc.configure(fusion=True)
+    n_fused = len([k for k in of(compile_events(f, x), Kernel) if k.kind == "cpp"])
+    assert n_unfused == 3 and n_fused == 1
+
+
+def test_unknown_option_is_a_clear_error():
+    with pytest.raises(UnknownOptionError, match="valid options: fusion"):
+        fc.resolve({"fusoin": True})
+    with pytest.raises(Exception, match="unknown fuselens compiler option"):
+        torch.compile(lambda x: x + 1, backend="fuselens", options={"fusoin": True})(torch.ones(2))
+
+
+def test_compile_error_falls_back_to_eager_and_names_the_kernel():
+    def break_kernel(name, source):
+        return source.replace("{", "{ this is not C++;", 1)
+
+    events = compile_events(lambda x: x.exp() + 1, torch.randn(10), options={"source_hook": break_kernel})
+    (err,) = [e for e in of(events, ErrorEntry) if e.kind == "compile"]
+    assert "cpp_fused_add_exp_0" in err.message and "runs eagerly" in err.message
+
+
+def test_second_compile_hits_the_disk_cache(tmp_path, monkeypatch):
+    calls = []
+    real_run = build_mod.subprocess.run
+    monkeypatch.setattr(build_mod.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    opts = {"cache_dir": str(tmp_path)}
+    compile_events(lambda x: x.cos() * 3, torch.randn(20), options=opts)
+    assert len(calls) == 1
+    libs = list(tmp_path.rglob("*.so"))
+    assert len(libs) == 1
+    torch._dynamo.reset()
+    build_mod._loaded.clear()  # forget the in-process copy: only the disk cache remains
+    compile_events(lambda x: x.cos() * 3, torch.randn(20), options=opts)
+    assert len(calls) == 1
+
+
+def test_events_cover_phases_and_kernel_sources():
+    events = compile_events(lambda x: torch.softmax(x, -1) * 2, torch.randn(4, 8))
+    phases = {p.phase for p in of(events, PhaseTime)}
+    assert {"aot", "lowering", "scheduling", "codegen", "cpp_compile"} <= phases
+    (k,) = [k for k in of(events, Kernel) if k.kind == "cpp"]
+    assert k.language == "cpp" and 'extern "C" void ' + k.name in k.source and k.bytes_accessed == 2 * 4 * 8 * 4
+    assert k.source_lines and k.source_lines[0].file.endswith("test_compiler_explain.py")
+
+
+def test_kernel_timing_is_batched_through_a_flusher():
+    cf = torch.compile(lambda x: x.exp() * 2, backend="fuselens", options={"time_kernels": True})
+    x = torch.randn(100)
+    with sink.collect() as events:
+        for _ in range(5):
+            cf(x)
+        sink.flush()
+        sink.flush()  # nothing new: no second event
+    timings = of(events, KernelTiming)
+    assert len(timings) == 1 and timings[0].calls == 5 and timings[0].total_time_us > 0
