@@ -54,8 +54,17 @@ def _worker(args: argparse.Namespace) -> int:
     ops = [op for op in h.float32_cpu_ops() if h.full_name(op) in variants_of]
     options = json.loads(args.options) if args.options else None
     max_samples = args.max_samples or None
+    # inplace/out variants mostly re-test the fn variant's kernels plus the
+    # mutation/out handling: fewer samples keep a full run affordable.
+    mutating_samples = args.max_samples_mutating or max_samples
+
+    def cases_of(op: Any) -> Any:
+        for variant in variants_of[h.full_name(op)]:
+            budget = max_samples if variant == "fn" else mutating_samples
+            yield from h.iter_cases([op], (variant,), budget)
+
     with results.open("a") as fh:
-        cases = (c for op in ops for c in h.iter_cases([op], variants_of[h.full_name(op)], max_samples))
+        cases = (c for op in ops for c in cases_of(op))
         for op, index, sample, variant in cases:
             key = f"{h.full_name(op)}|{variant}|{index}"
             if key in done:
@@ -100,7 +109,8 @@ def run_ops(op_names: list[str], args: argparse.Namespace, results: Path, log: P
     cmd = [
         sys.executable, "-m", "benchmarks.opinfo", "--worker", "--results", str(results),
         "--ops", ",".join(op_names), "--backend", args.backend, "--variants", args.variants,
-        "--max-samples", str(args.max_samples), "--case-timeout", str(args.case_timeout),
+        "--max-samples", str(args.max_samples), "--max-samples-mutating", str(args.max_samples_mutating),
+        "--case-timeout", str(args.case_timeout),
         "--threads", str(args.threads),
     ]
     if args.options:
@@ -181,7 +191,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ops", default="", help="comma-separated OpInfo full names, each optionally "
                     "with its variants as name:fn+inplace (default: all float32 CPU ops)")
     ap.add_argument("--variants", default="fn,inplace,out")
-    ap.add_argument("--max-samples", type=int, default=3, help="samples per op and variant, 0 = all")
+    ap.add_argument("--max-samples", type=int, default=2, help="samples per op (fn variant), 0 = all")
+    ap.add_argument("--max-samples-mutating", type=int, default=1,
+                    help="samples per op for the inplace and out variants, 0 = same as --max-samples")
     ap.add_argument("--options", default="", help="backend options as JSON, e.g. '{\"fusion\": false}'")
     ap.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (default dynamic=False)")
     ap.add_argument("--case-timeout", type=int, default=120)
@@ -223,7 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     import platform
 
     print(f"backend={args.backend} options={args.options or '{}'} variants={args.variants} "
-          f"max_samples={args.max_samples or 'all'} dynamic={args.dynamic} torch={torch.__version__} "
+          f"max_samples={args.max_samples or 'all'} (inplace/out: {args.max_samples_mutating or 'same'}) "
+          f"dynamic={args.dynamic} torch={torch.__version__} "
           f"python={platform.python_version()} wall={time.time() - start:.0f}s logs={workdir}")
     stats = summarize(records)
     print_failures(records, args.show_failures)

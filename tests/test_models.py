@@ -155,3 +155,28 @@ def test_mlp_training_steps_match_eager_losses_grads_and_params(optim: str) -> N
         torch.testing.assert_close(pc.grad, p.grad, rtol=RTOL, atol=ATOL, msg=lambda m: f"grad of {name}: {m}")
         torch.testing.assert_close(pc, p, rtol=RTOL, atol=ATOL, msg=lambda m: f"updated {name}: {m}")
     assert_generated_kernels(events)
+
+
+def test_training_step_never_has_dynamo_trace_compiler_code() -> None:
+    """The backward graph is compiled lazily inside `loss.backward()`, which
+    runs in user code under Dynamo's frame hook: the backend's own Python
+    (compiler and runtime) must be invisible to Dynamo (tests/compiler_failures.md F1)."""
+    from torch._dynamo import utils
+
+    if hasattr(utils, "clear_compilation_metrics"):
+        utils.clear_compilation_metrics()
+    model = seeded(lambda: torch.nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: torch.Tensor) -> None:
+        opt.zero_grad()
+        model(x).relu().sum().backward()
+        opt.step()
+
+    compiled, _ = compile_counting(step)
+    compiled(torch.randn(4, 8))
+    compiled(torch.randn(4, 8))
+    package = str(Path(__file__).resolve().parents[1] / "fuselens")
+    traced = sorted({f"{m.co_filename}:{m.co_name}" for m in utils.get_compilation_metrics()
+                     if m.co_filename and m.co_filename.startswith(package)})
+    assert not traced, f"Dynamo traced fuselens frames: {traced}"

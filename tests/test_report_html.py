@@ -3,10 +3,8 @@ by kernel, escaping, and a plain message where graphviz is missing."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import pytest

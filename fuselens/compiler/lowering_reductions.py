@@ -157,18 +157,37 @@ def _var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any, size: Sequenc
     keep = _keep_size(x, rdims)
     n = _count(x, rdims)
     total = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype, name=ctx.fresh("sum"))
-    mean = _divide(ctx, total, n, keep, torch.float64, name=ctx.fresh("mean"))
-    ml = mean.loader
     src_dtype = x.dtype
+    if src_dtype == torch.float32:
+        # One pass: sum and sum of squares accumulate in double, so E[x^2] - E[x]^2 loses
+        # nothing a float32 result can show (cancellation would need |mean|/std > ~1e4);
+        # the row is read once instead of twice (layernorm: 2 passes, not 3).
+        def sq(ops: Any, v: Any, idx: Sequence[Expr]) -> Any:
+            v = ops.to_dtype(v, torch.float64)
+            return ops.mul(v, v)
 
-    def sq_dev(ops: Any, v: Any, idx: Sequence[Expr]) -> Any:
-        m = ml(ops, [ZERO if d in rdims else i for d, i in enumerate(idx)])
-        v = v if src_dtype == torch.float64 else ops.to_dtype(v, torch.float64)
-        dev = ops.sub(v, m)
-        return ops.mul(dev, dev)
+        sumsq = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype,
+                       name=ctx.fresh("sumsq"), map_fn=sq)
+        tl, ql = total.loader, sumsq.loader
 
-    ssd = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype, name=ctx.fresh("ssd"),
-                 map_fn=sq_dev)
+        def ssd_body(ops: Any, idx: Sequence[Expr]) -> Any:
+            t, q = tl(ops, idx), ql(ops, idx)
+            d = ops.sub(q, ops.truediv(ops.mul(t, t), _count_value(ops, n)))
+            return ops.maximum(d, ops.constant(0.0, torch.float64))
+
+        ssd = ctx.add_compute(ssd_body, keep, torch.float64, name=ctx.fresh("ssd"))
+    else:
+        mean = _divide(ctx, total, n, keep, torch.float64, name=ctx.fresh("mean"))
+        ml = mean.loader
+
+        def sq_dev(ops: Any, v: Any, idx: Sequence[Expr]) -> Any:
+            m = ml(ops, [ZERO if d in rdims else i for d, i in enumerate(idx)])
+            v = v if src_dtype == torch.float64 else ops.to_dtype(v, torch.float64)
+            dev = ops.sub(v, m)
+            return ops.mul(dev, dev)
+
+        ssd = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype,
+                     name=ctx.fresh("ssd"), map_fn=sq_dev)
     corr = 1 if correction is None else correction
     denom = n - corr
     if isinstance(denom, sympy.Expr) and denom.is_Number:
@@ -177,6 +196,12 @@ def _var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any, size: Sequenc
                   stride=None if want_mean else ctx.out_stride(size))
     mean_out = _divide(ctx, total, n, size, out_dtype, name=ctx.fresh("mean")) if want_mean else None
     return var, mean_out
+
+
+def _count_value(ops: Any, n: Any) -> Any:
+    if isinstance(n, sympy.Expr) and not n.is_Number:
+        return ops.index_expr(n, torch.float64)
+    return ops.constant(float(n), torch.float64)
 
 
 @register(*_ov(aten.var, "correction"))

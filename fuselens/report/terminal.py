@@ -12,8 +12,7 @@ from __future__ import annotations
 import io
 from typing import Optional
 
-from rich import box
-from rich.console import Console, RenderableType
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -236,27 +235,27 @@ class _View:
         total = common.kernel_time_us(report)
         self.section(f"Kernels ({len(report.kernels)})", f"{common.fmt_us(total)} in total" if total else "not timed")
         timed = common.kernels_by_time(report)
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-        # Kernel names are what people search for: give them room before ops.
-        longest = max(len(k.name) for k in report.kernels)
-        table.add_column("kernel", overflow="fold", min_width=min(longest, 46))
-        table.add_column("kind")
-        if timed:
-            table.add_column("calls", justify="right")
-            table.add_column("time", justify="right")
-        table.add_column("fused ops", overflow="fold")
-        table.add_column("user lines", overflow="fold")
         order = timed + [k for k in report.kernels if k not in timed]
         for k in order:
-            table.add_row(*self.kernel_row(k, bool(timed)))
-        self.c.print(table)
+            self.kernel(k)
 
-    def kernel_row(self, k: Kernel, timed: bool) -> list[RenderableType]:
-        lines = _lines_label(k.source_lines, self.root)
-        cells = [Text(k.name), Text(f"{k.kind} {k.device}".strip())]
-        if timed:
-            cells += [Text(str(k.calls or "-")), Text(common.fmt_us(k.total_time_us) if k.total_time_us else "-")]
-        return cells + [Text(", ".join(_short_op(o) for o in k.ops)), Text(lines)]
+    def kernel(self, k: Kernel) -> None:
+        """`name  kind device · calls · time`, then its fused ops and user
+        lines, each wrapping under itself (names are long; tables crop)."""
+        line = Text(k.name, style="bold cyan")
+        facts = [f"{k.kind} {k.device}".strip()]
+        if k.graph_id:  # the same name recurs across recompiles of one function
+            facts.append(f"compile {k.graph_id.split(':')[0]}")
+        if k.calls:
+            facts.append(common.plural(k.calls, "call"))
+        if k.total_time_us:
+            facts.append(common.fmt_us(k.total_time_us))
+        line.append("  " + " · ".join(facts), style="dim")
+        self.c.print(line)
+        if k.ops:
+            self.hanging(Text("    ops: "), Text(", ".join(_short_op(o) for o in k.ops)))
+        if k.source_lines:
+            self.hanging(Text("    from:"), Text(_lines_label(k.source_lines, self.root)))
 
     def fusion(self, decisions: list[FusionDecision]) -> None:
         if not decisions:

@@ -296,8 +296,8 @@ class CppOps:
         return self._bin(a, b, "fl_shr<{T}>({a}, {b})")
 
 
-_RED_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
-_RED_OMP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+_RED_INIT = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
+_RED_OMP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
 
 
 @dataclass
@@ -327,6 +327,8 @@ class CppKernel:
         self.current_phase = 0
         self.ops = CppOps(self)
         self.bytes = 0
+        self.scratch: dict[str, int] = {}
+        self.inner_dims: list[int] = []
 
     # -- helpers used by CppOps
     def simplify(self, e: Expr) -> Expr:
@@ -365,6 +367,8 @@ class CppKernel:
                 if sc is not None and name in sc.values:
                     return sc.values[name]
             lvl = self.g.level(m)
+            if name in self.scratch and self.phase[name] < self.current_phase:
+                return self.emit(f"scr_{_cname(name)}[{self.scratch_index()}]", m.dtype)
             if lvl == "full" and not (name in self.g.stores and self.phase[name] < self.current_phase):
                 return self.compute(m)
             if lvl != "full":
@@ -384,6 +388,42 @@ class CppKernel:
     def store(self, node: ComputeNode, v: CVal, idx: Sequence[Expr]) -> None:
         off = cexpr(self.simplify(ir.offset_of(idx, node.stride)))
         self.scope.lines.append(f"{'  ' * self.scope.indent}{self.ptr(node.name, True)}[{off}] = {v};")
+
+    # -- row scratch: values computed in one pass and needed again in a later pass
+    EXPENSIVE = ("exp", "log", "sin", "cos", "tan", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "expm1", "log1p")
+
+    def _choose_scratch(self, inner_dims: Sequence[int]) -> None:
+        """Keep a row of an expensive value (softmax's exp) in a per-thread stack
+        array instead of recomputing it in the next pass."""
+        g = self.g
+        rn = ir.numel([g.full[d] for d in inner_dims])
+        if g.rflags is None or not rn.is_Integer or int(rn) > 16384:
+            return
+        readers: dict[str, list[ComputeNode]] = {}
+        for c in g.nodes:
+            for r in c.reads:
+                if r in self.members:
+                    readers.setdefault(r, []).append(c)
+        later: dict[str, bool] = {}
+        for n in reversed(g.nodes):
+            if g.level(n) != "full":
+                continue
+            later[n.name] = any(g.level(c) in ("full", "reduction") and
+                                (self.phase[c.name] > self.phase[n.name] or later.get(c.name, False))
+                                for c in readers.get(n.name, []))
+        for n in g.nodes:
+            if later.get(n.name) and n.name not in g.stores and any(
+                    o.split(".")[1].lstrip("_") in self.EXPENSIVE for o in n.aten_ops if "." in o):
+                self.scratch[n.name] = int(rn)
+        self.inner_dims = list(inner_dims)
+
+    def scratch_index(self) -> str:
+        g = self.g
+        gv = g.gvars()
+        flat: Expr = sympy.Integer(0)
+        for d in self.inner_dims:
+            flat = flat * g.full[d] + gv[d]
+        return cexpr(flat)
 
     # -- phases
     def _phases(self) -> int:
@@ -414,6 +454,7 @@ class CppKernel:
             outer_dims = [d for d in range(nfull) if not g.rflags[d]]
             inner_dims = [d for d in range(nfull) if g.rflags[d]]
         nphases = self._phases()
+        self._choose_scratch(inner_dims)
         body: list[str] = []
         outer_numel = ir.numel([g.full[d] for d in outer_dims])
         total = ir.numel(g.full)
@@ -437,27 +478,33 @@ class CppKernel:
             body.append("  {")
         self.outer_scope = _Scope(body, indent=ind)
         self.scope = self.outer_scope
+        for n, size in self.scratch.items():
+            body.append(f"{'  ' * ind}{CTYPES[self.members[n].dtype]} scr_{_cname(n)}[{size}];")
         outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
         # outer-level values that need no reduction
         self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
         for p in range(nphases + 1):
             self.current_phase = p
             reds = [n for n in g.nodes if n.is_reduction and self.phase[n.name] == p]
-            fulls = [n for n in g.nodes if g.level(n) == "full" and self.phase[n.name] == p and n.name in g.stores]
+            fulls = [n for n in g.nodes if g.level(n) == "full" and self.phase[n.name] == p and
+                     (n.name in g.stores or n.name in self.scratch)]
             if not reds and not fulls:
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
                 continue
             accs = self._init_accs(reds, ind)
             clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in zip(reds, accs))
             nan_flags = [f"{a}_nan" for r, a in zip(reds, accs) if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point]
-            clauses += "".join(f" reduction(||:{f})" for f in nan_flags)
+            clauses += "".join(f" reduction(|:{f})" for f in nan_flags)
             simdlen = f" simdlen({self.opt.vector_width})" if self.opt.vector_width else ""
             loop_lines: list[str] = []
             saved = self.scope
             self.scope = _Scope(loop_lines, indent=ind + len(inner_dims) + (1 if chunked else 0))
             for n in fulls:
                 v = self.compute(n) if n.name not in self.scope.values else self.scope.values[n.name]
-                self.store(n, v, g.own_index(n))
+                if n.name in self.scratch:
+                    self.scope.lines.append(f"{'  ' * self.scope.indent}scr_{_cname(n.name)}[{self.scratch_index()}] = {v};")
+                if n.name in g.stores:
+                    self.store(n, v, g.own_index(n))
             for r, a in zip(reds, accs):
                 v = r.body(self.ops, g.full_index(r.full_size))
                 if v.dtype != r.acc_dtype:
@@ -499,7 +546,7 @@ class CppKernel:
         for r in reds:
             self.counter += 1
             a = f"acc{self.counter}"
-            t = CTYPES[r.acc_dtype]
+            t = CTYPES[r.acc_dtype] if r.reduction not in ("any", "all") else "int32_t"
             if r.reduction == "max":
                 init = "-std::numeric_limits<%s>::infinity()" % t if r.acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::lowest()"
             elif r.reduction == "min":
@@ -508,7 +555,8 @@ class CppKernel:
                 init = _RED_INIT[r.reduction]
             self.scope.lines.append(f"{'  ' * ind}{t} {a} = {init};")
             if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
-                self.scope.lines.append(f"{'  ' * ind}bool {a}_nan = false;")
+                # an int flag, not bool: g++ has no vector type for bool reductions
+                self.scope.lines.append(f"{'  ' * ind}int32_t {a}_nan = 0;")
             names.append(a)
         return names
 
@@ -519,13 +567,13 @@ class CppKernel:
         if r.reduction == "prod":
             return [f"{pad}{a} *= {v};"]
         if r.reduction == "any":
-            return [f"{pad}{a} = {a} || {v};"]
+            return [f"{pad}{a} |= static_cast<int32_t>({v});"]
         if r.reduction == "all":
-            return [f"{pad}{a} = {a} && {v};"]
+            return [f"{pad}{a} &= static_cast<int32_t>({v});"]
         cmp = ">" if r.reduction == "max" else "<"
         out = [f"{pad}{a} = {v} {cmp} {a} ? {v} : {a};"]
         if r.acc_dtype.is_floating_point:
-            out.append(f"{pad}{a}_nan = {a}_nan || ({v} != {v});")
+            out.append(f"{pad}{a}_nan |= ({v} != {v});")
         return out
 
     def _finish(self, body: list[str]) -> KernelSource:
