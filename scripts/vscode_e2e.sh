@@ -42,7 +42,14 @@ cleanup() {
     fi
     if [[ $rc -ne 0 && -f "$WORK/code-server.log" ]]; then
         log "code-server log (tail):"
-        tail -n 40 "$WORK/code-server.log" || true
+        tail -n 20 "$WORK/code-server.log" || true
+        # The extension's output channel (server stderr and LSP trace).
+        local channel
+        channel="$(find "$WORK/user-data/logs" -name FuseLens.log 2>/dev/null | head -n 1)"
+        if [[ -n "$channel" ]]; then
+            log "FuseLens output channel (tail): $channel"
+            tail -n 40 "$channel" | cut -c1-300 || true
+        fi
     fi
     if [[ "${FUSELENS_E2E_KEEP:-0}" == 1 || $rc -ne 0 ]]; then
         log "scratch folder kept: $WORK"

@@ -176,7 +176,9 @@ def test_training_step_never_has_dynamo_trace_compiler_code() -> None:
     compiled, _ = compile_counting(step)
     compiled(torch.randn(4, 8))
     compiled(torch.randn(4, 8))
-    package = str(Path(__file__).resolve().parents[1] / "fuselens")
+    import fuselens
+
+    package = str(Path(fuselens.__file__).resolve().parent)
     traced = sorted({f"{m.co_filename}:{m.co_name}" for m in utils.get_compilation_metrics()
                      if m.co_filename and m.co_filename.startswith(package)})
     assert not traced, f"Dynamo traced fuselens frames: {traced}"

@@ -69,7 +69,7 @@ def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     )
     tmp = tmp_path_factory.mktemp("opinfo")
     args = argparse.Namespace(
-        backend=BACKEND, variants="fn", max_samples=SAMPLES_PER_OP, case_timeout=120, threads=0,
+        backend=BACKEND, variants="fn", max_samples=SAMPLES_PER_OP, max_samples_mutating=1, case_timeout=120, threads=0,
         options="", dynamic=False,
     )
     records = run_ops([f"{op}:{SUBSET[op]}" for op in selected], args, tmp / "results.jsonl", tmp / "worker.log")

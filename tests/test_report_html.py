@@ -3,6 +3,7 @@ by kernel, escaping, and a plain message where graphviz is missing."""
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 from html.parser import HTMLParser
@@ -177,3 +178,14 @@ def test_too_big_graphs_are_not_drawn_and_say_so():
     g = CompiledGraph("0/0", "f", SourceLocation("t.py", 1), "inductor", nodes=nodes, graph_id="0/0:dynamo")
     pic = graph_svg.draw_graph(Report(run=RunInfo(target="t.py"), graphs=[g]), g)
     assert pic.svg is None and f"{graph_svg.MAX_NODES + 1} nodes" in pic.message
+
+
+def test_a_kernel_keeps_its_colour_across_recompiled_graphs():
+    report = demo_report()
+    again = copy.deepcopy(report.graphs[0])
+    again.compile_id, again.graph_id = "0/1", "0/1:aot_inference"
+    report.graphs.append(again)
+    first = common.kernel_colors(report, report.graphs[0])
+    assert common.kernel_colors(report, again) == first
+    other = common.kernel_colors(report, report.graphs[1])
+    assert not set(first.values()) & set(other.values())  # different kernels, different colours

@@ -165,3 +165,14 @@ def test_sarif_and_json_outputs_parse_as_json():
     report = demo_report()
     json.loads(render_json(report))
     json.loads(render_sarif(report, root="/x"))
+
+
+def test_phases_read_in_pipeline_order_whatever_order_they_arrived_in():
+    from fuselens.events import PhaseTime, Timings
+    from fuselens.report.common import phase_totals
+
+    r = Report(run=RunInfo(target="t.py"), timings=Timings(phases=[
+        PhaseTime("codegen", 1.0, "0/0"), PhaseTime("backend", 3.0, "0/0"), PhaseTime("mystery", 0.5, "0/0"),
+        PhaseTime("inductor", 2.0, "0/0"), PhaseTime("dynamo", 0.25, "0/0"), PhaseTime("dynamo", 0.25, "1/0"),
+    ]))
+    assert phase_totals(r) == [("dynamo", 0.5), ("backend", 3.0), ("inductor", 2.0), ("codegen", 1.0), ("mystery", 0.5)]

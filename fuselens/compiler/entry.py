@@ -146,7 +146,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         sched = scheduler.run()
         phases.append(("scheduling", time.perf_counter() - t))
         t = time.perf_counter()
-        gen = get_generator("cpp" if opts.target == "auto" else opts.target)
+        # Triton target (issue 5): pick cpp|triton from the inputs' device, name kernels triton_*
+        from fuselens.compiler.codegen import resolve_target
+
+        target = resolve_target(opts.target, example_inputs)
+        gen = get_generator(target)
+        if target == "triton":
+            for grp in sched.groups:
+                grp.name = grp.name.replace("cpp_fused", "triton_fused", 1)
         kernels = {}
         spans = []
         parts = []
@@ -163,23 +170,32 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         source = gen.library_source(parts)
         phases.append(("codegen", time.perf_counter() - t))
         t = time.perf_counter()
-        lib = build(source, opts, spans).lib if parts else None
-        phases.append(("cpp_compile", time.perf_counter() - t))
-        runner = make_runner(graph, sched, kernels, lib, outputs, opts.time_kernels)
+        if target == "triton":  # Triton target (issue 5): import the module; kernels JIT-compile at first launch
+            from fuselens.compiler.triton_runtime import build_module, finalize
+
+            lib = build_module(parts, source, opts) if parts else None
+            phases.append(("triton_compile", time.perf_counter() - t))
+        else:
+            lib = build(source, opts, spans).lib if parts else None
+            phases.append(("cpp_compile", time.perf_counter() - t))
+        runner = make_runner(graph, sched, kernels, lib, outputs, opts.time_kernels and target == "cpp")
         events = build_events(gm, graph, sched, scheduler, kernels, graph_id, compile_id, stage, function, location)
+        if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (triton_runtime.py)
+            runner, extra_events = finalize(runner, lib, opts, graph_id, example_inputs)
+            events.extend(extra_events)
     except RESTARTS:
         raise
     except KernelCompileError as e:
         if not opts.fallback_on_error:
             raise
         _report_fallback("compile", str(e), compile_id, traceback.format_exc(), opts)
-        return _boxed(gm.forward)
+        return _invisible(_boxed(gm.forward))
     except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
         if not opts.fallback_on_error:
             raise
         _report_fallback("internal", f"fuselens could not compile graph {graph_id}: {type(e).__name__}: {e}",
                          compile_id, traceback.format_exc(), opts)
-        return _boxed(gm.forward)
+        return _invisible(_boxed(gm.forward))
     for ev in events:
         sink.emit(ev)
     for phase, secs in phases:
@@ -189,7 +205,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
 
         register_timing(graph_id, runner.timing)
     runner.graph_id = graph_id  # type: ignore[attr-defined]
-    return runner
+    return _invisible(runner)
+
+
+def _invisible(fn: Callable) -> Callable:
+    """Hide our Python from Dynamo. A compiled training step resumes user code under
+    Dynamo's frame hook, and `loss.backward()` there compiles and runs our backward
+    graph: without this Dynamo would trace the compiler and the runtime themselves."""
+    wrapped = torch._dynamo.disable(fn)
+    try:
+        wrapped._boxed_call = True  # type: ignore[attr-defined]
+    except AttributeError:  # pragma: no cover
+        pass
+    return wrapped
 
 
 def _report_fallback(kind: str, message: str, compile_id: str, tb: str, opts: Any) -> None:
@@ -219,7 +247,7 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
             return compile_graph(g, ins, stage=stage, opts=opts, compile_id=compile_id, function=function,
                                  location=location, aot_start=start if stage != "aot_backward" else None)
 
-        return compiler
+        return _invisible(compiler)
 
     return aot_module_simplified(
         gm,

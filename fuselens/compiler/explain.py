@@ -90,9 +90,11 @@ def build_events(
     for grp in sched.groups:
         ks = kernels[grp.name]
         locs = _locations(grp.nodes)
-        events.append(Kernel(name=grp.name, kind="cpp", graph_id=graph_id,
+        # kind/language/device come from the generator (cpp, or triton/python for the Triton target)
+        events.append(Kernel(name=grp.name, kind=getattr(ks, "kind", "cpp"), graph_id=graph_id,
                              ops=[o for n in grp.nodes for o in n.aten_ops], nodes=grp.fx_nodes(), source_lines=locs,
-                             source=ks.source, language="cpp", bytes_accessed=ks.bytes_accessed))
+                             source=ks.source, language=ks.language, bytes_accessed=ks.bytes_accessed,
+                             device=getattr(ks, "device", "cpu")))
     for e in (u for u in sched.units if isinstance(u, ExternNode)):
         node = e.fx_node
         call = f"{target_name(node.target)}({', '.join(str(a) for a in node.args)})"
@@ -131,6 +133,9 @@ def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, grap
                                       reason="; ".join(grp.reasons), rule="fused", locations=_locations(grp.nodes)))
     seen: set[tuple[str, str]] = set()
     steps = {s.name: s for s in graph.steps}
+    for s in graph.steps:
+        for o in getattr(s, "outputs", None) or []:
+            steps[o] = s
     for s in graph.steps:
         for r in sorted(s.reads):
             p = steps.get(r)

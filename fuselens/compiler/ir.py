@@ -209,6 +209,7 @@ class ExternNode:
     reason: str = ""
     reads: set[str] = field(default_factory=set)
     stack_trace: str = ""
+    outputs: list[str] = field(default_factory=list)  # run-time buffers it produces
 
 
 @dataclass(eq=False)

@@ -200,9 +200,12 @@ class Lowerer:
             flat.extend(v if isinstance(v, (tuple, list)) else [v])
         for v in flat:
             if _is_tensor(v):
-                if v.dtype not in LOWERED_DTYPES:
+                # Triton target (issue 5): CUDA tensors (target auto/triton) and, with the
+                # Triton generator, bfloat16/float16 are lowered too
+                triton = v.device.type == "cuda" or getattr(self.options, "target", "cpp") == "triton"
+                if v.dtype not in LOWERED_DTYPES and not (triton and v.dtype in (torch.bfloat16, torch.float16)):
                     return f"dtype {str(v.dtype).replace('torch.', '')} is not lowered"
-                if v.device.type != "cpu":
+                if v.device.type != "cpu" and not (v.device.type == "cuda" and triton):
                     return f"device {v.device.type}: the C++ code generator runs on CPU tensors"
         return ""
 
@@ -229,8 +232,10 @@ class Lowerer:
             g.values[node.name] = tuple(
                 self._buffer_value(f"{node.name}_out{i}", v) if _is_tensor(v) else None for i, v in enumerate(val)
             )
+            step.outputs = [f"{node.name}_out{i}" for i, v in enumerate(val) if _is_tensor(v)]
         elif _is_tensor(val):
             g.values[node.name] = self._buffer_value(node.name, val)
+            step.outputs = [node.name]
         else:
             g.values[node.name] = None
 

@@ -38,7 +38,9 @@ class CompilerOptions:
     horizontal_fusion: bool = True
     """Fuse independent work over the same iteration space (no shared buffer)."""
     extern_epilogue_fusion: bool = True
-    """Run pointwise epilogues of matmuls in place in the matmul's output buffer."""
+    """Fuse pointwise epilogues into matmul/convolution calls where the code generator
+    has a template for it. The C++ generator has none yet: there the epilogue is its own
+    kernel and this option changes nothing (the fusion events say so)."""
     target: Target = "auto"
     """Code generator: "cpp" (C++/OpenMP), "triton", or "auto" (cpp on CPU tensors)."""
     vector_width: int = 0
@@ -48,6 +50,15 @@ class CompilerOptions:
     """OpenMP threads per kernel; 0 follows torch.get_num_threads()."""
     time_kernels: bool = False
     """Time every kernel call; totals stream as KernelTiming events on sink.flush()."""
+    # -- Triton target (issue 5; fuselens/compiler/triton_runtime.py) --
+    autotune: bool = False
+    """Triton: time a few launch configurations per kernel and size class at the
+    first launch and keep the fastest (cached on disk under cache_dir); off: the
+    launch heuristics decide."""
+    cuda_graphs: bool = False
+    """Triton on CUDA: capture the whole compiled graph as one CUDA graph and replay
+    it; inputs are copied into static buffers first (reported as the kernel
+    `cudagraph_input_copies`), and outputs are overwritten by the next call."""
     lower: bool = True
     """Lower ATen ops to our IR. False: every op runs through ATen (debugging aid)."""
     fallback_on_error: bool = True

@@ -125,6 +125,7 @@ class GraphRunner:
         self.reusable = reusable
         self.timing = timing  # kernel name -> KernelStats when timing is on
         self.timing_lock = threading.Lock()
+        self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_runtime.finalize)
 
     def __call__(self, args: list) -> Any:
         env: dict[str, Any] = dict(zip(self.input_names, args))
@@ -145,8 +146,11 @@ class GraphRunner:
         for step in self.plan:
             if isinstance(step, KernelCall):
                 for name, sz, st, dtype in step.alloc:
-                    env[name] = _alloc(pool, slots[sz], slots[st], dtype)
-                ptrs = [env[b].data_ptr() for b in step.buffers]
+                    env[name] = _alloc(pool, slots[sz], slots[st], dtype, self.device)
+                if getattr(step.fn, "takes_tensors", False):  # Triton launchers take tensors, not pointers
+                    ptrs = [env[b] for b in step.buffers]
+                else:
+                    ptrs = [env[b].data_ptr() for b in step.buffers]
                 sargs = [syms[s] for s in step.symbols]
                 if self.timing is not None:
                     t0 = time.perf_counter()
@@ -176,7 +180,7 @@ class GraphRunner:
         return [_resolve(o, env, slots) for o in self.outputs]
 
 
-def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype) -> torch.Tensor:
+def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
     if any(s == 0 for s in size):
         extent = 0
@@ -185,7 +189,7 @@ def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype) -> torch.Te
     if free:
         t = free.pop()
         return t.as_strided(size, stride, 0)
-    return torch.empty_strided(size, stride, dtype=dtype)
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def _resolve(a: Any, env: dict, slots: list) -> Any:

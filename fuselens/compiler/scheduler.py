@@ -122,12 +122,17 @@ class Scheduler:
         self.opt = options
         self.steps = graph.steps
         self.index = {s.name: i for i, s in enumerate(self.steps)}
+        # buffers -> the step producing them (multi-output externs produce name_outN)
+        self.producer = dict(self.index)
+        for i, s in enumerate(self.steps):
+            for o in getattr(s, "outputs", None) or []:
+                self.producer[o] = i
         self.output_sources = output_sources
         # producers (step indices) of each step, and transitive ancestors as bitmasks
         self.deps: list[set[int]] = []
         self.anc: list[int] = []
         for i, s in enumerate(self.steps):
-            d = {self.index[r] for r in s.reads if r in self.index}
+            d = {self.producer[r] for r in s.reads if r in self.producer}
             self.deps.append(d)
             mask = 0
             for j in d:
@@ -275,8 +280,8 @@ class Scheduler:
                     if cand in producer_groups:
                         continue
                     if self.check(cand, [step]) is None and _same_space(cand, step):
-                        self._join(cand, [step], f"{_label(step)}: independent work over the same "
-                                   f"{_fmt(cand.full)} iteration space (horizontal fusion)")
+                        self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
+                                   "between them, same loops)")
                         target = cand
                         break
             if target is None:

@@ -27,7 +27,9 @@ RECOMPILE_DOCS = DOCS + "compile/programming_model.recompilation.html"
 TROUBLESHOOTING_DOCS = DOCS + "torch.compiler_troubleshooting.html"
 
 # Pipeline order, so phases read top to bottom as the compiler runs them;
-# unknown phases follow in the order they first appear.
+# unknown phases follow in the order they first appear. Capture may record
+# nested phases (backend contains inductor contains codegen): the chart shows
+# each as recorded and the total is Timings.compile_s, never their sum.
 PHASE_ORDER = (
     "dynamo",
     "backend",
@@ -40,7 +42,6 @@ PHASE_ORDER = (
     "cpp_compile",
     "triton_compile",
     "compile",
-    "backend",
 )
 
 # `--fail-on` categories and what each one counts.
@@ -132,26 +133,32 @@ def kernels_of(report: Report, graph: CompiledGraph) -> list[Kernel]:
 
 
 def kernel_colors(report: Report, graph: CompiledGraph) -> dict[str, str]:
-    """Kernel name -> fill colour for the kernels of one graph. Colours are
-    assigned over the whole report (graph by graph, in node order) so the
-    same colour never means two kernels on one page until the palette wraps."""
-    return {name: color for (gid, name), color in all_kernel_colors(report).items() if gid == graph.graph_id}
+    """Kernel name -> fill colour for the kernels of one graph, in the order
+    its nodes first use them."""
+    colors = all_kernel_colors(report)
+    names: list[str] = []
+    for node in graph.nodes:
+        if node.kernel and node.kernel not in names:
+            names.append(node.kernel)
+    names += [k.name for k in kernels_of(report, graph) if k.name not in names]
+    return {name: colors[(graph.graph_id, name)] for name in names}
 
 
 def all_kernel_colors(report: Report) -> dict[tuple[str, str], str]:
-    """(graph_id, kernel name) -> fill colour, stable for a given report."""
+    """(graph_id, kernel name) -> fill colour. Colours follow the kernel
+    *name* across the whole report: a recompile's graph shows the same kernel
+    in the same colour, and kernels of one graph (distinct names) differ
+    until the palette wraps."""
     keys: list[tuple[str, str]] = []
     for graph in report.graphs:
-        for node in graph.nodes:
-            if node.kernel and (graph.graph_id, node.kernel) not in keys:
-                keys.append((graph.graph_id, node.kernel))
-        for k in kernels_of(report, graph):
-            if (graph.graph_id, k.name) not in keys:
-                keys.append((graph.graph_id, k.name))
-    for k in report.kernels:  # kernels of graphs that were not recorded
-        if (k.graph_id, k.name) not in keys:
-            keys.append((k.graph_id, k.name))
-    return {key: KERNEL_PALETTE[i % len(KERNEL_PALETTE)] for i, key in enumerate(keys)}
+        keys += [(graph.graph_id, n.kernel) for n in graph.nodes if n.kernel]
+        keys += [(graph.graph_id, k.name) for k in kernels_of(report, graph)]
+    keys += [(k.graph_id, k.name) for k in report.kernels]  # kernels of graphs not recorded
+    by_name: dict[str, str] = {}
+    for _, name in keys:
+        if name not in by_name:
+            by_name[name] = KERNEL_PALETTE[len(by_name) % len(KERNEL_PALETTE)]
+    return {key: by_name[key[1]] for key in keys}
 
 
 def graph_title(graph: CompiledGraph) -> str:

@@ -62,7 +62,8 @@ def node_fill(node: GraphNode, colors: dict[str, str]) -> str:
 def node_label(node: GraphNode, root: Optional[str] = None) -> str:
     """FxGraphDrawer-like record: {name|op target|shape|kernel|file:line}.
     Already escaped for DOT: goes between double quotes as it is."""
-    plain_io = node.op in ("placeholder", "output") and node.target == node.name
+    # A placeholder's target is its own (mangled) name again: say it once.
+    plain_io = node.op in ("placeholder", "output")
     fields = [record_escape(node.name), record_escape(node.op if plain_io else f"{node.op}: {node.target}")]
     if node.shape:
         fields.append(record_escape(node.shape))

@@ -237,8 +237,9 @@ def _graphs(report: Report, root: Optional[str], draw: Drawer) -> str:
     for i, g in enumerate(report.graphs):
         colors = common.kernel_colors(report, g)
         legend = "".join(f'<li>{swatch(c)}<code>{escape(k)}</code></li>' for k, c in colors.items())
-        legend += (f'<li>{swatch(common.IO_FILL)}inputs and outputs</li>'
-                   f'<li>{swatch(common.UNFUSED_FILL)}not in a kernel (views, unfused)</li>')
+        legend += f'<li>{swatch(common.IO_FILL)}inputs and outputs</li>'
+        legend += (f'<li>{swatch(common.UNFUSED_FILL)}not in a kernel (views, unfused)</li>' if colors else
+                   f'<li class="muted">no kernels recorded for this graph (backend {escape(g.backend)})</li>')
         pic = draw(report, g, root, f"graph{i}")
         picture = (f'<div class="graph-svg">{pic.svg}</div>' if pic.svg
                    else f'<p class="notice">{escape(pic.message)}</p>')
@@ -266,10 +267,11 @@ def _kernels(report: Report, root: Optional[str]) -> str:
                f'<pre class="kernel-src">{escape(k.source)}</pre></details>' if k.source else "")
         rows.append(
             f'<tr><td><div class="kname">{swatch(_kernel_color(report, k))}<code>{escape(k.name)}</code></div>{src}</td>'
+            f"<td>{escape(k.graph_id.split(':')[0])}</td>"
             f"<td>{escape(k.kind)}</td><td>{escape(k.device)}</td><td class='n'>{k.calls or '-'}</td>"
             f"<td class='n'>{time}</td><td>{ops}</td><td>{lines}</td></tr>"
         )
-    table = ('<table class="kernels"><thead><tr><th>kernel</th><th>kind</th><th>device</th><th>calls</th>'
+    table = ('<table class="kernels"><thead><tr><th>kernel</th><th>compile</th><th>kind</th><th>device</th><th>calls</th>'
              '<th>time</th><th>fused ops</th><th>user lines</th></tr></thead><tbody>'
              + "".join(rows) + "</tbody></table>")
     return section("kernels", f"Kernels ({len(report.kernels)})", table)

@@ -61,7 +61,8 @@ svg.chart { max-width: 100%; height: auto; }
 .chart-value { font: 12px -apple-system, "Segoe UI", Arial, sans-serif; fill: var(--muted); }
 .graph { border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; margin: 12px 0; }
 .graph-svg { overflow: auto; max-height: 1100px; border-top: 1px solid var(--line); padding-top: 8px; }
-.graph-svg svg { max-width: 100%; height: auto; }
+/* natural size (readable labels); big graphs scroll inside their box */
+.graph-svg svg { max-width: none; height: auto; }
 .legend { list-style: none; padding: 0; margin: 8px 0; display: flex; flex-wrap: wrap; gap: 4px 16px;
   font-size: 12.5px; }
 .swatch { display:inline-block; width: 12px; height: 12px; border: 1px solid #888; border-radius: 3px;

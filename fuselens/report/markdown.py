@@ -212,11 +212,11 @@ def _kernels(out: list[str], report: Report, root: Optional[str]) -> None:
         out += [f"{common.fmt_us(total)} of kernel time in total.", ""]
     timed = common.kernels_by_time(report)
     order = timed + [k for k in report.kernels if k not in timed]
-    rows = [[code(k.name), cell(k.kind), cell(k.device), str(k.calls or "-"),
+    rows = [[code(k.name), cell(k.graph_id.split(":")[0]), cell(k.kind), cell(k.device), str(k.calls or "-"),
              common.fmt_us(k.total_time_us) if k.total_time_us else "-",
              ", ".join(code(o) for o in k.ops) or " ",
              ", ".join(code(common.location_label(s, root)) for s in k.source_lines) or " "] for k in order]
-    out += table(["kernel", "kind", "device", "calls", "time", "fused ops", "user lines"], rows)
+    out += table(["kernel", "compile", "kind", "device", "calls", "time", "fused ops", "user lines"], rows)
     for k in order:
         if k.source:
             out += details(f"<code>{_html(k.name)}</code> source", block(k.source, _lang(k)))

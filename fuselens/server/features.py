@@ -343,6 +343,7 @@ def write_report_file(ls: FuselensServer, result) -> dict[str, Any]:
     except Exception as exc:  # the renderer is optional for the server
         log.warning("HTML report failed (%s); writing JSON", exc)
         text, ext = result.report.to_json(), "json"
+    os.makedirs(ls.scratch_dir, exist_ok=True)
     path = os.path.join(ls.scratch_dir, f"{stem}-report.{ext}")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

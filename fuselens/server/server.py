@@ -73,7 +73,8 @@ class FuselensServer(LanguageServer):
         self.config_ready = asyncio.Event()
         self.progress_boxes: dict[str, dict[str, str]] = {}  # unit -> {"token": ...} of its run
         self.untrusted_told = False
-        self.scratch_dir = tempfile.mkdtemp(prefix=f"fuselens-lsp-{os.getpid()}-")
+        # Made on first use (a notebook run, a written report): most sessions never need it.
+        self.scratch_dir = os.path.join(tempfile.gettempdir(), f"fuselens-lsp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self._result_counter = 0
 
     # ---- capabilities -------------------------------------------------------

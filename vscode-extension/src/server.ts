@@ -4,13 +4,18 @@
 
 import * as vscode from "vscode";
 import {
+  ClientCapabilities,
   ExecuteCommandRequest,
+  FeatureState,
   LanguageClient,
   LanguageClientOptions,
   RevealOutputChannelOn,
   ServerOptions,
   State,
+  StaticFeature,
 } from "vscode-languageclient/node";
+import { preferPushDiagnostics } from "./logic/capabilities";
+import { uriForServer } from "./logic/commandArgs";
 import { chooseInterpreter, InterpreterChoice, serverCommandLine } from "./logic/interpreter";
 import { enforceTrust, initializationOptions, readSettings, FuselensSettings } from "./logic/settings";
 import { ProgressListener, trackServerProgress } from "./progress";
@@ -129,6 +134,10 @@ export class FuselensServer implements vscode.Disposable {
       outputChannel: this.output,
       traceOutputChannel: this.output,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
+      uriConverters: {
+        code2Protocol: (uri) => uriForServer(uri.toString()),
+        protocol2Code: (value) => vscode.Uri.parse(value),
+      },
       initializationOptions: initializationOptions(this.settings, trusted, folder?.uri.fsPath ?? ""),
       // The server owns what happens; a crash loop should not spam restarts.
       connectionOptions: { maxRestartCount: 3 },
@@ -148,6 +157,7 @@ export class FuselensServer implements vscode.Disposable {
       },
     };
     const client = new LanguageClient(SERVER_ID, SERVER_NAME, serverOptions, clientOptions);
+    client.registerFeature(new PushDiagnostics());
     this.client = client;
     this.clientDisposables.push(
       client.onDidChangeState((e) => {
@@ -213,4 +223,19 @@ export class FuselensServer implements vscode.Disposable {
   dispose(): void {
     void this.stop();
   }
+}
+
+/**
+ * Registered after the built-in features, so it edits the capabilities they
+ * filled: see `preferPushDiagnostics` for why notebooks need push.
+ */
+class PushDiagnostics implements StaticFeature {
+  fillClientCapabilities(capabilities: ClientCapabilities): void {
+    preferPushDiagnostics(capabilities as Parameters<typeof preferPushDiagnostics>[0]);
+  }
+  initialize(): void {}
+  getState(): FeatureState {
+    return { kind: "static" };
+  }
+  clear(): void {}
 }

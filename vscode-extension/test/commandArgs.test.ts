@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { documentUriArg, isNotebookCellUri, reportFromResult } from "../src/logic/commandArgs";
+import { documentUriArg, isNotebookCellUri, reportFromResult, uriForServer } from "../src/logic/commandArgs";
 
 test("the document URI is found as a string, a {uri} object or a textDocument", () => {
   assert.equal(documentUriArg(["file:///w/a.py"]), "file:///w/a.py");
@@ -33,4 +33,14 @@ test("writeReport's error is passed on to the user", () => {
 test("notebook cell URIs are recognised", () => {
   assert.equal(isNotebookCellUri("vscode-notebook-cell:/w/nb.ipynb#W0sZmlsZQ%3D%3D"), true);
   assert.equal(isNotebookCellUri("file:///w/nb.ipynb"), false);
+});
+
+test("cell URIs reach the server with their base64 fragment decoded, others unchanged", () => {
+  assert.equal(
+    uriForServer("vscode-notebook-cell:/w/my%20nb.ipynb#W0sZmlsZQ%3D%3D"),
+    "vscode-notebook-cell:/w/my%20nb.ipynb#W0sZmlsZQ==",
+  );
+  assert.equal(uriForServer("vscode-notebook-cell:/w/nb.ipynb#W1sZmlsZQ"), "vscode-notebook-cell:/w/nb.ipynb#W1sZmlsZQ");
+  assert.equal(uriForServer("vscode-notebook-cell:/w/nb.ipynb#a%20b"), "vscode-notebook-cell:/w/nb.ipynb#a%20b");
+  assert.equal(uriForServer("file:///w/a%3Db.py"), "file:///w/a%3Db.py");
 });

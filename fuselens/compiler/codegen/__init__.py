@@ -32,6 +32,8 @@ class KernelSource:
     symbols: list[sympy.Symbol] = field(default_factory=list)
     bytes_accessed: int = 0
     language: str = "cpp"
+    kind: str = "cpp"  # Kernel.kind of the report: "cpp" | "triton" (added for the Triton generator)
+    device: str = "cpu"  # Kernel.device of the report (Triton sets "cuda" unless interpreted)
 
 
 def get_generator(target: str) -> Any:
@@ -43,3 +45,12 @@ def get_generator(target: str) -> Any:
     from fuselens.compiler.codegen import cpp
 
     return cpp
+
+
+def resolve_target(target: str, example_inputs: Any) -> str:
+    """Option `target` for these inputs: "auto" is "triton" when the inputs are
+    CUDA tensors and "cpp" otherwise; "triton" on CPU tensors only runs under
+    TRITON_INTERPRET=1 (tests), else it raises (the graph then runs eagerly)."""
+    from fuselens.compiler.triton_runtime import resolve_target as _resolve
+
+    return _resolve(target, example_inputs)

@@ -68,3 +68,28 @@ export function reportFromResult(result: unknown): ReportFile {
 export function isNotebookCellUri(uri: string): boolean {
   return uri.startsWith("vscode-notebook-cell:");
 }
+
+/**
+ * The form of a URI sent to the server. VS Code percent-encodes the `=` of
+ * a cell URI's base64 fragment (`#W0sZmlsZQ%3D%3D`); pygls keys its documents
+ * by a normalised URI (`#W0sZmlsZQ==`) while a notebook's cell list keeps the
+ * string as sent, so a server looking cells up by that string finds none.
+ * Sending the fragment decoded makes both forms one. Other URIs are unchanged.
+ */
+export function uriForServer(encoded: string): string {
+  if (!isNotebookCellUri(encoded)) {
+    return encoded;
+  }
+  const hash = encoded.indexOf("#");
+  if (hash < 0) {
+    return encoded;
+  }
+  let fragment: string;
+  try {
+    fragment = decodeURIComponent(encoded.slice(hash + 1));
+  } catch {
+    return encoded;
+  }
+  // Only base64-like fragments are safe to send undecoded.
+  return /^[A-Za-z0-9+/=_-]*$/.test(fragment) ? `${encoded.slice(0, hash)}#${fragment}` : encoded;
+}

@@ -1,0 +1,746 @@
+"""Triton code generation: one `@triton.jit` kernel per KernelGroup.
+
+Same IR, same fusion decisions as the C++ path (`cpp.py`); only the `ops`
+handler (`triton_ops.TritonOps`) and the loop structure differ. A kernel maps
+the group's iteration space onto one or two block axes:
+
+* pointwise, 1-D: every dim on axis `x` (`xindex`, XBLOCK lanes per program);
+  dims are ordered by the output's strides, so a channels-last tensor is walked
+  in memory order and the whole space usually merges into one contiguous run;
+* pointwise, 2-D tiled: when one access is contiguous along another dim than
+  the output (a transpose), rows on `x` and the output's inner dim on `y`, so
+  Triton coalesces both sides (it converts layouts through shared memory);
+* reductions: kept dims on `x` ([XBLOCK, 1]), reduced dims on `r` ([1, RBLOCK]).
+  *Persistent* when a row fits in registers (static row <= PERSISTENT_MAX): one
+  block holds the whole row and every pass (layernorm's mean, variance and
+  normalisation; softmax's max, sum and division) reuses the loaded values.
+  *Looped* otherwise: one `for roffset` loop per reduction level, with
+  [XBLOCK, RBLOCK] accumulators; full-level values are recomputed from inputs in
+  each loop, never read back from what this kernel wrote (no barrier needed).
+  Softmax's max and sum fuse into ONE loop as an online reduction (running max,
+  rescaled running sum) when the scheduler put them in one kernel.
+
+Index expressions: the linear part of each access is split into *runs* of
+consecutive dims whose strides chain (stride[outer] == stride[inner]*size[inner]);
+a run is one flat variable (`xindex` itself when the run is the whole axis), so
+contiguous accesses print as `ptr + xindex` and Triton's alignment analysis
+proves 16-byte vector loads (static sizes print as literals; symbolic ones are
+int arguments, which Triton specializes on divisibility by 16). Indices are
+int32 unless a buffer or the iteration space needs int64.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import sympy
+import torch
+
+from fuselens.compiler import ir
+from fuselens.compiler.codegen import KernelSource
+from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
+from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
+from fuselens.compiler.scheduler import KernelGroup
+
+PERSISTENT_MAX = 16384  # static rows up to this many elements stay in registers
+MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elision relies on it)
+MAX_BLOCK_2D = 64
+MAX_XBLOCK_REDUCTION = 64
+MAX_RBLOCK_LOOPED = 2048
+INT32_LIMIT = 2**31 - 2**20
+
+
+@dataclass
+class TritonKernelSource(KernelSource):
+    """A KernelSource plus what the launcher needs: the kernel kind and the
+    block axes' sizes (sympy over the kernel's symbols)."""
+
+    kernel_kind: str = "pointwise"  # pointwise | pointwise2d | persistent_reduction | looped_reduction
+    xnumel: Expr = sympy.Integer(1)
+    rnumel: Expr = sympy.Integer(1)  # reduction row length, or the 2-D tile's y extent
+    numel_args: list[str] = field(default_factory=list)  # "xnumel"/"rnumel" when passed as arguments
+    column_reduction: bool = False  # the rows' contiguous dim is a kept dim (tile wide in x)
+    elem_bytes: int = 4  # widest element of the kernel's buffers (block sizing)
+    kind: str = "triton"
+    device: str = "cuda"
+    buffer_dtypes: list = field(default_factory=list)  # torch dtypes of `buffers` (ahead-of-time compile)
+
+
+@dataclass
+class _Axis:
+    name: str  # "x", "y" or "r"
+    dims: list[int]  # group dims, outer to inner
+    index: str  # the variable holding the flat axis index
+
+
+@dataclass
+class _Scope:
+    lines: list[str]
+    indent: int
+    parent: Optional["_Scope"] = None
+    cache: dict[str, TVal] = field(default_factory=dict)
+    values: dict[str, TVal] = field(default_factory=dict)
+
+    def find_cache(self, expr: str) -> Optional[TVal]:
+        s: Optional[_Scope] = self
+        while s is not None:
+            if expr in s.cache:
+                return s.cache[expr]
+            s = s.parent
+        return None
+
+    def find_value(self, name: str) -> Optional[TVal]:
+        s: Optional[_Scope] = self
+        while s is not None:
+            if name in s.values:
+                return s.values[name]
+            s = s.parent
+        return None
+
+
+_RED_IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
+
+
+def _identity(kind: str, dtype: torch.dtype) -> str:
+    if kind in _RED_IDENTITY:
+        return repr(float(_RED_IDENTITY[kind])) if dtype.is_floating_point else str(_RED_IDENTITY[kind])
+    if dtype.is_floating_point:
+        return 'float("-inf")' if kind == "max" else 'float("inf")'
+    info = torch.iinfo(dtype)
+    return str(info.min if kind == "max" else info.max)
+
+
+class TritonKernel:
+    """Generates the Triton source of one KernelGroup."""
+
+    def __init__(self, group: KernelGroup, graph: GraphIR, options: Any) -> None:
+        self.g = group
+        self.graph = graph
+        self.opt = options
+        self.members = {n.name: n for n in group.nodes}
+        self.ranges = group.ranges()
+        self.gv = group.gvars()
+        self.math = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1")
+        self.ops = TritonOps(self)
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+        self.symbols: set[sympy.Symbol] = set()
+        self.counter = 0
+        self.phase: dict[str, int] = {}
+        self.top = _Scope([], 1)
+        self.scope = self.top
+        self.rscope = self.top  # where r/y axis variables live (the loop body when looped)
+        self.demote_fp64 = True
+        self.masks: dict[str, Optional[str]] = {}
+
+    # -- dtypes ---------------------------------------------------------------
+    def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        if dtype in (torch.bfloat16, torch.float16):
+            return torch.float32
+        if dtype == torch.float64 and self.demote_fp64:
+            return torch.float32
+        return dtype
+
+    # -- emission -------------------------------------------------------------
+    def emit(self, expr: str, dtype: torch.dtype, scope: Optional[_Scope] = None) -> TVal:
+        sc = scope or self.scope
+        hit = sc.find_cache(expr)
+        if hit is not None and hit.dtype == dtype:
+            return hit
+        self.counter += 1
+        v = TVal(f"tmp{self.counter}", dtype)
+        sc.lines.append(f"{'    ' * sc.indent}{v.name} = {expr}")
+        sc.cache[expr] = v
+        return v
+
+    def line(self, text: str, scope: Optional[_Scope] = None) -> None:
+        sc = scope or self.scope
+        sc.lines.append(f"{'    ' * sc.indent}{text}")
+
+    def note_symbols(self, e: Any) -> None:
+        self.symbols |= {s for s in sympy.sympify(e).free_symbols if s in self.graph.symbols or s in self.graph.size_hints}
+
+    # -- index printing -------------------------------------------------------
+    def texpr(self, e: Any, names: dict) -> str:
+        """A sympy integer expression as Triton/Python source."""
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            if e in names:
+                return names[e]
+            self.note_symbols(e)
+            return e.name
+        if isinstance(e, sympy.Add):
+            return "(" + " + ".join(self.texpr(a, names) for a in e.args) + ")"
+        if isinstance(e, sympy.Mul):
+            return "(" + " * ".join(self.texpr(a, names) for a in e.args) + ")"
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return "(" + " * ".join([self.texpr(e.base, names)] * int(e.exp)) + ")"
+        if isinstance(e, FloorDiv):
+            return f"({self.texpr(e.args[0], names)} // {self.texpr(e.args[1], names)})"
+        if isinstance(e, ModularIndexing):
+            return f"(({self.texpr(e.args[0], names)} // {self.texpr(e.args[1], names)}) % {self.texpr(e.args[2], names)})"
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            fn = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
+            out = self.texpr(e.args[0], names)
+            for a in e.args[1:]:
+                out = f"{fn}({out}, {self.texpr(a, names)})"
+            return out
+        raise NotImplementedError(f"cannot print index expression {e!r} for Triton")
+
+    def simplify(self, e: Any) -> Expr:
+        return ir.simplify_index(sympy.sympify(e), self.ranges)
+
+    def linear(self, e: Expr) -> tuple[dict, Expr]:
+        """Split an index into {gvar: coefficient} (linear terms) and the rest."""
+        lin: dict = {}
+        rest: Expr = sympy.Integer(0)
+        gset = set(self.gv)
+        for t in sympy.Add.make_args(sympy.expand(e)):
+            gs = t.free_symbols & gset
+            if len(gs) == 1 and not t.has(FloorDiv, ModularIndexing, sympy.Min, sympy.Max):
+                g = next(iter(gs))
+                c = sympy.cancel(t / g)
+                if g not in c.free_symbols:
+                    lin[g] = lin.get(g, sympy.Integer(0)) + c
+                    continue
+            rest = rest + t
+        return lin, rest
+
+    def axis_var(self, axis: _Axis, ia: int, ib: int) -> str:
+        """The flat variable of dims ia..ib (positions in axis.dims) of an axis."""
+        n = len(axis.dims)
+        sizes = [self.g.full[d] for d in axis.dims]
+        if ia == 0 and ib == n - 1:
+            return axis.index
+        inner = ir.numel(sizes[ib + 1:])
+        span = ir.numel(sizes[ia:ib + 1])
+        e = axis.index
+        if inner != 1:
+            e = f"({e} // {self.texpr(inner, {})})"
+        if ia != 0:
+            e = f"({e} % {self.texpr(span, {})})"
+        scope = self.top if axis.name == "x" else self.rscope
+        return self.emit(e, torch.int64, scope).name
+
+    def index(self, expr: Any) -> tuple[str, set[str]]:
+        """Print an index expression over the group's variables; returns the
+        source and the names of the axes it depends on."""
+        e = self.simplify(expr)
+        self.note_symbols(e)
+        lin, rest = self.linear(e)
+        parts: list[str] = []
+        axes: set[str] = set()
+        for axis in self.axes:
+            coefs = [lin.get(self.gv[d], sympy.Integer(0)) for d in axis.dims]
+            j = len(coefs) - 1
+            while j >= 0:
+                if coefs[j] == 0:
+                    j -= 1
+                    continue
+                ib, c = j, coefs[j]
+                ia = j
+                stride = c
+                while ia - 1 >= 0 and coefs[ia - 1] != 0 and ir.same_expr(coefs[ia - 1], stride * self.g.full[axis.dims[ia]]):
+                    stride = coefs[ia - 1]
+                    ia -= 1
+                var = self.axis_var(axis, ia, ib)
+                parts.append(var if c == 1 else f"{self.texpr(c, {})} * {var}")
+                axes.add(axis.name)
+                j = ia - 1
+        if rest != 0:
+            names = {}
+            for axis in self.axes:
+                for pos, d in enumerate(axis.dims):
+                    if self.gv[d] in rest.free_symbols:
+                        names[self.gv[d]] = self.axis_var(axis, pos, pos)
+                        axes.add(axis.name)
+            parts.append(self.texpr(rest, names))
+        return (" + ".join(parts) if parts else "0"), axes
+
+    def mask_for(self, axes: set[str]) -> Optional[str]:
+        ms = [self.masks.get(a) for a in sorted(axes, key=lambda a: a != "x")]
+        ms = [m for m in ms if m]
+        if not ms:
+            return None
+        if len(ms) == 1:
+            return ms[0]
+        return self.emit(" & ".join(ms), torch.bool, self.rscope).name
+
+    # -- memory ---------------------------------------------------------------
+    def ptr(self, name: str, write: bool = False) -> str:
+        lst = self.writes if write else self.reads
+        if name not in lst:
+            lst.append(name)
+        return ("out_" if write else "in_") + _cname(name)
+
+    def load(self, name: str, index: Expr) -> TVal:
+        m = self.members.get(name)
+        if m is not None:
+            v = self.scope.find_value(name)
+            if v is not None:
+                return v
+            if self.g.level(m) == "full":
+                return self.compute(m)
+            raise RuntimeError(f"{name} used before its reduction finished")
+        spec = self.graph.buffers[name]
+        # the runtime passes tensors, whose data pointer already includes the storage offset
+        idx, axes = self.index(index)
+        mask = self.mask_for(axes)
+        src = f"tl.load({self.ptr(name)} + ({idx})" + (f", {mask}, other=0)" if mask else ")")
+        rep = self.rep_dtype(spec.dtype)
+        if rep != spec.dtype:
+            src += f".to({TL_DTYPES[rep]})"
+        scope = self.scope
+        if self.kind == "looped_reduction" and "r" not in axes:
+            scope = self.top  # row-constant (weights by row, statistics): hoisted out of the r loop
+        return self.emit(src, spec.dtype, scope)
+
+    def compute(self, node: ComputeNode) -> TVal:
+        idx = self.g.own_index(node)
+        v = node.body(self.ops, idx)
+        if v.dtype != node.dtype:
+            v = self.ops.to_dtype(v, node.dtype)
+        self.scope.values[node.name] = v
+        return v
+
+    def store(self, node: ComputeNode, v: TVal, idx: Sequence[Expr], level_axes: set[str]) -> None:
+        off, axes = self.index(ir.offset_of(idx, node.stride))
+        for a in sorted(level_axes - axes):  # a broadcast store (a 0-d result): give the pointer the block's shape
+            off = f"{off} + tl.zeros_like({self.axis_index[a]})"
+        mask = self.mask_for(level_axes)
+        val = v.name
+        if self.rep_dtype(node.dtype) != node.dtype:
+            val = f"{val}.to({TL_DTYPES[node.dtype]})"
+        self.line(f"tl.store({self.ptr(node.name, True)} + ({off}), {val}" + (f", {mask})" if mask else ")"))
+
+    # -- planning -------------------------------------------------------------
+    def _phases(self) -> int:
+        last = 0
+        for n in self.g.nodes:
+            lvl = self.g.level(n)
+            deps = [self.members[r] for r in n.reads if r in self.members]
+            if lvl == "outer":
+                p = max([self.phase[d.name] for d in deps] or [-1])
+            else:
+                p = 0
+                for d in deps:
+                    dl = self.g.level(d)
+                    p = max(p, self.phase[d.name] + (1 if dl in ("reduction", "outer") else 0))
+            self.phase[n.name] = p
+            last = max(last, p)
+        return last
+
+    def _accesses(self) -> list[tuple[str, dict, bool]]:
+        """(buffer, {gvar: stride}, is_store) of every memory access at the full level."""
+        out = []
+        g = self.g
+        for c in g.nodes:
+            lvl = g.level(c)
+            body_size = c.full_size if c.is_reduction else c.size
+            cidx = g.full_index(body_size) if lvl in ("full", "reduction") else g.outer_index(c.size)
+            sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
+            for buf, index in ir.record_loads(c):
+                if buf in self.members or buf not in self.graph.buffers:
+                    continue
+                e = self.simplify(sympy.sympify(index).xreplace(sub))
+                out.append((buf, self.linear(e)[0], False))
+            if c.name in g.stores:
+                e = self.simplify(ir.offset_of(g.own_index(c), c.stride))
+                out.append((c.name, self.linear(e)[0], True))
+        return out
+
+    def _hint(self, e: Any) -> int:
+        return self.graph.hint(e)
+
+    def _order(self, dims: list[int], coefs: dict) -> list[int]:
+        """Dims outer to inner by descending stride of a reference access."""
+        return sorted(dims, key=lambda d: -self._hint(coefs.get(self.gv[d], 0)) if self.gv[d] in coefs else 0)
+
+    def plan(self) -> None:
+        g = self.g
+        n = len(g.full)
+        acc = self._accesses()
+        self.elem_bytes = max([self.graph.buffers[b].dtype.itemsize for b, _, _ in acc] or [4])
+        self.demote_fp64 = not any(self.graph.buffers[b].dtype == torch.float64 for b, _, st in acc if not st)
+        loads = [a for a in acc if not a[2]]
+        stores = [a for a in acc if a[2]]
+        if g.rflags is None:
+            ref = (stores or loads or [("", {}, True)])[0][1]
+            order = self._order(list(range(n)), ref)
+            self.kind = "pointwise"
+            self.axes = [_Axis("x", order, "xindex")]
+            if n >= 2:
+                inner = order[-1]
+                for _, c, _ in loads + stores:
+                    ci = c.get(self.gv[inner], sympy.Integer(0))
+                    unit = [d for d in order[:-1] if c.get(self.gv[d]) == 1]
+                    if ci != 0 and ci != 1 and unit and self._hint(g.full[inner]) >= 16 and self._hint(g.full[unit[0]]) >= 16:
+                        xdims = [d for d in order[:-1] if d != unit[0]] + [unit[0]]
+                        self.kind = "pointwise2d"
+                        self.axes = [_Axis("x", xdims, "xindex"), _Axis("y", [inner], "yindex")]
+                        break
+        else:
+            kept = [d for d in range(n) if not g.rflags[d]]
+            red = [d for d in range(n) if g.rflags[d]]
+            big = sorted(loads, key=lambda a: -self._hint(ir.numel(self.graph.buffers[a[0]].size)))
+            ref = big[0][1] if big else {}
+            xdims, rdims = self._order(kept, ref), self._order(red, ref)
+            self.axes = [_Axis("x", xdims, "xindex"), _Axis("r", rdims, "rindex")]
+            rn = ir.numel([g.full[d] for d in rdims])
+            persistent = rn.is_Integer and int(rn) <= PERSISTENT_MAX
+            self.kind = "persistent_reduction" if persistent else "looped_reduction"
+            # a reduction whose reference access is contiguous along a kept dim
+            # (BatchNorm statistics over N,H,W of channels-last data)
+            self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
+        if not hasattr(self, "column"):
+            self.column = False
+        self.axis_index = {a.name: a.index for a in self.axes}
+        sizes = {a.name: ir.numel([g.full[d] for d in a.dims]) for a in self.axes}
+        self.xnumel = sizes["x"]
+        self.rnumel = sizes.get("r", sizes.get("y", sympy.Integer(1)))
+        extent = 0
+        for b, _, _ in acc:
+            spec = self.graph.buffers[b]
+            extent = max(extent, self._hint(1 + sum((s - 1) * st for s, st in zip(spec.size, spec.stride))))
+        dynamic = not (self.xnumel.is_Integer and self.rnumel.is_Integer)
+        total = self._hint(self.xnumel) * self._hint(self.rnumel)
+        self.int64 = dynamic or extent >= INT32_LIMIT or total >= INT32_LIMIT
+
+    # -- the kernel -----------------------------------------------------------
+    def generate(self) -> TritonKernelSource:
+        self.plan()
+        g = self.g
+        nphases = self._phases() if g.rflags is not None else 0
+        head: list[str] = []
+        xn = self._numel_src("x", self.xnumel, head)
+        rn = self._numel_src("r", self.rnumel, head) if self.kind != "pointwise" else "1"
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        t = self.top
+        if self.kind == "pointwise":
+            self.line(f"xoffset = {pid} * XBLOCK")
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+            self._mask("x", xn, self.xnumel, MAX_XBLOCK_POINTWISE)
+            self._body_pointwise({"x"})
+        elif self.kind == "pointwise2d":
+            self.line(f"pid = {pid}")
+            self.line(f"ytiles = tl.cdiv({rn}, YBLOCK)")
+            self.line("xindex = (pid // ytiles) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+            self.line("yindex = (pid % ytiles) * YBLOCK + tl.arange(0, YBLOCK)[None, :]")
+            self._mask("x", xn, self.xnumel, MAX_BLOCK_2D)
+            self._mask("y", rn, self.rnumel, MAX_BLOCK_2D)
+            self._body_pointwise({"x", "y"})
+        else:
+            self.line(f"xoffset = {pid} * XBLOCK")
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+            self._mask("x", xn, self.xnumel, MAX_XBLOCK_REDUCTION)
+            if self.kind == "persistent_reduction":
+                self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+                rpow2 = self.rnumel.is_Integer and int(self.rnumel) > 0 and (int(self.rnumel) & (int(self.rnumel) - 1)) == 0
+                self._mask("r", rn, self.rnumel, int(self.rnumel) if rpow2 else 0)
+            self._body_reduction(nphases)
+        return self._finish(head)
+
+    def _numel_src(self, axis: str, numel: Expr, head: list[str]) -> str:
+        name = "xnumel" if axis == "x" else ("ynumel" if self.kind == "pointwise2d" else "rnumel")
+        if numel.is_Integer:
+            self.line(f"{name} = {int(numel)}")
+        else:
+            self.note_symbols(numel)
+            head.append(name)
+        return name
+
+    def _mask(self, axis: str, numel_name: str, numel: Expr, max_block: int) -> None:
+        idx = self.axis_index[axis]
+        if numel.is_Integer and max_block and int(numel) % max_block == 0:
+            self.masks[axis] = None  # every block size the launcher picks divides the extent: no mask
+            self.line(f"# {axis}numel is a multiple of every {axis.upper()}BLOCK: no {axis} mask")
+            return
+        self.line(f"{axis}mask = {idx} < {numel_name}")
+        self.masks[axis] = f"{axis}mask"
+
+    def _body_pointwise(self, level_axes: set[str]) -> None:
+        for n in self.g.nodes:
+            if n.name in self.g.stores:
+                v = self.scope.find_value(n.name) or self.compute(n)
+                self.store(n, v, self.g.own_index(n), level_axes)
+
+    def _body_reduction(self, nphases: int) -> None:
+        g = self.g
+        outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
+        self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
+        online = self._online_softmax_pairs() if self.kind == "looped_reduction" else {}
+        skip_phase: set[int] = set()
+        for p in range(nphases + 1):
+            if p in skip_phase:
+                self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+                continue
+            reds = [n for n in g.nodes if n.is_reduction and self.phase[n.name] == p]
+            fulls = [n for n in g.nodes if g.level(n) == "full" and self.phase[n.name] == p and n.name in g.stores]
+            if not reds and not fulls:
+                self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+                continue
+            pairs = [(r, online[r.name]) for r in reds if r.name in online]
+            if pairs and not fulls and len(reds) == 1:
+                # max in this pass, the sum of exp(x - max) that needs it in the next: one online pass
+                mx, sm = pairs[0]
+                self._online_pass(mx, sm)
+                self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+                skip_phase.add(p + 1)
+                # the sum's phase holds nothing else (checked by _online_softmax_pairs)
+                continue
+            if self.kind == "persistent_reduction":
+                for n in fulls:
+                    v = self.scope.find_value(n.name) or self.compute(n)
+                    self.store(n, v, g.own_index(n), {"x", "r"})
+                for r in reds:
+                    self._persistent_reduce(r)
+            else:
+                self._looped_pass(reds, fulls)
+            self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+
+    def _outer_epilogue(self, nodes: Sequence[ComputeNode]) -> None:
+        for n in nodes:
+            v = self.scope.find_value(n.name) or self.compute(n)
+            if n.name in self.g.stores:
+                self.store(n, v, self.g.outer_index(n.size), {"x"})
+
+    def _red_input(self, r: ComputeNode) -> tuple[TVal, torch.dtype]:
+        v = r.body(self.ops, self.g.full_index(r.full_size))
+        if v.dtype != r.acc_dtype:
+            v = self.ops.to_dtype(v, r.acc_dtype)
+        rep = self.rep_dtype(r.acc_dtype)
+        if r.reduction in ("any", "all") or rep == torch.bool:
+            rep = torch.int32
+            v = self.emit(f"({v} != 0).to(tl.int32)", r.acc_dtype)
+        return v, rep
+
+    def _combine(self, kind: str, rep: torch.dtype) -> tuple[str, str]:
+        """(block reduction of `{v}` along axis 1, elementwise combine of `{a}`, `{b}`)."""
+        fl = rep.is_floating_point
+        if kind == "sum":
+            return "tl.sum({v}, 1)", "{a} + {b}"
+        if kind == "prod":
+            return "tl.reduce({v}, 1, _fl_prod)", "{a} * {b}"
+        if kind in ("max", "any"):
+            return ("tl.reduce({v}, 1, _fl_maximum)" if fl else "tl.max({v}, 1)",
+                    "_fl_maximum({a}, {b})" if fl else "_fl_imaximum({a}, {b})")
+        return ("tl.reduce({v}, 1, _fl_minimum)" if fl else "tl.min({v}, 1)",
+                "_fl_minimum({a}, {b})" if fl else "_fl_iminimum({a}, {b})")
+
+    def _finish_red(self, r: ComputeNode, res: str, rep: torch.dtype) -> None:
+        if r.reduction in ("any", "all") or r.acc_dtype == torch.bool:
+            v = self.emit(f"({res} != 0)", torch.bool, self.top)
+        else:
+            v = self.emit(res, r.acc_dtype, self.top)
+        if v.dtype != r.dtype:
+            saved, self.scope = self.scope, self.top
+            v = self.ops.to_dtype(v, r.dtype)
+            self.scope = saved
+        self.top.values[r.name] = v
+        if r.name in self.g.stores:
+            saved, self.scope = self.scope, self.top
+            self.store(r, v, self.g.outer_index(r.size), {"x"})
+            self.scope = saved
+
+    def _masked(self, v: TVal, ident: str) -> str:
+        m = self.mask_for({"x", "r"})
+        if m is None:
+            return f"tl.broadcast_to({v}, [XBLOCK, RBLOCK])"
+        return f"tl.where({m}, {v}, {ident})"
+
+    def _persistent_reduce(self, r: ComputeNode) -> None:
+        v, rep = self._red_input(r)
+        red, _ = self._combine(r.reduction, rep)
+        ident = _identity(r.reduction, rep)
+        vm = self.emit(self._masked(v, ident), r.acc_dtype)
+        self._finish_red(r, red.format(v=vm) + "[:, None]", rep)
+
+    def _open_loop(self) -> _Scope:
+        """A loop over the row in RBLOCK chunks. Its lines are kept apart and
+        placed after whatever gets hoisted to the top scope meanwhile."""
+        loop = _Scope([], self.top.indent + 1, parent=self.top)
+        self.scope = self.rscope = loop
+        self.line("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+        rstatic = self.rnumel.is_Integer and int(self.rnumel) % MAX_RBLOCK_LOOPED == 0
+        if rstatic:
+            self.masks["r"] = None
+        else:
+            self.line("rmask = rindex < rnumel")
+            self.masks["r"] = "rmask"
+        return loop
+
+    def _close_loop(self, loop: _Scope, tail: Sequence[str] = ()) -> None:
+        self.scope = self.rscope = self.top
+        self.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.top.lines.extend(loop.lines)
+        self.top.lines.extend(f"{'    ' * loop.indent}{t}" for t in tail)
+
+    def _looped_pass(self, reds: Sequence[ComputeNode], fulls: Sequence[ComputeNode]) -> None:
+        accs = []
+        for r in reds:
+            rep = torch.int32 if r.reduction in ("any", "all") or r.acc_dtype == torch.bool else self.rep_dtype(r.acc_dtype)
+            self.counter += 1
+            a = f"acc{self.counter}"
+            self.line(f"{a} = tl.full([XBLOCK, RBLOCK], {_identity(r.reduction, rep)}, {TL_DTYPES[rep]})")
+            accs.append((r, a, rep))
+        loop = self._open_loop()
+        for n in fulls:
+            v = self.scope.find_value(n.name) or self.compute(n)
+            self.store(n, v, self.g.own_index(n), {"x", "r"})
+        for r, a, rep in accs:
+            v, _ = self._red_input(r)
+            _, comb = self._combine(r.reduction, rep)
+            vm = self._masked(v, _identity(r.reduction, rep))
+            self.line(f"{a} = " + comb.format(a=a, b=vm))
+        self._close_loop(loop)
+        for r, a, rep in accs:
+            red, _ = self._combine(r.reduction, rep)
+            self._finish_red(r, red.format(v=a) + "[:, None]", rep)
+
+    # -- online softmax -------------------------------------------------------
+    def _online_softmax_pairs(self) -> dict[str, ComputeNode]:
+        """{max node: sum node} where the sum reduces exp(A - max) and the max
+        reduces A (the same expression), alone in consecutive passes."""
+        g = self.g
+        out: dict[str, ComputeNode] = {}
+        reds = [n for n in g.nodes if n.is_reduction]
+        for mx in reds:
+            if mx.reduction != "max" or not mx.acc_dtype.is_floating_point:
+                continue
+            p = self.phase[mx.name]
+            for sm in reds:
+                if sm.reduction != "sum" or self.phase[sm.name] != p + 1:
+                    continue
+                same_phase = [n for n in g.nodes if self.phase[n.name] == p + 1 and g.level(n) != "outer" and n is not sm
+                              and (n.is_reduction or n.name in g.stores)]
+                if same_phase or sum(1 for n in reds if self.phase[n.name] == p) != 1:
+                    continue
+                if _is_exp_of_shifted(sm, mx, self):
+                    out[mx.name] = sm
+        return out
+
+    def _online_pass(self, mx: ComputeNode, sm: ComputeNode) -> None:
+        """One loop computing the row max M and sum(exp(A - M)) with a running
+        max m and a running sum rescaled by exp(m_old - m_new) (Milakov &
+        Gimelshein's online normalizer)."""
+        rep = self.rep_dtype(mx.acc_dtype)
+        tdt = TL_DTYPES[rep]
+        self.counter += 1
+        m, s = f"accm{self.counter}", f"accs{self.counter}"
+        self.line(f"{m} = tl.full([XBLOCK, RBLOCK], float(\"-inf\"), {tdt})")
+        self.line(f"{s} = tl.full([XBLOCK, RBLOCK], 0.0, {tdt})")
+        loop = self._open_loop()
+        a, _ = self._red_input(mx)
+        am = self.emit(self._masked(a, 'float("-inf")'), mx.acc_dtype)
+        mn = self.emit(f"_fl_maximum({m}, {am})", mx.acc_dtype)
+        # exp(-inf - -inf) is NaN: a lane that has seen only -inf keeps sum 0
+        self.line(f"{s} = tl.where({mn} == float(\"-inf\"), 0.0, {s} * tl.exp({m} - {mn}) + tl.exp({am} - {mn}))")
+        self.line(f"{m} = {mn}")
+        self._close_loop(loop)
+        self._finish_red(mx, f"tl.reduce({m}, 1, _fl_maximum)[:, None]", rep)
+        mrow = self.top.values[mx.name]
+        tot = f"tl.sum(tl.where({m} == float(\"-inf\"), 0.0, {s} * tl.exp({m} - {mrow})), 1)[:, None]"
+        self._finish_red(sm, tot, rep)
+
+    # -- the function ---------------------------------------------------------
+    def _finish(self, head: list[str]) -> TritonKernelSource:
+        name = self.g.name
+        reads = [b for b in self.reads if b not in self.writes]
+        params = [f"in_{_cname(b)}" for b in reads] + [f"out_{_cname(b)}" for b in self.writes]
+        syms = sorted(self.symbols, key=lambda s: s.name)
+        params += [s.name for s in syms] + head
+        blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
+        params += [f"{b}: tl.constexpr" for b in blocks]
+        doc = f'    """{self.kind}: {" ".join(self._describe())}"""'
+        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(self.top.lines) + "\n"
+        buffers = reads + list(self.writes)
+        nbytes = 0
+        for b in buffers:
+            spec = self.graph.buffers[b]
+            nbytes += self.graph.hint(ir.numel(spec.size)) * spec.dtype.itemsize
+        return TritonKernelSource(
+            name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms, bytes_accessed=nbytes,
+            language="python", kernel_kind=self.kind, xnumel=self.xnumel, rnumel=self.rnumel, numel_args=head,
+            column_reduction=self.column, elem_bytes=self.elem_bytes, device="cpu" if self.math.interpret else "cuda",
+            buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers])
+
+    def _describe(self) -> list[str]:
+        out = []
+        for a in self.axes:
+            out.append(f"{a.name}={ir.format_sizes([self.g.full[d] for d in a.dims])}")
+        if self.int64:
+            out.append("int64 indexing")
+        return out
+
+
+def _is_exp_of_shifted(sm: ComputeNode, mx: ComputeNode, k: TritonKernel) -> bool:
+    """Does `sm`'s body compute exp(A - M) where M loads `mx` and A is `mx`'s body?"""
+    idx = k.g.full_index(sm.full_size)
+    sym = _SymOps(mx.name, k)
+    try:
+        got = sm.body(sym, idx)
+        want = mx.body(sym, k.g.full_index(mx.full_size))
+    except Exception:  # noqa: BLE001 - any op the tracer does not model: no online pass
+        return False
+    got = _strip_casts(got)
+    if not (isinstance(got, tuple) and got[0] == "exp"):
+        return False
+    inner = _strip_casts(got[1])
+    if not (isinstance(inner, tuple) and inner[0] == "sub"):
+        return False
+    return _strip_casts(inner[1]) == _strip_casts(want) and _strip_casts(inner[2]) == ("load", mx.name)
+
+
+def _strip_casts(v: Any) -> Any:
+    while isinstance(v, tuple) and v[0] == "to_dtype":
+        v = v[1]
+    return v
+
+
+class _SymOps:
+    """An ops handler that builds expression trees (tuples) to compare bodies."""
+
+    def __init__(self, max_name: str, k: TritonKernel) -> None:
+        self.max_name = max_name
+        self.k = k
+
+    def load(self, name: str, index: Any) -> Any:
+        if name == self.max_name:
+            return ("load", name)
+        m = self.k.members.get(name)
+        if m is not None and self.k.g.level(m) == "full":  # fused producers are inlined, as in the kernel
+            return m.body(self, self.k.g.own_index(m))
+        return ("load", name, str(sympy.expand(sympy.sympify(index))))
+
+    def constant(self, value: Any, dtype: torch.dtype) -> Any:
+        return ("const", repr(value), str(dtype))
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> Any:
+        return ("index", str(expr), str(dtype))
+
+    def to_dtype(self, x: Any, dtype: torch.dtype) -> Any:
+        return ("to_dtype", x, str(dtype))
+
+    def __getattr__(self, op: str) -> Any:
+        if op.startswith("_"):
+            raise AttributeError(op)
+        return lambda *args: (op, *args)
+
+
+def _cname(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+
+
+def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:
+    """The Triton source of one kernel (a `@triton.jit` function; `library_source` adds the prelude)."""
+    return TritonKernel(group, graph, options).generate()
+
+
+def library_source(kernels: Sequence[KernelSource]) -> str:
+    """One Python module: the helper prelude, then every kernel of the graph."""
+    mode = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1")
+    return mode.prelude() + "\n\n" + "\n\n".join(k.source for k in kernels)

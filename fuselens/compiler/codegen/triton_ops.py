@@ -1,0 +1,570 @@
+"""The `ops` handler that prints Triton, and the math mapping behind it.
+
+Values are `TVal`s: a Triton expression or variable name plus the *logical*
+torch dtype the IR gave it. Arithmetic runs in a wider *representation* dtype
+where Triton needs one (Inductor's convention): bfloat16/float16 values are
+float32 in registers (loads upcast, stores round), and the IR's float64
+accumulators of float32 sums compute in float32 unless the kernel reads real
+float64 data (`TritonKernel.demote_fp64`).
+
+Math mapping. The Triton interpreter (`TRITON_INTERPRET=1`, how CI runs every
+generated kernel on CPU) implements the `tl.*` math functions but fails on every
+`libdevice.*` call. So each function has a form built from `tl.*` (exact where
+the formula is exact: floor, round-half-even, fmod, Python-style integer
+division) and, for the few where a formula loses accuracy (pow, tanh near 0,
+atan, lgamma...), the GPU build uses libdevice and the interpreter build the
+formula (`MathMode`). Both forms live in one table below so they stay in step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+TL_DTYPES = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+    torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+# Helper functions every generated module starts with. They are plain @triton.jit
+# functions of tl.* ops, so they run on the GPU and in the interpreter alike.
+PRELUDE = '''
+import triton
+import triton.language as tl
+{libdevice_import}
+
+@triton.jit
+def _fl_maximum(a, b):
+    # torch.maximum propagates NaN; PTX max.f32 (and tl.maximum's default) does not
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _fl_minimum(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _fl_imaximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _fl_iminimum(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _fl_prod(a, b):
+    return a * b
+
+
+@triton.jit
+def _fl_floordiv_int(a, b):
+    # Python floor division whatever `//` does on this target (C truncation on
+    # the GPU): correct the quotient when the remainder has the other sign
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _fl_truncdiv_int(a, b):
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
+
+
+@triton.jit
+def _fl_remainder_int(a, b):
+    return a - _fl_floordiv_int(a, b) * b
+
+
+@triton.jit
+def _fl_fmod_int(a, b):
+    return a - _fl_truncdiv_int(a, b) * b
+
+
+@triton.jit
+def _fl_trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def _fl_round(x):
+    # round half to even (torch.round / nearbyint)
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def _fl_expm1(x):
+    # Kahan's expm1: exact to a few ulp without an expm1 instruction
+    u = tl.exp(x)
+    um1 = u - 1.0
+    r = tl.where(u == 1.0, x, um1 * x / tl.log(u))
+    r = tl.where(um1 == -1.0, -1.0, r)
+    return tl.where(x > 80.0, u, r)
+
+
+@triton.jit
+def _fl_log1p(x):
+    u = 1.0 + x
+    r = tl.where(u == 1.0, x, tl.log(u) * x / (u - 1.0))
+    return tl.where(x == float("inf"), x, r)
+
+
+@triton.jit
+def _fl_tanh(x):
+    ax = tl.abs(x)
+    t = tl.exp(-2.0 * ax)
+    big = (1.0 - t) / (1.0 + t)
+    z = x * x
+    small = x * (1.0 + z * (-0.3333333333 + z * (0.1333333333 + z * (-0.0539682540 + z * 0.0218694885))))
+    r = tl.where(x < 0, -big, big)
+    return tl.where(ax < 0.25, small, r)
+
+
+@triton.jit
+def _fl_sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _fl_atan(x):
+    # Cephes atanf: range reduction to |x| <= tan(pi/8), then a degree-9 polynomial
+    ax = tl.abs(x)
+    big = ax > 2.414213562373095
+    mid = ax > 0.4142135623730950
+    y0 = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    xr = tl.where(big, -1.0 / ax, tl.where(mid, (ax - 1.0) / (ax + 1.0), ax))
+    z = xr * xr
+    p = (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * xr + xr
+    r = y0 + p
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _fl_atan2(y, x):
+    a = _fl_atan(y / x)
+    pi = 3.141592653589793
+    r = tl.where(x < 0, tl.where(y < 0, a - pi, a + pi), a)
+    r = tl.where((x == 0) & (y > 0), 0.5 * pi, r)
+    r = tl.where((x == 0) & (y < 0), -0.5 * pi, r)
+    return tl.where((x == 0) & (y == 0), tl.where(x.to(tl.int32, bitcast=True) < 0, pi, 0.0) * tl.where(y.to(tl.int32, bitcast=True) < 0, -1.0, 1.0), r)
+
+
+@triton.jit
+def _fl_asin(x):
+    return _fl_atan(x / tl.sqrt(1.0 - x * x))
+
+
+@triton.jit
+def _fl_acos(x):
+    return 1.5707963267948966 - _fl_asin(x)
+
+
+@triton.jit
+def _fl_sinh(x):
+    e = _fl_expm1(tl.abs(x))
+    r = 0.5 * (e + e / (e + 1.0))
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _fl_cosh(x):
+    e = tl.exp(tl.abs(x))
+    return 0.5 * (e + 1.0 / e)
+
+
+@triton.jit
+def _fl_asinh(x):
+    ax = tl.abs(x)
+    r = _fl_log1p(ax + ax * ax / (1.0 + tl.sqrt(1.0 + ax * ax)))
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _fl_acosh(x):
+    return tl.log(x + tl.sqrt(x * x - 1.0))
+
+
+@triton.jit
+def _fl_atanh(x):
+    return 0.5 * _fl_log1p(2.0 * x / (1.0 - x))
+
+
+@triton.jit
+def _fl_pow(a, b):
+    # a ** b from exp2/log2 with torch's special cases (negative bases with
+    # integral exponents, 0 ** negative = inf, x ** 0 = 1, 1 ** y = 1)
+    r = tl.exp2(b * tl.log2(tl.abs(a)))
+    bi = tl.floor(b)
+    isint = bi == b
+    odd = isint & ((bi - 2.0 * tl.floor(bi * 0.5)) != 0.0)
+    r = tl.where((a < 0) & odd, -r, r)
+    r = tl.where((a < 0) & (bi != b), float("nan"), r)
+    r = tl.where(b == 0, 1.0, r)
+    return tl.where(a == 1, 1.0, r)
+
+
+@triton.jit
+def _fl_pow_int(a, b):
+    # integer power by squaring (exponents < 64 bits), 0 for negative exponents
+    # except base 1 / -1 (torch raises for int ** negative; eager checks first)
+    r = tl.full(a.shape, 1, a.dtype) + 0 * b
+    base = a + 0 * b
+    e = b + 0 * a
+    for _ in range(63):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    return tl.where(b < 0, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
+'''
+
+# op -> (interpreter form, GPU form); "{x}"/"{a}"/"{b}" are the operands
+_FLOAT_UNARY: dict[str, tuple[str, str]] = {
+    "exp": ("tl.exp({x})", "tl.exp({x})"),
+    "exp2": ("tl.exp2({x})", "tl.exp2({x})"),
+    "log": ("tl.log({x})", "tl.log({x})"),
+    "log2": ("tl.log2({x})", "tl.log2({x})"),
+    "log10": ("(tl.log({x}) * 0.4342944819032518)", "libdevice.log10({x})"),
+    "sqrt": ("tl.sqrt_rn({x})", "tl.sqrt_rn({x})"),
+    "rsqrt": ("tl.rsqrt({x})", "tl.rsqrt({x})"),
+    "reciprocal": ("(1.0 / {x})", "(1.0 / {x})"),
+    "sin": ("tl.sin({x})", "tl.sin({x})"),
+    "cos": ("tl.cos({x})", "tl.cos({x})"),
+    "tan": ("(tl.sin({x}) / tl.cos({x}))", "libdevice.tan({x})"),
+    "erf": ("tl.erf({x})", "tl.erf({x})"),
+    "erfc": ("(1.0 - tl.erf({x}))", "libdevice.erfc({x})"),
+    "sigmoid": ("_fl_sigmoid({x})", "_fl_sigmoid({x})"),
+    "tanh": ("_fl_tanh({x})", "libdevice.tanh({x})"),
+    "expm1": ("_fl_expm1({x})", "libdevice.expm1({x})"),
+    "log1p": ("_fl_log1p({x})", "libdevice.log1p({x})"),
+    "atan": ("_fl_atan({x})", "libdevice.atan({x})"),
+    "asin": ("_fl_asin({x})", "libdevice.asin({x})"),
+    "acos": ("_fl_acos({x})", "libdevice.acos({x})"),
+    "sinh": ("_fl_sinh({x})", "libdevice.sinh({x})"),
+    "cosh": ("_fl_cosh({x})", "libdevice.cosh({x})"),
+    "asinh": ("_fl_asinh({x})", "libdevice.asinh({x})"),
+    "acosh": ("_fl_acosh({x})", "libdevice.acosh({x})"),
+    "atanh": ("_fl_atanh({x})", "libdevice.atanh({x})"),
+    "lgamma": ("", "libdevice.lgamma({x})"),  # no formula: interpreter builds refuse it
+    "floor": ("tl.floor({x})", "tl.floor({x})"),
+    "ceil": ("tl.ceil({x})", "tl.ceil({x})"),
+    "trunc": ("_fl_trunc({x})", "_fl_trunc({x})"),
+    "round": ("_fl_round({x})", "_fl_round({x})"),
+    "frac": ("({x} - _fl_trunc({x}))", "({x} - _fl_trunc({x}))"),
+}
+_FLOAT_BINARY: dict[str, tuple[str, str]] = {
+    "pow": ("_fl_pow({a}, {b})", "libdevice.pow({a}, {b})"),
+    "atan2": ("_fl_atan2({a}, {b})", "libdevice.atan2({a}, {b})"),
+    "hypot": ("tl.sqrt_rn({a} * {a} + {b} * {b})", "libdevice.hypot({a}, {b})"),
+    "nextafter": ("", "libdevice.nextafter({a}, {b})"),
+    "fmod": ("({a} - _fl_trunc({a} / {b}) * {b})", "libdevice.fmod({a}, {b})"),
+}
+
+
+class MathUnsupported(NotImplementedError):
+    """An op this target cannot print (the graph then runs eagerly, reported)."""
+
+
+@dataclass
+class MathMode:
+    """Which form of the math table to print: the interpreter's or the GPU's."""
+
+    interpret: bool
+
+    def unary(self, op: str) -> Optional[str]:
+        forms = _FLOAT_UNARY.get(op)
+        if forms is None:
+            return None
+        form = forms[0] if self.interpret else forms[1]
+        if not form:
+            raise MathUnsupported(f"{op} has no Triton-interpreter form")
+        return form
+
+    def binary(self, op: str) -> Optional[str]:
+        forms = _FLOAT_BINARY.get(op)
+        if forms is None:
+            return None
+        form = forms[0] if self.interpret else forms[1]
+        if not form:
+            raise MathUnsupported(f"{op} has no Triton-interpreter form")
+        return form
+
+    def prelude(self) -> str:
+        imp = "" if self.interpret else "from triton.language.extra import libdevice"
+        return PRELUDE.format(libdevice_import=imp)
+
+
+@dataclass
+class TVal:
+    """A value in generated Triton code: expression/variable and logical dtype.
+    `const` holds the Python value of a constant (lets pow(x, 2) print x*x)."""
+
+    name: str
+    dtype: torch.dtype
+    const: Any = None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def tl_const(value: Any, dtype: torch.dtype) -> str:
+    """A Python literal Triton reads as the right value (dtype comes from `tl.full`)."""
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+class TritonOps:
+    """Prints the IR's op contract (see ir.py) as Triton. Each op becomes
+    `tmpN = expr` in the kernel's current scope (with CSE); see TritonKernel."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.k = kernel
+        self.math = kernel.math
+
+    # -- dtypes
+    def rep(self, dtype: torch.dtype) -> torch.dtype:
+        return self.k.rep_dtype(dtype)
+
+    def _emit(self, expr: str, dtype: torch.dtype) -> TVal:
+        return self.k.emit(expr, dtype)
+
+    # -- memory and constants
+    def load(self, name: str, index: Any) -> TVal:
+        return self.k.load(name, index)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> TVal:
+        # a 0-d typed tensor: usable in every op (`.to`, math) and broadcast by Triton
+        return TVal(f"tl.full([], {tl_const(value, dtype)}, {TL_DTYPES[self.rep(dtype)]})", dtype, const=value)
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> TVal:
+        s, axes = self.k.index(expr)
+        if not axes:  # no block variable: a scalar, give it a dtype first
+            s = f"tl.full([], {s}, tl.int64)"
+        return self._emit(f"({s}).to({TL_DTYPES[self.rep(dtype)]})", dtype)
+
+    def to_dtype(self, x: TVal, dtype: torch.dtype) -> TVal:
+        if x.dtype == dtype:
+            return x
+        if x.const is not None and not isinstance(x.const, bool) and dtype != torch.bool:
+            v = x.const
+            if not dtype.is_floating_point:
+                v = int(v) if not (isinstance(v, float) and (math.isnan(v) or math.isinf(v))) else 0
+            return self.constant(v, dtype)
+        if dtype == torch.bool:
+            return self._emit(f"({x} != 0)", dtype)
+        if dtype in (torch.bfloat16, torch.float16) and x.dtype.is_floating_point:
+            # an explicit cast in the graph: round as eager does, keep float32 in registers
+            return self._emit(f"{x}.to({TL_DTYPES[dtype]}).to(tl.float32)", dtype)
+        src, dst = self.rep(x.dtype), self.rep(dtype)
+        if src == dst:
+            return TVal(x.name, dtype)
+        return self._emit(f"{x}.to({TL_DTYPES[dst]})", dtype)
+
+    def where(self, c: TVal, a: TVal, b: TVal) -> TVal:
+        return self._emit(f"tl.where({c}, {a}, {b})", a.dtype)
+
+    # -- unary
+    def __getattr__(self, op: str) -> Any:
+        if op.startswith("_"):
+            raise AttributeError(op)
+        form = self.math.unary(op)
+        if form is None:
+            raise AttributeError(op)
+
+        def unary(x: TVal) -> TVal:
+            if not x.dtype.is_floating_point:
+                if op in ("floor", "ceil", "round", "trunc"):
+                    return x
+                if op == "frac":
+                    return self.constant(0, x.dtype)
+                x = self.to_dtype(x, torch.float32)  # int -> float math (sqrt of an int tensor)
+            return self._emit(form.format(x=x), x.dtype)
+
+        return unary
+
+    def neg(self, x: TVal) -> TVal:
+        return self._emit(f"(-{x})", x.dtype)
+
+    def abs(self, x: TVal) -> TVal:
+        if x.dtype == torch.bool:
+            return x
+        return self._emit(f"tl.abs({x})", x.dtype)
+
+    def sign(self, x: TVal) -> TVal:
+        if x.dtype == torch.bool:
+            return x
+        if x.dtype.is_floating_point:
+            return self._emit(f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, {x}))", x.dtype)
+        return self._emit(f"(({x} > 0).to({TL_DTYPES[x.dtype]}) - ({x} < 0).to({TL_DTYPES[x.dtype]}))", x.dtype)
+
+    def relu(self, x: TVal) -> TVal:
+        return self._emit(f"tl.where({x} < 0, 0, {x})", x.dtype)
+
+    def square(self, x: TVal) -> TVal:
+        return self._emit(f"({x} * {x})", x.dtype)
+
+    def isnan(self, x: TVal) -> TVal:
+        if not x.dtype.is_floating_point:
+            return self.constant(False, torch.bool)
+        return self._emit(f"({x} != {x})", torch.bool)
+
+    def isinf(self, x: TVal) -> TVal:
+        if not x.dtype.is_floating_point:
+            return self.constant(False, torch.bool)
+        return self._emit(f"(tl.abs({x}) == float(\"inf\"))", torch.bool)
+
+    def signbit(self, x: TVal) -> TVal:
+        if not x.dtype.is_floating_point:
+            return self._emit(f"({x} < 0)", torch.bool)
+        ity = "tl.int64" if self.rep(x.dtype) == torch.float64 else "tl.int32"
+        return self._emit(f"({x}.to({ity}, bitcast=True) < 0)", torch.bool)
+
+    def logical_not(self, x: TVal) -> TVal:
+        return self._emit(f"({x} == 0)", torch.bool)
+
+    def bitwise_not(self, x: TVal) -> TVal:
+        if x.dtype == torch.bool:
+            return self._emit(f"({x} == 0)", torch.bool)
+        return self._emit(f"(~{x})", x.dtype)
+
+    # -- binary
+    def _bin(self, fmt: str, a: TVal, b: TVal, dtype: Optional[torch.dtype] = None) -> TVal:
+        return self._emit(fmt.format(a=a, b=b), dtype or a.dtype)
+
+    def add(self, a, b):  # noqa: D102 - the IR contract
+        return self._bin("({a} | {b})" if a.dtype == torch.bool else "({a} + {b})", a, b)
+
+    def sub(self, a, b):
+        return self._bin("({a} - {b})", a, b)
+
+    def mul(self, a, b):
+        return self._bin("({a} & {b})" if a.dtype == torch.bool else "({a} * {b})", a, b)
+
+    def truediv(self, a, b):
+        if not a.dtype.is_floating_point:
+            a, b = self.to_dtype(a, torch.float32), self.to_dtype(b, torch.float32)
+        return self._bin("({a} / {b})", a, b)
+
+    def floordiv(self, a, b):
+        if a.dtype.is_floating_point:
+            return self._bin("tl.floor({a} / {b})", a, b)
+        return self._bin("_fl_floordiv_int({a}, {b})", a, b)
+
+    def truncdiv(self, a, b):
+        if a.dtype.is_floating_point:
+            return self._bin("_fl_trunc({a} / {b})", a, b)
+        return self._bin("_fl_truncdiv_int({a}, {b})", a, b)
+
+    def remainder(self, a, b):
+        if a.dtype.is_floating_point:
+            return self._bin("({a} - tl.floor({a} / {b}) * {b})", a, b)
+        return self._bin("_fl_remainder_int({a}, {b})", a, b)
+
+    def fmod(self, a, b):
+        if a.dtype.is_floating_point:
+            return self._bin(self.math.binary("fmod"), a, b)
+        return self._bin("_fl_fmod_int({a}, {b})", a, b)
+
+    def pow(self, a, b):
+        if b.const is not None and not isinstance(b.const, bool) and a.dtype.is_floating_point:
+            e = float(b.const)
+            if e == 2.0:
+                return self._bin("({a} * {a})", a, b)
+            if e == 3.0:
+                return self._bin("({a} * {a} * {a})", a, b)
+            if e == 1.0:
+                return a
+            if e == 0.5:
+                return self._emit(f"tl.sqrt_rn({a})", a.dtype)
+            if e == -0.5:
+                return self._emit(f"tl.rsqrt({a})", a.dtype)
+            if e == -1.0:
+                return self._emit(f"(1.0 / {a})", a.dtype)
+        if not a.dtype.is_floating_point:
+            return self._bin("_fl_pow_int({a}, {b})", a, b)
+        return self._bin(self.math.binary("pow"), a, b)
+
+    def maximum(self, a, b):
+        return self._bin("_fl_maximum({a}, {b})" if a.dtype.is_floating_point else "_fl_imaximum({a}, {b})", a, b)
+
+    def minimum(self, a, b):
+        return self._bin("_fl_minimum({a}, {b})" if a.dtype.is_floating_point else "_fl_iminimum({a}, {b})", a, b)
+
+    def fmax(self, a, b):
+        return self._bin("tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, tl.maximum({a}, {b})))", a, b)
+
+    def fmin(self, a, b):
+        return self._bin("tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, tl.minimum({a}, {b})))", a, b)
+
+    def atan2(self, a, b):
+        return self._bin(self.math.binary("atan2"), a, b)
+
+    def hypot(self, a, b):
+        return self._bin(self.math.binary("hypot"), a, b)
+
+    def nextafter(self, a, b):
+        return self._bin(self.math.binary("nextafter"), a, b)
+
+    def copysign(self, a, b):
+        sb = self.signbit(b)
+        return self._emit(f"tl.where({sb}, -tl.abs({a}), tl.abs({a}))", a.dtype)
+
+    def eq(self, a, b):
+        return self._bin("({a} == {b})", a, b, torch.bool)
+
+    def ne(self, a, b):
+        return self._bin("({a} != {b})", a, b, torch.bool)
+
+    def lt(self, a, b):
+        return self._bin("({a} < {b})", a, b, torch.bool)
+
+    def le(self, a, b):
+        return self._bin("({a} <= {b})", a, b, torch.bool)
+
+    def gt(self, a, b):
+        return self._bin("({a} > {b})", a, b, torch.bool)
+
+    def ge(self, a, b):
+        return self._bin("({a} >= {b})", a, b, torch.bool)
+
+    def logical_and(self, a, b):
+        return self._bin("(({a} != 0) & ({b} != 0))", a, b, torch.bool)
+
+    def logical_or(self, a, b):
+        return self._bin("(({a} != 0) | ({b} != 0))", a, b, torch.bool)
+
+    def logical_xor(self, a, b):
+        return self._bin("(({a} != 0) ^ ({b} != 0))", a, b, torch.bool)
+
+    def bitwise_and(self, a, b):
+        return self._bin("({a} & {b})", a, b)
+
+    def bitwise_or(self, a, b):
+        return self._bin("({a} | {b})", a, b)
+
+    def bitwise_xor(self, a, b):
+        return self._bin("({a} ^ {b})", a, b)
+
+    def lshift(self, a, b):
+        return self._bin("({a} << {b})", a, b)
+
+    def rshift(self, a, b):
+        return self._bin("({a} >> {b})", a, b)

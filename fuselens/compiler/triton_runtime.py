@@ -1,0 +1,540 @@
+"""Running generated Triton kernels: module build, launchers, launch heuristics,
+autotuning cached on disk, per-kernel device timing and CUDA graphs.
+
+* `build_module` writes a graph's Triton source (`codegen/triton.py`) to
+  `<cache_dir>/triton/<sha256>.py` (Triton's JIT needs a real file to read the
+  source back) and imports it; each kernel gets a `Launcher`, which the runtime
+  plan calls with the kernel's tensors and size symbols (`takes_tensors`).
+* Launch configuration: `heuristic_config` picks block sizes and warps from the
+  kernel kind and sizes. With option `autotune`, the first launch of each size
+  class (power-of-two buckets of the block axes) times `candidate_configs` with
+  CUDA events and keeps the fastest; the choice is cached on disk under
+  `<cache_dir>/triton_autotune/<sha256 of the kernel source>.json`, so the next
+  process skips the tuning.
+* Option `time_kernels` on CUDA brackets every launch with CUDA events; totals
+  stream as `KernelTiming` events from a `sink` flusher (synchronizing only at
+  flush). In the interpreter (CPU) the host clock times the synchronous launch.
+* Option `cuda_graphs` (CUDA only) wraps the compiled graph: the first call per
+  input signature runs normally (compiling and tuning kernels) and captures one
+  CUDA graph; later calls copy the inputs into the graph's static buffers and
+  replay it. The copies are a kernel of their own in the report
+  (`cudagraph_input_copies`); parameters are not copied (their address is
+  stable; a moved parameter re-captures). Outputs live in the graph's memory
+  pool and are overwritten by the next replay, as with Inductor's CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from fuselens.compiler.runtime import pyexpr
+
+_modules: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes (constexpr arguments) and warps of one launch."""
+
+    xblock: int
+    rblock: int = 1  # RBLOCK of reductions, YBLOCK of 2-D pointwise tiles
+    num_warps: int = 4
+
+    def constexprs(self, kind: str) -> dict:
+        if kind == "pointwise":
+            return {"XBLOCK": self.xblock}
+        if kind == "pointwise2d":
+            return {"XBLOCK": self.xblock, "YBLOCK": self.rblock}
+        return {"XBLOCK": self.xblock, "RBLOCK": self.rblock}
+
+    def to_json(self) -> dict:
+        return {"xblock": self.xblock, "rblock": self.rblock, "num_warps": self.num_warps}
+
+
+def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
+    """Block sizes for a kernel at these sizes (no measurement). Targets ~8-16
+    elements per thread on memory-bound kernels so each thread issues 16-byte
+    vector accesses and the SMs keep enough bytes in flight."""
+    from fuselens.compiler.codegen import triton as tg
+
+    kind = ks.kernel_kind
+    if kind == "pointwise":
+        # 1024 fp32 (2048 bf16) elements per program: two 16-byte accesses per thread and buffer
+        xb = min(1024 * max(1, 4 // max(1, ks.elem_bytes)), _next_pow2(xnumel))
+        xb = max(xb, 32)
+        return LaunchConfig(xb, 1, max(1, min(4, xb // 256)))
+    if kind == "pointwise2d":
+        return LaunchConfig(min(32, _next_pow2(xnumel)), min(32, _next_pow2(rnumel)), 4)
+    if kind == "persistent_reduction":
+        rb = _next_pow2(max(rnumel, 1))
+        if ks.column_reduction:
+            xb = min(tg.MAX_XBLOCK_REDUCTION, max(1, 4096 // rb))
+        elif rb >= 1024:
+            xb = 1
+        else:
+            xb = min(tg.MAX_XBLOCK_REDUCTION, max(1, 1024 // rb))
+        xb = min(xb, _next_pow2(xnumel))
+        per_prog = xb * rb
+        warps = max(1, min(16, per_prog // 512)) if rb >= 1024 else max(1, min(8, per_prog // 256))
+        return LaunchConfig(xb, rb, _pow2_floor(warps))
+    # looped reduction
+    if ks.column_reduction:
+        return LaunchConfig(min(64, _next_pow2(xnumel)), 64, 8)
+    rb = min(tg.MAX_RBLOCK_LOOPED, 2048 if ks.elem_bytes <= 4 else 1024)
+    return LaunchConfig(1, rb, 8)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def candidate_configs(ks: Any, xnumel: int, rnumel: int) -> list[LaunchConfig]:
+    """The small set autotuning measures (the heuristic's choice first)."""
+    from fuselens.compiler.codegen import triton as tg
+
+    kind = ks.kernel_kind
+    out = [heuristic_config(ks, xnumel, rnumel)]
+    if kind == "pointwise":
+        for xb, w in ((512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+            if xb <= max(32, _next_pow2(xnumel)):
+                out.append(LaunchConfig(xb, 1, w))
+    elif kind == "pointwise2d":
+        for xb, yb, w in ((32, 32, 4), (64, 64, 8), (64, 32, 4), (32, 64, 4), (16, 64, 4)):
+            out.append(LaunchConfig(min(xb, _next_pow2(xnumel)), min(yb, _next_pow2(rnumel)), w))
+    elif kind == "persistent_reduction":
+        rb = _next_pow2(max(rnumel, 1))
+        for xb in (1, 2, 4, 8, 16, 32, 64):
+            if xb > _next_pow2(xnumel) or xb * rb > 16384:
+                continue
+            for w in (4, 8, 16):
+                if xb * rb >= w * 32 * 4:  # at least 4 elements (one 16-byte access) per thread
+                    out.append(LaunchConfig(xb, rb, w))
+    else:
+        for xb, rb, w in ((1, 2048, 8), (1, 1024, 4), (1, 2048, 16), (2, 1024, 8), (4, 512, 8),
+                          (64, 64, 8), (32, 128, 8), (16, 256, 8)):
+            if rb <= tg.MAX_RBLOCK_LOOPED and xb <= max(1, _next_pow2(xnumel)):
+                out.append(LaunchConfig(xb, rb, w))
+    seen: list[LaunchConfig] = []
+    for c in out:
+        if c not in seen:
+            seen.append(c)
+    return seen[:8]  # each candidate is one more compile: keep the set small
+
+
+def size_class(xnumel: int, rnumel: int) -> str:
+    """Autotune results are shared by sizes in the same power-of-two buckets."""
+    return f"{_next_pow2(xnumel)}x{_next_pow2(rnumel)}"
+
+
+def _autotune_path(cache_dir: str, source: str) -> str:
+    key = hashlib.sha256(source.encode()).hexdigest()[:40]
+    return os.path.join(cache_dir, "triton_autotune", f"{key}.json")
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def cuda_event_timer(run: Callable[[], None], reps: int = 10) -> float:
+    """Median-free mean device time of `run` in ms (3 warm-up launches)."""
+    for _ in range(3):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+class Launcher:
+    """Calls one generated kernel: computes the grid from the size symbols,
+    picks (or tunes) the launch configuration, optionally times the launch."""
+
+    takes_tensors = True  # the runtime hands us tensors, not raw pointers
+
+    def __init__(self, ks: Any, fn: Any, options: Any, source: str) -> None:
+        self.ks = ks
+        self.name = ks.name
+        self.fn = fn
+        self.kind = ks.kernel_kind
+        self.nbuf = len(ks.buffers)
+        self.autotune = bool(getattr(options, "autotune", False))
+        self.timing = bool(getattr(options, "time_kernels", False))
+        self.cache_dir = options.resolved_cache_dir()
+        self.source = source
+        self.configs: dict[str, LaunchConfig] = {}
+        self.timer: Callable[[Callable[[], None]], float] = cuda_event_timer
+        names = [s.name for s in ks.symbols]
+        src = f"def _numels({', '.join(names)}):\n    return ({pyexpr(ks.xnumel)}, {pyexpr(ks.rnumel)})\n"
+        ns: dict[str, Any] = {}
+        exec(src, ns)  # noqa: S102 - our own printed size arithmetic
+        self._numels = ns["_numels"]
+        self.stats_calls = 0
+        self.stats_us = 0.0
+        self.pending: list[tuple[Any, Any]] = []
+        self.graph_id = ""
+        if self.autotune:
+            self._load_tuned()
+
+    # -- configuration
+    def _load_tuned(self) -> None:
+        path = _autotune_path(self.cache_dir, self.source)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            for k, v in data.items():
+                self.configs[k] = LaunchConfig(int(v["xblock"]), int(v["rblock"]), int(v["num_warps"]))
+        except (OSError, ValueError, KeyError):
+            pass
+
+    def config_for(self, xn: int, rn: int, args: Sequence[Any]) -> LaunchConfig:
+        key = size_class(xn, rn)
+        cfg = self.configs.get(key)
+        if cfg is not None:
+            return cfg
+        cfg = heuristic_config(self.ks, xn, rn)
+        tensors = [a for a in args[: self.nbuf] if isinstance(a, torch.Tensor)]
+        on_gpu = bool(tensors) and tensors[0].device.type == "cuda"
+        if self.autotune and (on_gpu or self.timer is not cuda_event_timer):
+            cfg = self._tune(xn, rn, args)
+            self.configs[key] = cfg
+            path = _autotune_path(self.cache_dir, self.source)
+            _write_json_atomic(path, {k: v.to_json() for k, v in self.configs.items()})
+        else:
+            self.configs[key] = cfg
+        return cfg
+
+    def _tune(self, xn: int, rn: int, args: Sequence[Any]) -> LaunchConfig:
+        best, best_t = None, float("inf")
+        for cfg in candidate_configs(self.ks, xn, rn):
+            try:
+                t = self.timer(lambda c=cfg: self._launch(c, xn, rn, args))
+            except Exception:  # noqa: BLE001 - a config that does not compile (too many registers) is skipped
+                continue
+            if t < best_t:
+                best, best_t = cfg, t
+        return best or heuristic_config(self.ks, xn, rn)
+
+    def grid(self, cfg: LaunchConfig, xn: int, rn: int) -> tuple[int]:
+        gx = -(-xn // cfg.xblock)
+        if self.kind == "pointwise2d":
+            return (gx * -(-rn // cfg.rblock),)
+        return (gx,)
+
+    def _launch(self, cfg: LaunchConfig, xn: int, rn: int, args: Sequence[Any]) -> None:
+        extra = [xn if a == "xnumel" else rn for a in self.ks.numel_args]
+        self.fn[self.grid(cfg, xn, rn)](*args, *extra, num_warps=cfg.num_warps, **cfg.constexprs(self.kind))
+
+    # -- the call the runtime makes
+    def __call__(self, *args: Any) -> None:
+        xn, rn = self._numels(*args[self.nbuf:])
+        xn, rn = int(xn), int(rn)
+        if xn <= 0 or (self.kind == "pointwise2d" and rn <= 0):
+            return
+        cfg = self.config_for(xn, rn, args)
+        if not self.timing:
+            self._launch(cfg, xn, rn, args)
+            return
+        dev = next((a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor)), None)
+        if dev is not None and dev.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            self._launch(cfg, xn, rn, args)
+            e.record()
+            with _timing_lock:
+                self.pending.append((s, e))
+        else:
+            t0 = time.perf_counter()
+            self._launch(cfg, xn, rn, args)
+            with _timing_lock:
+                self.stats_calls += 1
+                self.stats_us += (time.perf_counter() - t0) * 1e6
+
+
+class TritonLibrary:
+    """The launchers of one graph's module, by kernel name (what plan.py
+    fetches with getattr, like a ctypes library)."""
+
+    def __init__(self, module: Any, launchers: dict[str, Launcher], path: str) -> None:
+        self.module = module
+        self.path = path
+        self.launchers = launchers
+        for name, la in launchers.items():
+            setattr(self, name, la)
+
+
+def module_path(source: str, options: Any) -> str:
+    key = hashlib.sha256(source.encode()).hexdigest()
+    return os.path.join(options.resolved_cache_dir(), "triton", f"fl_{key[:40]}.py")
+
+
+def build_module(kernels: Sequence[Any], source: str, options: Any) -> TritonLibrary:
+    """Write (once, atomically) and import a graph's Triton module."""
+    path = module_path(source, options)
+    with _lock:
+        mod = _modules.get(path)
+        if mod is None:
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".py.tmp")
+                with os.fdopen(fd, "w") as f:
+                    f.write(source)
+                os.replace(tmp, path)
+            name = os.path.basename(path)[:-3]
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod  # Triton resolves helper functions through the module's globals
+            spec.loader.exec_module(mod)
+            _modules[path] = mod
+    launchers = {}
+    for ks in kernels:
+        launchers[ks.name] = Launcher(ks, getattr(mod, ks.name), options, ks.source)
+    lib = TritonLibrary(mod, launchers, path)
+    precompile(lib, options)
+    return lib
+
+
+def precompile(lib: TritonLibrary, options: Any) -> int:
+    """Compile the static-shape kernels of a graph now, in parallel threads
+    (ptxas runs as a subprocess, so threads overlap), instead of one by one at
+    their first launch. Uses the heuristic configuration the first launch will
+    pick (kernels with size arguments or under autotuning compile at launch).
+    Returns the number of kernels compiled."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or getattr(options, "autotune", False):
+        return 0
+    if not torch.cuda.is_available():
+        return 0
+    jobs = []
+    for la in lib.launchers.values():
+        ks = la.ks
+        if ks.symbols or ks.numel_args or not ks.buffer_dtypes:
+            continue
+        xn, rn = int(ks.xnumel), int(ks.rnumel)
+        if xn <= 0:
+            continue
+        cfg = heuristic_config(ks, xn, rn)
+        jobs.append((la, cfg))
+
+    def one(job: tuple) -> None:
+        la, cfg = job
+        try:
+            la.fn.warmup(*la.ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps, **cfg.constexprs(la.kind))
+        except Exception:  # noqa: BLE001 - the real launch compiles again and reports the error
+            pass
+
+    if len(jobs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(8, len(jobs))) as ex:
+            list(ex.map(one, jobs))
+    elif jobs:
+        one(jobs[0])
+    return len(jobs)
+
+
+# -- kernel timing ---------------------------------------------------------------
+_timing_lock = threading.Lock()
+_timed: list[tuple[str, Launcher, list]] = []  # (graph_id, launcher, [calls, us] flushed so far)
+_flusher_registered = False
+
+
+def register_timing(graph_id: str, lib: TritonLibrary) -> None:
+    """Let `sink.flush()` emit KernelTiming events for this graph's kernels."""
+    global _flusher_registered
+    from fuselens import sink
+
+    with _timing_lock:
+        for la in lib.launchers.values():
+            la.graph_id = graph_id
+            _timed.append((graph_id, la, [0, 0.0]))
+        if not _flusher_registered:
+            sink.add_flusher(flush_timings)
+            _flusher_registered = True
+
+
+def register_extra_timer(graph_id: str, name: str) -> "ExtraTimer":
+    t = ExtraTimer(name)
+    with _timing_lock:
+        _timed.append((graph_id, t, [0, 0.0]))  # type: ignore[arg-type]
+    return t
+
+
+class ExtraTimer:
+    """Device time of work that is not one of our kernels (CUDA-graph input copies, replays)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stats_calls = 0
+        self.stats_us = 0.0
+        self.pending: list[tuple[Any, Any]] = []
+
+
+def flush_timings() -> None:
+    """Resolve pending CUDA events into totals; emit the deltas since the last flush."""
+    from fuselens import sink
+    from fuselens.events import KernelTiming
+
+    with _timing_lock:
+        entries = list(_timed)
+    for graph_id, la, last in entries:
+        with _timing_lock:
+            pending, la.pending = la.pending, []
+        for s, e in pending:
+            e.synchronize()
+            la.stats_calls += 1
+            la.stats_us += s.elapsed_time(e) * 1000.0
+        if la.stats_calls > last[0]:
+            sink.emit(KernelTiming(name=la.name, graph_id=graph_id, calls=la.stats_calls - last[0],
+                                   total_time_us=la.stats_us - last[1]))
+            last[0], last[1] = la.stats_calls, la.stats_us
+
+
+# -- CUDA graphs -----------------------------------------------------------------
+class CudaGraphRunner:
+    """Replays a captured CUDA graph of a compiled graph (see the module docstring)."""
+
+    _boxed_call = True
+
+    def __init__(self, runner: Any, graph_id: str, timing: bool) -> None:
+        self.runner = runner
+        self.graph_id = graph_id
+        self.timing = None  # the runtime's host-clock stats: not used on this path
+        self.graphs: dict[tuple, Any] = {}
+        self.copy_timer = register_extra_timer(graph_id, "cudagraph_input_copies") if timing else None
+        self.replay_timer = register_extra_timer(graph_id, "cudagraph_replay") if timing else None
+        self.reported = False
+
+    @staticmethod
+    def _key(args: Sequence[Any]) -> tuple:
+        return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("v", a)
+                     for a in args)
+
+    def __call__(self, args: list) -> Any:
+        key = self._key(args)
+        ent = self.graphs.get(key)
+        if ent is not None:
+            static, params, graph, outs = ent
+            if any(args[i].data_ptr() != static[i].data_ptr() for i in params):
+                ent = None  # a parameter moved: capture again
+        if ent is None:
+            inputs = list(args)
+            out = self.runner(list(args))  # warm-up: compiles and tunes kernels outside the capture
+            args.clear()
+            torch.cuda.synchronize()
+            self.graphs[key] = self._capture(inputs)
+            return out
+        static, params, graph, outs = ent
+        t0 = self._start(self.copy_timer)
+        for i, (s, a) in enumerate(zip(static, args)):
+            if isinstance(a, torch.Tensor) and i not in params:
+                s.copy_(a)
+        self._stop(self.copy_timer, t0)
+        args.clear()
+        t1 = self._start(self.replay_timer)
+        graph.replay()
+        self._stop(self.replay_timer, t1)
+        return list(outs)
+
+    def _capture(self, inputs: list) -> tuple:
+        static, params = [], set()
+        nbytes = 0
+        for i, a in enumerate(inputs):
+            if isinstance(a, torch.nn.Parameter):
+                static.append(a)
+                params.add(i)
+            elif isinstance(a, torch.Tensor):
+                s = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                s.copy_(a)
+                static.append(s)
+                nbytes += a.untyped_storage().nbytes()
+            else:
+                static.append(a)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # one more warm-up on the capture stream (allocator state)
+            self.runner(list(static))
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            outs = self.runner(list(static))
+        if not self.reported:
+            self._report(len(inputs) - len(params), nbytes)
+        return static, params, graph, outs
+
+    def _report(self, n: int, nbytes: int) -> None:
+        from fuselens import sink
+        from fuselens.events import Kernel
+
+        self.reported = True
+        sink.emit(Kernel(name="cudagraph_input_copies", kind="extern", graph_id=self.graph_id, ops=["aten.copy_"],
+                         source=f"copy_ of {n} graph inputs ({nbytes} bytes) into the CUDA graph's static buffers "
+                                "before each replay (parameters are replayed in place)",
+                         language="", bytes_accessed=2 * nbytes, device="cuda"))
+
+    @staticmethod
+    def _start(timer: Optional[ExtraTimer]) -> Any:
+        if timer is None:
+            return None
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    @staticmethod
+    def _stop(timer: Optional[ExtraTimer], start: Any) -> None:
+        if timer is None:
+            return
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        with _timing_lock:
+            timer.pending.append((start, e))
+
+
+def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: str,
+             example_inputs: Sequence[Any]) -> tuple[Any, list]:
+    """Attach the Triton parts to a compiled graph's runner: the device outputs
+    are allocated on, device timing, and the optional CUDA-graph wrapper.
+    Returns (callable, extra events)."""
+    device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor)), None)
+    runner.device = device if device is not None and device.type == "cuda" else None
+    timing = bool(options.time_kernels)
+    on_cuda = device is not None and device.type == "cuda"
+    if lib is not None and timing and not (on_cuda and options.cuda_graphs):
+        register_timing(graph_id, lib)
+    if on_cuda and options.cuda_graphs:
+        return CudaGraphRunner(runner, graph_id, timing), []
+    return runner, []
+
+
+def resolve_target(target: str, example_inputs: Sequence[Any]) -> str:
+    """cpp | triton for option `target` and these inputs (see codegen.resolve_target)."""
+    on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in example_inputs)
+    if target == "auto":
+        return "triton" if on_cuda else "cpp"
+    if target == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("option target='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the "
+                           "kernels in Triton's CPU interpreter)")
+    if target == "cpp" and on_cuda:
+        raise RuntimeError("option target='cpp' cannot run on CUDA tensors; use target='triton' or 'auto'")
+    return target
