@@ -95,6 +95,9 @@ class Recompile:
     dtype_changes: list[str] = field(default_factory=list)
     fix: str = ""  # the fix to consider, one sentence
     hit_limit: bool = False  # recompile_limit reached, Dynamo gave up and runs eager
+    # The user line that called the compiled function when this recompile
+    # happened (where a mark_dynamic call would go); None when unknown.
+    call_site: Optional[SourceLocation] = None
 
 
 @dataclass
@@ -184,6 +187,9 @@ class PhaseTime:
     phase: str  # "dynamo", "aot", "lowering", "scheduling", "codegen", "cpp_compile", ...
     seconds: float
     compile_id: str = ""
+    # The phase this one lies inside ("backend" for "inductor", "inductor" for
+    # "codegen"); "" for the top-level, non-overlapping "dynamo" and "backend".
+    parent: str = ""
 
 
 @dataclass

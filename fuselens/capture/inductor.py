@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from fuselens.capture import frames as fr
+from fuselens.capture.inductor_fusion import fusion_decisions
 from fuselens.capture.tracetext import _FRAME_RE
 from fuselens.events import Kernel, KernelTiming, SourceLocation
 
@@ -34,6 +35,13 @@ _DEF_RE = re.compile(
 )
 _POST_NODE_RE = re.compile(r"^\s*(?P<name>\w+)(?::\s*\"[^\"]*\")?\s*=\s*torch\.ops\.(?P<target>[\w.]+)\(", re.M)
 _NAME_OPS_RE = re.compile(r"^(?:cpp|triton)_(?:[a-z]+_)?fused_(?P<ops>.+?)_\d+$")
+# With `cpp.enable_kernel_profile` a cpp kernel records itself under this name
+# (`graph_3_cpp_fused_add_0`: Inductor's graph counter makes it unique per graph).
+_PROFILE_NAME_RE = re.compile(r'RAIIAtenRecordFunctionHandle\s+\w+\("(?P<name>[^"]+)"')
+# With `profiler_mark_wrapper_call` the whole call of one Inductor graph is a
+# profiler range of this name: every kernel and library call inside it
+# belongs to that graph (the only way to tell graphs apart for externs).
+_WRAPPER_RE = re.compile(r"graph_\d+_inductor_wrapper_call")
 
 
 @dataclass
@@ -43,6 +51,7 @@ class _Segment:
     code_to_post: dict[str, list[str]] = field(default_factory=dict)
     post_to_pre: dict[str, list[str]] = field(default_factory=dict)
     stack_traces: dict[str, list[str]] = field(default_factory=dict)
+    refusals: list[Any] = field(default_factory=list)  # inductor_fusion.Refusal, scheduled before this code
 
 
 def kernel_sources(code: str) -> dict[str, tuple[str, str]]:
@@ -72,18 +81,25 @@ class InductorKernels:
         self._segments: dict[str, list[_Segment]] = {}
         self._pending_post: dict[str, dict[str, str]] = {}
         self._kernels: dict[tuple[str, str], Kernel] = {}  # (graph_id, name) -> emitted
+        self._profile_names: dict[str, tuple[str, str]] = {}  # profiler name -> (graph_id, kernel)
+        self._wrappers: dict[str, str] = {}  # "graph_3_inductor_wrapper_call" -> graph_id
+        self.fusion_log: Optional[Any] = None  # inductor_fusion.FusionLog, set by the worker
         self.time_kernels = False
 
     def reset_run(self, time_kernels: bool) -> None:
         self._segments.clear()
         self._pending_post.clear()
         self._kernels.clear()
+        self._profile_names.clear()
+        self._wrappers.clear()
         self.time_kernels = time_kernels
 
     # trace records ----------------------------------------------------------
     def on_record(self, cid: str, meta: dict, payload: Optional[str]) -> None:
         if "inductor_output_code" in meta:
             seg = _Segment(code=payload or "", post_targets=self._pending_post.pop(cid, {}))
+            if self.fusion_log is not None:
+                seg.refusals = self.fusion_log.take(cid)
             self._segments.setdefault(cid, []).append(seg)
             return
         artifact = meta.get("artifact")
@@ -118,6 +134,14 @@ class InductorKernels:
             for kernel in kernels:
                 self._kernels[(graph_id, kernel.name)] = kernel
                 self._emit(kernel)
+                m = _PROFILE_NAME_RE.search(kernel.source)
+                if m:
+                    self._profile_names[m.group("name")] = (graph_id, kernel.name)
+            wrapper = _WRAPPER_RE.search(seg.code)
+            if wrapper:
+                self._wrappers[wrapper.group(0)] = graph_id
+            for decision in fusion_decisions(seg, kernels, graph_id):
+                self._emit(decision)
             if index == 0 and kernels:
                 self._capture.mark_kernels(cid, {n: k.name for k in kernels for n in k.nodes})
 
@@ -180,22 +204,51 @@ class InductorKernels:
                 self._attribute(prof)
 
     def _attribute(self, prof: Any) -> None:
+        """Profiler events -> KernelTiming per (graph_id, kernel).
+
+        A kernel is found by its profile name (cpp kernels, unique per
+        Inductor graph), else by the graph whose wrapper range encloses the
+        event (library calls: `aten::addmm` is `extern_kernels.addmm`), else
+        by its bare name when only one graph has it (Triton device events)."""
         self.flush()
+        by_graph: dict[str, dict[str, Kernel]] = {}
         by_name: dict[str, list[Kernel]] = {}
         for kernel in self._kernels.values():
+            by_graph.setdefault(kernel.graph_id, {})[kernel.name] = kernel
             by_name.setdefault(kernel.name, []).append(kernel)
-        for avg in prof.key_averages():
-            # cpp kernels are recorded under their name, possibly prefixed
-            # with the graph's (`graph_0_cpp_fused_..._0`).
-            kernels = by_name.get(avg.key) or next(
-                (ks for name, ks in by_name.items() if not name.startswith("extern") and avg.key.endswith(name)), None
-            )
-            if not kernels:
+        totals: dict[tuple[str, str], list[float]] = {}
+        for event in prof.events():
+            key = self._kernel_of_event(event, by_graph, by_name)
+            if key is None:
                 continue
-            device_us = getattr(avg, "device_time_total", 0.0) or getattr(avg, "cuda_time_total", 0.0) or 0.0
-            total = float(device_us or avg.cpu_time_total)
-            kernel = kernels[0]  # same name in several graphs: the first one
-            self._emit(KernelTiming(kernel.name, kernel.graph_id, int(avg.count), total))
+            device_us = getattr(event, "device_time_total", 0.0) or 0.0
+            total = totals.setdefault(key, [0, 0.0])
+            total[0] += 1
+            total[1] += float(device_us or event.cpu_time_total)
+        for (graph_id, name), (calls, us) in totals.items():
+            self._emit(KernelTiming(name, graph_id, int(calls), us))
+
+    def _kernel_of_event(
+        self, event: Any, by_graph: dict[str, dict[str, Kernel]], by_name: dict[str, list[Kernel]]
+    ) -> Optional[tuple[str, str]]:
+        name = event.name
+        if name in self._profile_names:
+            return self._profile_names[name]
+        parent = getattr(event, "cpu_parent", None)
+        graph_id = self._wrappers.get(getattr(parent, "name", ""))
+        if graph_id is not None:  # a direct child of one graph's wrapper call
+            kernels = by_graph.get(graph_id, {})
+            if name in kernels:
+                return graph_id, name
+            if name.startswith("aten::") and f"extern_kernels.{name[6:]}" in kernels:
+                return graph_id, f"extern_kernels.{name[6:]}"
+            return None
+        if self._wrappers and parent is not None:
+            return None  # nested inside something else: counted at its own level
+        kernels = by_name.get(name) or []
+        if len(kernels) == 1 and not name.startswith("extern"):
+            return kernels[0].graph_id, name
+        return None
 
 
 def _extern_call(code: str, name: str) -> str:

@@ -12,6 +12,7 @@ import linecache
 import os
 import runpy
 import sys
+import tokenize
 import types
 from typing import Any
 
@@ -30,6 +31,7 @@ def run_target(target: Target) -> None:
         if target.kind == "script":
             sys.argv = [target.value] + list(target.args)
             sys.path[0:1] = [os.path.dirname(target.value)]
+            check_source_encoding(target.value)
             runpy.run_path(target.value, run_name="__main__")
         elif target.kind == "module":
             sys.argv = [target.value] + list(target.args)
@@ -49,6 +51,41 @@ def run_target(target: Target) -> None:
         except OSError:
             pass
         _forget_user_modules(saved_modules)
+
+
+def check_source_encoding(path: str) -> None:
+    """Raise the SyntaxError `python script.py` raises for a file that is not
+    valid in its declared encoding (UTF-8 without a coding line).
+
+    runpy compiles the file's bytes leniently and would run a latin-1 script
+    that CPython refuses; the report must say what `python` would say."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return  # runpy reports a missing or unreadable file itself
+    lines = iter(data.splitlines(keepends=True))
+    try:
+        encoding, _ = tokenize.detect_encoding(lambda: next(lines, b""))
+    except SyntaxError as exc:
+        if "unknown encoding" in str(exc.msg):  # a coding line naming no codec
+            raise SyntaxError(str(exc.msg), (path, 1, 0, None)) from None
+        encoding = "utf-8"  # the first lines are not UTF-8 and declare nothing
+    try:
+        data.decode(encoding)
+        return
+    except UnicodeDecodeError as exc:
+        bad = exc
+    line = data.count(b"\n", 0, bad.start) + 1
+    if encoding == "utf-8" and not data.startswith(b"\xef\xbb\xbf"):
+        # CPython's tokenizer words it this way when no coding line is given.
+        message = (
+            f"Non-UTF-8 code starting with '\\x{data[bad.start]:02x}' in file {path} on line {line}, "
+            "but no encoding declared; see https://peps.python.org/pep-0263/ for details"
+        )
+    else:
+        message = f"(unicode error) {bad}"
+    raise SyntaxError(message, (path, line, 0, None))
 
 
 def _run_notebook(path: str) -> None:

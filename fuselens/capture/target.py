@@ -32,12 +32,15 @@ class Target:
     value: as above; script and notebook paths are made absolute.
     args:  the program's own arguments (its sys.argv[1:]).
     cwd:   working directory of the program (default: the caller's cwd).
+    shown: the target as the user wrote it (`examples/demo.py`); `label()`
+           returns it, so reports name the program the way it was given.
     """
 
     kind: TargetKind
     value: str
     args: list[str] = field(default_factory=list)
     cwd: Optional[str] = None
+    shown: str = ""
 
     @classmethod
     def from_cli(cls, argv: list[str], cwd: Optional[str] = None) -> "Target":
@@ -72,21 +75,25 @@ class Target:
             raise TargetError(f"{head}: is a directory, not a Python script or notebook")
         if path.endswith(".ipynb"):
             _check_notebook(path, head)
-            return cls("notebook", os.path.abspath(path), rest, base)
+            return cls("notebook", os.path.abspath(path), rest, base, head)
         if not path.endswith((".py", ".pyw")) and not _looks_like_python(path):
             raise TargetError(f"{head}: not a Python script (.py) or notebook (.ipynb)")
-        return cls("script", os.path.abspath(path), rest, base)
+        return cls("script", os.path.abspath(path), rest, base, head)
 
     def label(self) -> str:
-        """How the user would write it: `-m pkg.mod` or the path."""
-        return f"-m {self.value}" if self.kind == "module" else self.value
+        """How the user wrote it: `-m pkg.mod` or the path as given."""
+        if self.kind == "module":
+            return f"-m {self.value}"
+        return self.shown or self.value
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Target":
-        return cls(data["kind"], data["value"], list(data.get("args") or []), data.get("cwd"))
+        return cls(
+            data["kind"], data["value"], list(data.get("args") or []), data.get("cwd"), str(data.get("shown") or "")
+        )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -41,6 +42,7 @@ class _Pending:
     whitelist: set[str] = field(default_factory=set)  # inputs pgo marked dynamic
     specializations: list[str] = field(default_factory=list)
     start: Optional[tuple[str, int, str]] = None  # innermost frame of dynamo_start
+    call_site: Optional[SourceLocation] = None  # the user line calling the compiled code
 
 
 def _compile_id(meta: dict) -> str:
@@ -131,7 +133,10 @@ class TraceHandler(logging.Handler):
             inner = stack[-1]
             frame = (self._filename(inner.get("filename")), int(inner.get("line") or 0), str(inner.get("name", "")))
             self.frames_by_compile[cid] = frame
-            self._pending.setdefault(cid, _Pending()).start = frame
+            pending = self._pending.setdefault(cid, _Pending())
+            pending.start = frame
+            if not cid.endswith("/0"):  # a recompile: remember who called
+                pending.call_site = _call_site(frame)
 
     def _on_graph_break(self, cid: str, text: str) -> None:
         parsed = tracetext.parse_graph_break(text)
@@ -233,9 +238,14 @@ class TraceHandler(logging.Handler):
         if total or backend:
             self._emit(PhaseTime("dynamo", round(max(total - backend, 0.0), 6), cid))
             self._emit(PhaseTime("backend", round(backend, 6), cid))
-        for key, phase in (("inductor_compile_time_s", "inductor"), ("code_gen_time_s", "codegen")):
+        # Inductor's compile lies inside the backend's, its code generation
+        # inside Inductor's compile: children name their parent.
+        for key, phase, parent in (
+            ("inductor_compile_time_s", "inductor", "backend"),
+            ("code_gen_time_s", "codegen", "inductor"),
+        ):
             if m.get(key):
-                self._emit(PhaseTime(phase, round(float(m[key]), 6), cid))
+                self._emit(PhaseTime(phase, round(float(m[key]), 6), cid, parent=parent))
 
     def _emit_recompile(self, cid: str, co_name: str, co_file: str, first: int, p: _Pending, hit_limit: bool) -> None:
         function = fr.user_function_name(co_name)
@@ -283,6 +293,7 @@ class TraceHandler(logging.Handler):
                 dtype_changes=dtypes,
                 fix=fixes[0] if fixes else "",
                 hit_limit=hit_limit,
+                call_site=p.call_site,
             )
         )
 
@@ -304,6 +315,31 @@ class TraceHandler(logging.Handler):
                     file, line, name = p.start or ("", 0, "")
                     self._emit_recompile(cid, name, file, line, p, False)
             self._pending.clear()
+
+
+def _call_site(compiled: tuple[str, int, str]) -> Optional[SourceLocation]:
+    """The user line that called the function being compiled.
+
+    `dynamo_start` is logged synchronously on the compiling thread, whose
+    Python stack still holds the caller (the compiled frame itself is not on
+    it yet). The innermost user frame outside the compiled function (and
+    outside its resume functions, which run inside the caller's frame) is the
+    call site."""
+    file, _, name = compiled
+    function = fr.user_function_name(name)
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None and len(frames) < 200:
+        code = frame.f_code
+        frames.append((code.co_filename, frame.f_lineno or 0, code.co_name))
+        frame = frame.f_back
+    for filename, line, co_name in frames:  # innermost first
+        if not fr.is_user_file(filename):
+            continue
+        if filename == file and fr.user_function_name(co_name) == function:
+            continue  # the compiled function's own (transformed) frame
+        return fr.make_location(filename, line, co_name)
+    return None
 
 
 def install(handler: TraceHandler) -> logging.Logger:

@@ -25,6 +25,7 @@ autotuning cached on disk, per-kernel device timing and CUDA graphs.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import importlib.util
 import json
@@ -42,6 +43,8 @@ from fuselens.compiler.runtime import pyexpr
 
 _modules: dict[str, Any] = {}
 _lock = threading.Lock()
+# the most recently built graphs' libraries (debugging, tests): kernel name -> Launcher via .launchers
+recent_libraries: "collections.deque[TritonLibrary]" = collections.deque(maxlen=16)
 
 
 def _next_pow2(n: int) -> int:
@@ -312,6 +315,7 @@ def build_module(kernels: Sequence[Any], source: str, options: Any) -> TritonLib
     for ks in kernels:
         launchers[ks.name] = Launcher(ks, getattr(mod, ks.name), options, ks.source)
     lib = TritonLibrary(mod, launchers, path)
+    recent_libraries.append(lib)
     precompile(lib, options)
     return lib
 

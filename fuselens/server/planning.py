@@ -10,7 +10,7 @@ from typing import Optional
 
 from fuselens.server.analysis import RunPlan, contents_digest
 from fuselens.server.program import ProgramText, notebook_program
-from fuselens.server.project import ProjectConfig, config_for, entry_script
+from fuselens.server.project import ProjectConfig, config_for, entry_script, with_entry_setting
 from fuselens.server.resolve import path_to_uri
 from fuselens.server.settings import Settings
 
@@ -47,6 +47,8 @@ def script_plan(
     """Plan for a Python document: the project's entry when configured, else
     the document itself as __main__."""
     config = config_for(path, workspace_root)
+    if settings.entry:
+        config = with_entry_setting(config, settings.entry, workspace_root or os.path.dirname(path))
     doc_dir = os.path.dirname(path)
     roots = [r for r in (workspace_root, config.root if config else None, doc_dir) if r]
     options = run_options(settings, config)

@@ -10,6 +10,7 @@ pyproject.toml, or the document itself as `__main__`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import tomllib
@@ -101,3 +102,13 @@ def entry_script(config: ProjectConfig) -> Optional[str]:
     if not config.entry or config.entry[0].startswith("-"):
         return None
     return os.path.normpath(os.path.join(config.root, config.entry[0]))
+
+
+def with_entry_setting(config: Optional[ProjectConfig], entry: str, root: str) -> ProjectConfig:
+    """The editor's `fuselens.entry` setting wins over `[tool.fuselens] entry`;
+    it is relative to the workspace folder. The project's other values stay."""
+    merged = dataclasses.replace(config, entry=[]) if config is not None else ProjectConfig(root=root)
+    if config is None or not config.root:
+        merged.root = root
+    _apply(merged, {"entry": entry})
+    return merged

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from urllib.parse import unquote
 import shutil
 import tempfile
 import time
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 UNTRUSTED_MESSAGE = (
     "fuselens: this workspace is not trusted, so fuselens ran no code. It analyses torch.compile by "
-    "running your program; trust the workspace (VS Code) or set fuselens.trusted = true to enable it."
+    "running your program; trust the workspace (in VS Code: Manage Workspace Trust), or have your editor send initializationOptions {"trusted": true} or the setting fuselens.trusted = true."
 )
 
 
@@ -95,8 +96,15 @@ class FuselensServer(LanguageServer):
         return str(getattr(encoding, "value", encoding))
 
     # ---- documents ----------------------------------------------------------
+    def open_document(self, uri: str):
+        """The open document for `uri`, or None. pygls keys documents by the
+        unquoted URI while VS Code sends cell URIs percent-encoded
+        (`#W0sZmlsZQ%3D%3D`), so try both spellings."""
+        docs = self.workspace.text_documents
+        return docs.get(uri) or docs.get(unquote(uri))
+
     def open_text(self, uri: str) -> Optional[str]:
-        doc = self.workspace.text_documents.get(uri)
+        doc = self.open_document(uri)
         return doc.source if doc is not None else None
 
     def open_doc_by_path(self, real_path: str) -> Optional[tuple[str, list[str]]]:
@@ -124,7 +132,7 @@ class FuselensServer(LanguageServer):
         if not path or not uri.startswith("file:"):
             log.info("not analysing %s: not a file on disk", uri)
             return None
-        doc = self.workspace.text_documents.get(uri)
+        doc = self.open_document(uri)
         text = doc.source if doc is not None else planning.read_text(path)
         version = doc.version if doc is not None else None
         return planning.script_plan(
@@ -137,7 +145,7 @@ class FuselensServer(LanguageServer):
         for cell in notebook.cells:
             if cell.kind != types.NotebookCellKind.Code:
                 continue
-            doc = self.workspace.text_documents.get(cell.document)
+            doc = self.open_document(cell.document)
             if doc is None or (doc.language_id or "python") != "python":
                 continue
             cells.append((cell.document, doc.source))

@@ -23,6 +23,7 @@ _KEYS = {
     "backend": "backend",
     "timeout": "timeout_s",
     "maxCalls": "max_calls",
+    "entry": "entry",
 }
 
 
@@ -36,6 +37,7 @@ class Settings:
     backend: Optional[str] = None  # force a backend; None keeps the program's own
     timeout_s: float = 120.0
     max_calls: Optional[int] = None
+    entry: Optional[str] = None  # "train.py --steps 2"; overrides [tool.fuselens] entry
 
     def merged(self, raw: Any) -> "Settings":
         """A copy with the values of `raw` (any of the accepted shapes) applied.
@@ -77,7 +79,7 @@ def _coerce(name: str, value: Any) -> Any:
         return value if isinstance(value, bool) else _INVALID
     if name == "run_on":
         return value if value in RUN_ON_VALUES else _INVALID
-    if name == "backend":
+    if name in ("backend", "entry"):
         if value in (None, ""):
             return None
         return value if isinstance(value, str) else _INVALID

@@ -6,10 +6,13 @@
 //   FUSELENS_E2E_ARTIFACTS folder for screenshots
 //   CHROMIUM              browser executable (default /usr/bin/chromium)
 //
-// Checks, in order: the trust prompt is answered "trust", the graph-break
-// diagnostic appears in graph_break.py (squiggle + Problems row), a code lens
-// is shown, a quick fix is offered on the break, the status bar reports the
-// result, and a notebook cell gets its own graph-break diagnostic.
+// Checks, in order: the trust prompt is answered "don't trust" and the server
+// runs nothing (it says so, no diagnostics); trust is granted and the server
+// is re-initialised; the graph-break diagnostic appears in graph_break.py
+// (squiggle + Problems row), a code lens is shown, a quick fix is offered on
+// the break, the status bar reports the result, Analyze File runs it again,
+// Show Report opens the HTML report in a webview, and a notebook cell gets its
+// own graph-break diagnostic.
 
 import { chromium } from "playwright-core";
 import * as fs from "node:fs";
@@ -27,6 +30,7 @@ if (!URL || !FOLDER) {
 }
 fs.mkdirSync(ARTIFACTS, { recursive: true });
 
+const ACTIVE_EDITOR_LINES = ".editor-group-container.active .monaco-editor .view-lines";
 const results = [];
 let page;
 
@@ -112,17 +116,40 @@ try {
   await page.goto(`${URL}/?folder=${encodeURIComponent(FOLDER)}`);
   await page.locator(".monaco-workbench").waitFor({ timeout: 90_000 });
 
-  await check("workspace trust prompt answered: trust the folder", async () => {
-    const trust = page.getByRole("button", { name: /Yes, I trust the authors/i });
-    await trust.waitFor({ timeout: 60_000 });
+  await check("restricted window: the server runs no code", async () => {
+    const noTrust = page.getByRole("button", { name: /No, I don't trust the authors/i });
+    await noTrust.waitFor({ timeout: 60_000 });
     await shot("01-trust-prompt");
+    await noTrust.click();
+    await openFile("graph_break.py");
+    await page.locator(ACTIVE_EDITOR_LINES).waitFor({ timeout: 20_000 });
+    // The server itself says it ran nothing because the window is restricted.
+    await page
+      .locator(".notifications-toasts, .notification-list-item", { hasText: /not trusted, so fuselens ran no code/i })
+      .first()
+      .waitFor({ timeout: 60_000 });
+    // A trusted run takes ~10 s here; give a restricted one the same and more.
+    await page.waitForTimeout(15_000);
+    const squiggles = await page.locator(".monaco-editor .squiggly-warning").count();
+    if (squiggles > 0) {
+      throw new Error(`${squiggles} diagnostics in a restricted window: code ran`);
+    }
+    await shot("01b-restricted");
+  });
+
+  await check("granting workspace trust re-initialises the server", async () => {
+    await runCommand("Workspaces: Manage Workspace Trust");
+    const trust = page.getByRole("button", { name: /^Trust$/ }).first();
+    await trust.waitFor({ timeout: 20_000 });
     await trust.click();
-    await trust.waitFor({ state: "detached", timeout: 10_000 });
+    await page.waitForTimeout(1000);
+    await runCommand("View: Close Editor"); // the trust editor; graph_break.py shows again
   });
 
   await check("graph-break diagnostic in graph_break.py", async () => {
+    // No save or command: the re-initialised server analyses open files.
     await openFile("graph_break.py");
-    await page.locator(".monaco-editor .view-lines").first().waitFor({ timeout: 20_000 });
+    await page.locator(ACTIVE_EDITOR_LINES).waitFor({ timeout: 20_000 });
     await page
       .locator(".monaco-editor .squiggly-warning, .monaco-editor .squiggly-error, .monaco-editor .squiggly-info")
       .first()
@@ -147,7 +174,7 @@ try {
     // VS Code drops a pending code lens update when the editor loses focus
     // (the Problems panel took it) and fetches again on focus, as a user's
     // click into the code does.
-    await page.locator(".monaco-editor .view-lines").first().click({ position: { x: 300, y: 5 } });
+    await page.locator(ACTIVE_EDITOR_LINES).click({ position: { x: 300, y: 5 } });
     const lens = page.locator(".monaco-editor .codelens-decoration a, .monaco-editor .codelens-decoration span");
     await lens.first().waitFor({ timeout: 60_000 });
     const texts = (await page.locator(".monaco-editor .codelens-decoration").allInnerTexts()).filter((t) => t.trim());
@@ -189,13 +216,44 @@ try {
     console.log(`     status bar: ${text.trim()}`);
   });
 
+  await check("Analyze File command runs the analysis again", async () => {
+    await page.locator(ACTIVE_EDITOR_LINES).click({ position: { x: 300, y: 5 } });
+    await runCommand("FuseLens: Analyze File");
+    // The status bar item shows the running analysis, then its result again.
+    const item = page.locator(".statusbar-item", { hasText: /FuseLens/ });
+    await until(async () => /analysing/.test((await item.allInnerTexts()).join(" ")), 30_000, "an 'analysing' status");
+    const text = await until(
+      async () => {
+        const t = (await item.allInnerTexts()).join(" ");
+        return /1 break/.test(t) ? t : undefined;
+      },
+      ANALYSIS_TIMEOUT_MS,
+      "the result after Analyze File",
+    );
+    console.log(`     status bar: ${text.trim()}`);
+  });
+
+  await check("Show Report opens the HTML report in a webview", async () => {
+    await page.locator(ACTIVE_EDITOR_LINES).click({ position: { x: 300, y: 5 } });
+    await runCommand("FuseLens: Show Report");
+    await page.locator(".tab", { hasText: /FuseLens: graph_break/ }).first().waitFor({ timeout: 30_000 });
+    // Webviews are nested iframes; the report names the break's reason.
+    const report = page.frameLocator("iframe.webview.ready").frameLocator("iframe#active-frame");
+    await report.locator("body", { hasText: /print/ }).first().waitFor({ timeout: 30_000 });
+    await shot("06-report-webview");
+    await runCommand("View: Close Editor");
+  });
+
   await check("notebook cell gets its graph-break diagnostic", async () => {
     await openFile("notebook.ipynb");
     await page.locator(".notebook-editor, .notebookOverlay").first().waitFor({ timeout: 30_000 });
+    // The squiggle sits in the cell that calls print(), not in the cell
+    // that compiles and calls the function.
     await page
-      .locator(
-        ".notebookOverlay .monaco-editor .squiggly-warning, .notebookOverlay .monaco-editor .squiggly-error, .notebookOverlay .monaco-editor .squiggly-info",
-      )
+      .locator(".notebookOverlay .monaco-editor", {
+        hasText: "halfway",
+        has: page.locator(".squiggly-warning, .squiggly-error"),
+      })
       .first()
       .waitFor({ timeout: ANALYSIS_TIMEOUT_MS });
     await showProblems();

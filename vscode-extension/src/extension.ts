@@ -50,11 +50,14 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.workspace.onDidGrantWorkspaceTrust(() => void server?.restart("workspace trusted")),
     vscode.workspace.onDidChangeConfiguration((e) => {
       if (settingsChangeAction((section) => e.affectsConfiguration(section)) === "restart") {
-        void server?.restart("settings changed");
+        void server?.restartIfChanged("settings changed");
       }
     }),
   );
-  const pythonChange = await onDidChangePythonInterpreter(() => void server?.restart("Python interpreter changed"), output);
+  const pythonChange = await onDidChangePythonInterpreter(
+    () => void server?.restartIfChanged("Python interpreter changed"),
+    output,
+  );
   if (pythonChange) {
     context.subscriptions.push(pythonChange);
   }

@@ -45,6 +45,8 @@ export class FuselensServer implements vscode.Disposable {
   private listeners: ServerListener[] = [];
   private notificationHandlers: [string, (params: unknown) => void][] = [];
   private progressListener: ProgressListener | undefined;
+  /** launchConfig() of the running server, as JSON. */
+  private launched = "";
   interpreter: InterpreterChoice | undefined;
   settings: FuselensSettings | undefined;
 
@@ -98,19 +100,46 @@ export class FuselensServer implements vscode.Disposable {
     return this.client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args });
   }
 
-  private async doRestart(reason: string): Promise<void> {
-    await this.doStop();
+  /**
+   * Restarts only when what the server would be started with changed (a
+   * granted trust also "changes" restricted settings: that restart already
+   * happened).
+   */
+  restartIfChanged(reason: string): Promise<void> {
+    this.queue = this.queue
+      .then(async () => {
+        if (!this.client || JSON.stringify(await this.launchConfig()) !== this.launched) {
+          await this.doRestart(reason);
+        }
+      })
+      .catch(() => undefined);
+    return this.queue;
+  }
+
+  /** Settings, interpreter and trust as a server start would read them now. */
+  private async launchConfig() {
     const folder = vscode.workspace.workspaceFolders?.[0];
     const trusted = vscode.workspace.isTrusted;
     const config = vscode.workspace.getConfiguration("fuselens", folder?.uri);
-    this.settings = readSettings((key) => config.get(key));
-    this.interpreter = chooseInterpreter({
-      setting: this.settings.interpreter,
+    const settings = readSettings((key) => config.get(key));
+    const interpreter = chooseInterpreter({
+      setting: settings.interpreter,
       pythonExtension: await activePythonEnvironment(folder?.uri, this.output),
       trusted,
       workspaceFolders: (vscode.workspace.workspaceFolders ?? []).map((f) => f.uri.fsPath),
       platform: process.platform,
     });
+    return { folder: folder?.uri.fsPath ?? "", trusted, settings, interpreter };
+  }
+
+  private async doRestart(reason: string): Promise<void> {
+    await this.doStop();
+    const launch = await this.launchConfig();
+    this.launched = JSON.stringify(launch);
+    const folder = vscode.workspace.workspaceFolders?.[0];
+    const trusted = launch.trusted;
+    this.settings = launch.settings;
+    this.interpreter = launch.interpreter;
     const { command, args } = serverCommandLine(this.interpreter.command);
     this.output.info(`Starting server (${reason}): ${[command, ...args].join(" ")}`);
     this.output.info(`Interpreter from ${this.interpreter.source}; workspace trusted: ${trusted}`);

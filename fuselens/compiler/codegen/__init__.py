@@ -34,6 +34,9 @@ class KernelSource:
     language: str = "cpp"
     kind: str = "cpp"  # Kernel.kind of the report: "cpp" | "triton" (added for the Triton generator)
     device: str = "cpu"  # Kernel.device of the report (Triton sets "cuda" unless interpreted)
+    inplace: dict = field(default_factory=dict)
+    """output -> inputs the kernel reads only at the element it writes (same dtype and
+    layout): the runtime may write the output into a dying input's storage (C++ only)."""
 
 
 def get_generator(target: str) -> Any:

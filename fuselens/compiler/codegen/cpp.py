@@ -329,6 +329,9 @@ class CppKernel:
         self.bytes = 0
         self.scratch: dict[str, int] = {}
         self.inner_dims: list[int] = []
+        # C offsets each buffer is loaded / stored at (in-place reuse needs them equal)
+        self.load_offsets: dict[str, set[str]] = {}
+        self.store_offsets: dict[str, set[str]] = {}
 
     # -- helpers used by CppOps
     def simplify(self, e: Expr) -> Expr:
@@ -374,7 +377,9 @@ class CppKernel:
             if lvl != "full":
                 raise RuntimeError(f"{name} used before its reduction finished")
         spec = self.graph.buffers[name]
-        return self.emit(f"{self.ptr(name)}[{cexpr(self.simplify(index))}]", spec.dtype)
+        off = cexpr(self.simplify(index))
+        self.load_offsets.setdefault(name, set()).add(off)
+        return self.emit(f"{self.ptr(name)}[{off}]", spec.dtype)
 
     def compute(self, node: ComputeNode) -> CVal:
         """The value of a full- or outer-level member at the current iteration."""
@@ -387,6 +392,7 @@ class CppKernel:
 
     def store(self, node: ComputeNode, v: CVal, idx: Sequence[Expr]) -> None:
         off = cexpr(self.simplify(ir.offset_of(idx, node.stride)))
+        self.store_offsets.setdefault(node.name, set()).add(off)
         self.scope.lines.append(f"{'  ' * self.scope.indent}{self.ptr(node.name, True)}[{off}] = {v};")
 
     # -- row scratch: values computed in one pass and needed again in a later pass
@@ -594,7 +600,32 @@ class CppKernel:
             spec = self.graph.buffers[b]
             nbytes += self.graph.hint(ir.numel(spec.size)) * spec.dtype.itemsize
         return KernelSource(name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms,
-                            bytes_accessed=nbytes, language="cpp")
+                            bytes_accessed=nbytes, language="cpp", inplace=self._inplace_candidates())
+
+    def _inplace_candidates(self) -> dict[str, list[str]]:
+        """Inputs a pointwise kernel reads only at the very element it stores (same
+        dtype and layout): writing the output over such an input is safe, because
+        every element is loaded before it is overwritten and no iteration reads
+        another's element. Reductions read rows several times: never in place."""
+        if self.g.rflags is not None:
+            return {}
+        out: dict[str, list[str]] = {}
+        for o in self.writes:
+            offs = self.store_offsets.get(o, set())
+            if len(offs) != 1:
+                continue
+            so = self.graph.buffers[o]
+            cands = []
+            for b in self.reads:
+                if b in self.writes or self.load_offsets.get(b) != offs:
+                    continue
+                sb = self.graph.buffers[b]
+                if (sb.dtype == so.dtype and ir.same_sizes(sb.size, so.size) and ir.same_sizes(sb.stride, so.stride)
+                        and ir.same_expr(sb.offset, so.offset)):
+                    cands.append(b)
+            if cands:
+                out[o] = cands
+        return out
 
 
 def _cname(name: str) -> str:

@@ -1,0 +1,240 @@
+"""GPU correctness run of the Triton target (needs CUDA; run on the device machine).
+
+    python -m benchmarks.gpu_check [--out DIR] [--max-samples 2]
+
+1. The OpInfo subset of tests/test_opinfo_subset.py on CUDA, float32 and
+   bfloat16, each sample compiled with `backend="fuselens"` (target auto ->
+   triton) and compared with eager on the same device (benchmarks/opinfo_harness
+   tolerances for float32; bfloat16 at rtol 1.6e-2 / atol 1e-2, torch's own
+   bfloat16 defaults).
+2. The models of tests/models.py on CUDA in float32 and bfloat16 (GPT-2 block
+   inference, ResNet basic block channels-last inference, MLP training step),
+   relative error ||compiled - eager|| / ||eager|| against eager in the same dtype.
+3. The CUDA-only runtime paths: CUDA-event kernel timing (KernelTiming events)
+   and the CUDA-graph wrapper (replay equals eager; the input-copy kernel is
+   reported).
+
+Prints a summary and writes every case to OUT/gpu_check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import fuselens.compiler  # noqa: E402,F401
+from benchmarks import opinfo_harness as h  # noqa: E402
+from fuselens import sink  # noqa: E402
+from fuselens.events import ErrorEntry, Kernel, KernelTiming  # noqa: E402
+
+BF16_TOL = h.Tolerance(1.6e-2, 1e-2)
+
+
+def _subset() -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("opinfo_subset", ROOT / "tests" / "test_opinfo_subset.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return dict(mod.SUBSET)
+
+
+def opinfo(max_samples: int) -> list[dict]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    names = set(_subset())
+    out = []
+    for op in op_db:
+        name = h.full_name(op)
+        if name not in names:
+            continue
+        for dtype in (torch.float32, torch.bfloat16):
+            if not op.supports_dtype(dtype, "cuda"):
+                continue
+            try:
+                samples = list(op.sample_inputs("cuda", dtype, requires_grad=False))
+            except Exception as e:  # noqa: BLE001
+                out.append({"op": name, "dtype": str(dtype), "ok": False, "why": f"samples: {e}"})
+                continue
+            for si, sample in h.pick_samples(samples, max_samples):
+                built = h.build_case(op, sample, "fn")
+                if built is None:
+                    continue
+                fn, tensors = built
+                rec: dict[str, Any] = {"op": name, "dtype": str(dtype).replace("torch.", ""), "sample": si}
+                try:
+                    expected = h._observe(fn, h._clone_all(tensors), None)  # (output, inputs afterwards)
+                except Exception:  # noqa: BLE001 - eager refuses the sample: not a case
+                    continue
+                try:
+                    actual, counting, events = h._compiled_run(fn, h._clone_all(tensors), None, "fuselens", None, None)
+                    tol = h.tolerance_for(name) if dtype == torch.float32 else BF16_TOL
+                    bad = h.compare(expected, actual, tol)
+                    acc = h.account_nodes(events)
+                    rec.update(ok=bad is None, why=" ".join(bad) if bad else "", lowered=acc.lowered, extern=acc.extern,
+                               graph_fallbacks=acc.graph_fallbacks, reasons=acc.fallback_reasons[:2],
+                               triton=sum(1 for e in events if isinstance(e, Kernel) and e.kind == "triton"))
+                except Exception as e:  # noqa: BLE001
+                    rec.update(ok=False, why=f"{type(e).__name__}: {str(e)[:300]}")
+                out.append(rec)
+    return out
+
+
+def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def models() -> list[dict]:
+    from models import MLP, BasicBlock, GPT2Block, make_train_step, seeded
+
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        limit = 1e-4 if dtype == torch.float32 else 2e-2
+        cases = [
+            ("gpt2_block", lambda: GPT2Block(256, 4, max_seq=128), lambda: torch.randn(4, 128, 256), False),
+            ("gpt2_block_explicit", lambda: GPT2Block(128, 4, max_seq=64, use_sdpa=False), lambda: torch.randn(2, 64, 128),
+             False),
+            ("resnet_block_cl", lambda: BasicBlock(32), lambda: torch.randn(4, 32, 16, 16), True),
+        ]
+        for name, factory, make_x, cl in cases:
+            torch._dynamo.reset()
+            rec: dict[str, Any] = {"model": name, "dtype": str(dtype).replace("torch.", "")}
+            try:
+                m = seeded(factory).eval().to("cuda", dtype)
+                x = make_x().to("cuda", dtype)
+                if cl:
+                    m, x = m.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+                with torch.no_grad():
+                    ref = m(x)
+                    with sink.collect() as events:
+                        got = torch.compile(m, backend="fuselens")(x)
+                err = _relerr(got, ref)
+                fb = [e.message for e in events if isinstance(e, ErrorEntry) and e.kind != "fallback"]
+                rec.update(ok=err < limit and not fb, relerr=err, graph_fallbacks=fb,
+                           triton=sum(1 for e in events if isinstance(e, Kernel) and e.kind == "triton"))
+            except Exception:  # noqa: BLE001
+                rec.update(ok=False, why=traceback.format_exc()[-1500:])
+            out.append(rec)
+        # training step (forward, backward, SGD update)
+        torch._dynamo.reset()
+        rec = {"model": "mlp_train_step", "dtype": str(dtype).replace("torch.", "")}
+        try:
+            m1 = seeded(lambda: MLP(64, 256, 10)).to("cuda", dtype)
+            m2 = copy.deepcopy(m1)
+            s1 = make_train_step(m1, torch.optim.SGD(m1.parameters(), lr=0.1))
+            s2 = torch.compile(make_train_step(m2, torch.optim.SGD(m2.parameters(), lr=0.1)), backend="fuselens")
+            x, y = torch.randn(32, 64, device="cuda", dtype=dtype), torch.randint(0, 10, (32,), device="cuda")
+            errs = []
+            with sink.collect() as events:
+                for _ in range(3):
+                    errs.append(_relerr(s2(x, y), s1(x, y)))
+            errs += [_relerr(b, a) for a, b in zip(m1.parameters(), m2.parameters())]
+            fb = [e.message for e in events if isinstance(e, ErrorEntry) and e.kind != "fallback"]
+            rec.update(ok=max(errs) < limit and not fb, relerr=max(errs), graph_fallbacks=fb,
+                       triton=sum(1 for e in events if isinstance(e, Kernel) and e.kind == "triton"))
+        except Exception:  # noqa: BLE001
+            rec.update(ok=False, why=traceback.format_exc()[-1500:])
+        out.append(rec)
+    return out
+
+
+def runtime_paths() -> list[dict]:
+    out = []
+
+    def f(x, b):
+        return torch.softmax(torch.nn.functional.gelu(x + b), -1) * 2
+
+    x, b = torch.randn(512, 1000, device="cuda"), torch.randn(1000, device="cuda")
+    # CUDA-event timing
+    torch._dynamo.reset()
+    rec: dict[str, Any] = {"check": "time_kernels"}
+    try:
+        c = torch.compile(f, backend="fuselens", options={"time_kernels": True})
+        for _ in range(3):
+            c(x, b)
+        with sink.collect() as events:
+            sink.flush()
+        t = [e for e in events if isinstance(e, KernelTiming)]
+        rec.update(ok=bool(t) and all(e.total_time_us > 0 for e in t), timings=[(e.name, e.calls, e.total_time_us) for e in t])
+    except Exception:  # noqa: BLE001
+        rec.update(ok=False, why=traceback.format_exc()[-1500:])
+    out.append(rec)
+    # CUDA graphs
+    torch._dynamo.reset()
+    rec = {"check": "cuda_graphs"}
+    try:
+        with sink.collect() as events:
+            c = torch.compile(f, backend="fuselens", options={"cuda_graphs": True, "time_kernels": True})
+            errs = []
+            for i in range(4):
+                xi = torch.randn(512, 1000, device="cuda")
+                errs.append(_relerr(c(xi, b), f(xi, b)))
+            sink.flush()
+        copies = [e for e in events if isinstance(e, Kernel) and e.name == "cudagraph_input_copies"]
+        t = {e.name for e in events if isinstance(e, KernelTiming)}
+        rec.update(ok=max(errs) < 1e-5 and bool(copies) and "cudagraph_replay" in t, relerr=max(errs), timings=sorted(t))
+    except Exception:  # noqa: BLE001
+        rec.update(ok=False, why=traceback.format_exc()[-1500:])
+    out.append(rec)
+    # autotune on the GPU (real CUDA-event timer)
+    torch._dynamo.reset()
+    rec = {"check": "autotune"}
+    try:
+        c = torch.compile(f, backend="fuselens", options={"autotune": True})
+        rec.update(ok=_relerr(c(x, b), f(x, b)) < 1e-5)
+    except Exception:  # noqa: BLE001
+        rec.update(ok=False, why=traceback.format_exc()[-1500:])
+    out.append(rec)
+    return out
+
+
+def main(argv: Any = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--max-samples", type=int, default=2)
+    ap.add_argument("--skip-opinfo", action="store_true")
+    args = ap.parse_args(argv)
+    assert torch.cuda.is_available(), "gpu_check needs CUDA"
+    t0 = time.time()
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result["runtime"] = runtime_paths()
+    result["models"] = models()
+    result["opinfo"] = [] if args.skip_opinfo else opinfo(args.max_samples)
+    result["seconds"] = time.time() - t0
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
+    print(f"device {result['device']}, torch {result['torch']}, {result['seconds']:.0f} s")
+    for r in result["runtime"]:
+        print(f"  runtime {r['check']:14s} {'ok' if r['ok'] else 'FAIL'} {r.get('why', '')[-300:]}")
+    for r in result["models"]:
+        print(f"  model {r['model']:20s} {r['dtype']:9s} {'ok' if r['ok'] else 'FAIL'} relerr={r.get('relerr', float('nan')):.2e}"
+              f" triton={r.get('triton', '-')} {r.get('why', '')[-400:]} {r.get('graph_fallbacks', '')}")
+    ops = result["opinfo"]
+    for dt in ("float32", "bfloat16"):
+        cases = [r for r in ops if r.get("dtype") == dt]
+        good = [r for r in cases if r["ok"]]
+        low = sum(r.get("lowered", 0) for r in cases)
+        ext = sum(r.get("extern", 0) for r in cases)
+        print(f"  opinfo {dt}: {len(good)}/{len(cases)} correct; ATen nodes lowered {low}/{low + ext}")
+        for r in cases:
+            if not r["ok"]:
+                print(f"    FAIL {r['op']}[{r.get('sample')}]: {r.get('why', '')[:200]}")
+    bad = [r for r in result["runtime"] + result["models"] + ops if not r["ok"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
