@@ -1,8 +1,8 @@
 """fuselens demo: a small model with the three things fuselens explains.
 
-    fuselens report examples/demo.py                 # backend from FUSELENS_DEMO_BACKEND (default: eager)
-    FUSELENS_DEMO_BACKEND=inductor fuselens report examples/demo.py   # real kernels (~20 s compile on CPU)
-    fuselens report examples/demo.py --backend fuselens
+    fuselens report examples/demo.py                 # fuselens' own compiler: kernels and every fusion decision
+    FUSELENS_DEMO_BACKEND=inductor fuselens report examples/demo.py   # Inductor's kernels (~1 min compile on CPU)
+    python examples/demo.py eager                    # first argument: any backend name
 
 - a graph break: `.item()` inside forward (the scale is read back to Python),
 - a recompile: batch size 4, then 7 (no mark_dynamic),
@@ -15,7 +15,7 @@ import sys
 import torch
 from torch import nn
 
-BACKEND = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FUSELENS_DEMO_BACKEND", "eager")
+BACKEND = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FUSELENS_DEMO_BACKEND", "fuselens")
 
 
 class Attention(nn.Module):

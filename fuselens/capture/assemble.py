@@ -12,7 +12,8 @@ updates); this module is the one place that decides how they combine:
 - KernelTiming: added to the matching Kernel (also when it arrives first).
 - FusionDecision, ErrorEntry: exact duplicates dropped.
 - PhaseTime: appended; `Timings.compile_s` sums the top-level phases
-  (`TOP_LEVEL_PHASES`); other phases are a breakdown inside "backend".
+  (`TOP_LEVEL_PHASES`); other phases are a breakdown inside "backend" and
+  name their parent (`PhaseTime.parent`; the worker fills it, `nest_phase`).
 - RunInfo: fields the worker knows (versions, device, exit code) are merged
   into the parent's RunInfo.
 """
@@ -40,6 +41,17 @@ from fuselens.events import (
 # emit finer phases ("aot", "lowering", "scheduling", "codegen", ...) that lie
 # inside "backend".
 TOP_LEVEL_PHASES = ("dynamo", "backend")
+
+
+
+def nest_phase(phase: PhaseTime) -> PhaseTime:
+    """`phase` with its parent filled: a phase below the top level that names
+    no parent lies inside "backend" (the fuselens compiler's aot, lowering,
+    scheduling, codegen, cpp_compile all run inside Dynamo's backend call)."""
+    if phase.parent or phase.phase in TOP_LEVEL_PHASES:
+        return phase
+    return dataclasses.replace(phase, parent="backend")
+
 
 # RunInfo fields only the worker knows; the parent's values win for the rest.
 _WORKER_RUN_FIELDS = ("torch_version", "python_version", "device", "exit_code", "max_calls_reached")

@@ -21,9 +21,10 @@ import traceback
 from typing import Any, Iterator, Optional
 
 from fuselens.capture import frames as fr
+from fuselens.capture.assemble import nest_phase
 from fuselens.capture.protocol import DONE, READY, STARTED, control_line
 from fuselens.capture.target import RunOptions, Target
-from fuselens.events import ErrorEntry, RunInfo, encode_event
+from fuselens.events import ErrorEntry, PhaseTime, RunInfo, encode_event
 
 _FLUSH_EVERY_S = 0.5
 
@@ -57,6 +58,7 @@ class Worker:
 
         from fuselens import sink
         from fuselens.capture.hooks import Capture
+        from fuselens.capture import inductor_fusion
         from fuselens.capture.inductor import InductorKernels
         from fuselens.capture.tracehandler import TraceHandler, install
 
@@ -64,6 +66,7 @@ class Worker:
         self.sink = sink
         self.capture = Capture(self._emit, self._frame_for)
         self.kernels = InductorKernels(self._emit, self.capture)
+        self.kernels.fusion_log = self.fusion_log = inductor_fusion.install()
         self.handler = TraceHandler(self._emit, self.kernels.on_record)
         self.handler.on_metrics = self.kernels.on_compile_end
         install(self.handler)
@@ -73,6 +76,8 @@ class Worker:
         self._last_flush = time.monotonic()
 
     def _emit(self, event: Any) -> None:
+        if isinstance(event, PhaseTime):
+            event = nest_phase(event)  # the compiler's own phases lie inside "backend"
         self.channel.event(event)
 
     def _frame_for(self, compile_id: str) -> Optional[tuple[str, int, str]]:
@@ -105,6 +110,7 @@ class Worker:
         self.handler.reset_run()
         self.capture.reset_run(options.backend, options.max_calls)
         self.kernels.reset_run(options.time_kernels)
+        self.fusion_log.reset_run()
         info = RunInfo(
             target=target.label(),
             target_kind=target.kind,
@@ -143,6 +149,9 @@ class Worker:
         if self.handler.errors:
             self._emit(ErrorEntry("internal", f"{self.handler.errors} trace record(s) could not be read"))
             self.handler.errors = 0
+        if self.fusion_log.errors:
+            self._emit(ErrorEntry("internal", f"{self.fusion_log.errors} Inductor fusion message(s) could not be read"))
+            self.fusion_log.errors = 0
         info.max_calls_reached = info.max_calls_reached or self.capture.max_calls_reached
         self._emit(info)
         sys.stdout.flush()
@@ -234,6 +243,10 @@ def _inductor_config(options: RunOptions) -> Iterator[None]:
         patch["trace.provenance_tracking"] = True  # older spelling
     if options.time_kernels and hasattr(getattr(cfg, "cpp", None), "enable_kernel_profile"):
         patch["cpp.enable_kernel_profile"] = True  # cpp kernels show up in the profiler
+    if options.time_kernels and hasattr(cfg, "profiler_mark_wrapper_call"):
+        # One profiler range per graph call: tells apart the kernels of a
+        # recompiled graph (same names) and the library calls of each graph.
+        patch["profiler_mark_wrapper_call"] = True
     patch.update(options.inductor_config or {})
     with cfg.patch(patch):
         yield

@@ -106,6 +106,7 @@ class Planner:
                 self._extern(unit)
         outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
         self._insert_frees(outputs)
+        taken = self._reuse_dying_inputs()
         timing = {n: KernelStats() for n in self.kernels} if self.timing else None
         # tuples of sizes/strides are single slots: flatten in SymEval by making each a tuple expr
         self.symeval.exprs = [e if not isinstance(e, tuple) else _TupleExpr(e) for e in self.symeval.exprs]
@@ -116,7 +117,7 @@ class Planner:
             else:
                 symbol_sources[s.name] = (src[0], g.inputs[src[1]].name, src[2])
         reusable = {n for n in self.kernel_allocated if self._root(n) == n and not any(
-            self._root(k) == n for k in self.alias_parent)}
+            self._root(k) == n for k in self.alias_parent)} - taken
         return GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
                            outputs, reusable - self._output_bufs, timing, constants=g.constants)
 
@@ -134,6 +135,30 @@ class Planner:
                 if o is not None:
                     for leaf in _bufs((args, kwargs)):
                         self._union(o, leaf)
+
+    def _reuse_dying_inputs(self) -> set[str]:
+        """Let a pointwise kernel write its output over an input that dies at this
+        very call (the codegen lists the safe pairs in `KernelSource.inplace`): no
+        fresh allocation (page faults, memory traffic) and a lower peak than eager,
+        e.g. the GELU after an addmm runs in the addmm's buffer. Returns the inputs
+        whose storage was taken (they must not go back to the free pool)."""
+        taken: set[str] = set()
+        protected = {i.name for i in self.g.inputs} | set(self.g.constants) | self._output_bufs
+        aliased = set(self.alias_parent) | {self._root(k) for k in self.alias_parent}
+        for i, step in enumerate(self.plan):
+            if not isinstance(step, KernelCall):
+                continue
+            ks = self.kernels.get(step.name)
+            inplace = getattr(ks, "inplace", None) or {}
+            nxt = self.plan[i + 1] if i + 1 < len(self.plan) else None
+            dying = set(nxt.names) if isinstance(nxt, Free) else set()
+            for out, cands in inplace.items():
+                for c in cands:
+                    if c in dying and c not in protected and c not in aliased and c not in taken:
+                        step.reuse[out] = c
+                        taken.add(c)
+                        break
+        return taken
 
     def _insert_frees(self, outputs: list) -> None:
         self._output_bufs = set()

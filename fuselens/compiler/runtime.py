@@ -86,6 +86,8 @@ class KernelCall:
     outputs: list[str]
     alloc: list[tuple[str, int, int, torch.dtype]]  # name, sizes slot, strides slot, dtype
     symbols: list[str]
+    reuse: dict[str, str] = field(default_factory=dict)  # output -> dying input whose storage it takes
+    takes_tensors: bool = False  # Triton launchers take tensors, not data pointers
 
 
 @dataclass
@@ -126,6 +128,8 @@ class GraphRunner:
         self.timing = timing  # kernel name -> KernelStats when timing is on
         self.timing_lock = threading.Lock()
         self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_runtime.finalize)
+        # static shapes: the size/stride slots never change, evaluate them once
+        self._static_slots: Optional[list] = None if symbol_sources else (symeval({}) if symeval else [])
 
     def __call__(self, args: list) -> Any:
         env: dict[str, Any] = dict(zip(self.input_names, args))
@@ -141,13 +145,19 @@ class GraphRunner:
                 syms[name] = int(env[src[1]].shape[src[2]])
             else:
                 syms[name] = int(env[src[1]].stride(src[2]))
-        slots = self.symeval(syms) if self.symeval else []
+        slots = self._static_slots
+        if slots is None:
+            slots = self.symeval(syms) if self.symeval else []
         pool: dict[tuple, list[torch.Tensor]] = {}
         for step in self.plan:
             if isinstance(step, KernelCall):
                 for name, sz, st, dtype in step.alloc:
-                    env[name] = _alloc(pool, slots[sz], slots[st], dtype, self.device)
-                if getattr(step.fn, "takes_tensors", False):  # Triton launchers take tensors, not pointers
+                    src = step.reuse.get(name) if step.reuse else None
+                    if src is not None:  # in place: the input dies here (plan.py checked it)
+                        env[name] = env[src]
+                    else:
+                        env[name] = _alloc(pool, slots[sz], slots[st], dtype, self.device)
+                if step.takes_tensors or getattr(step.fn, "takes_tensors", False):  # Triton launchers take tensors
                     ptrs = [env[b] for b in step.buffers]
                 else:
                     ptrs = [env[b].data_ptr() for b in step.buffers]

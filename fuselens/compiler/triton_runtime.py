@@ -198,6 +198,8 @@ class Launcher:
         self.stats_us = 0.0
         self.pending: list[tuple[Any, Any]] = []
         self.graph_id = ""
+        self._plans: dict[tuple, tuple] = {}
+        self._cpu_scalars: Optional[bool] = None
         if self.autotune:
             self._load_tuned()
 
@@ -247,8 +249,24 @@ class Launcher:
         return (gx,)
 
     def _launch(self, cfg: LaunchConfig, xn: int, rn: int, args: Sequence[Any]) -> None:
-        extra = [xn if a == "xnumel" else rn for a in self.ks.numel_args]
-        self.fn[self.grid(cfg, xn, rn)](*args, *extra, num_warps=cfg.num_warps, **cfg.constexprs(self.kind))
+        key = (cfg, xn, rn)
+        plan = self._plans.get(key)
+        if plan is None:  # grid, size arguments and keywords once per (config, sizes): less work per launch
+            extra = [xn if a == "xnumel" else rn for a in self.ks.numel_args]
+            kw = dict(cfg.constexprs(self.kind), num_warps=cfg.num_warps)
+            plan = self._plans[key] = (self.grid(cfg, xn, rn), extra, kw)
+        grid, extra, kw = plan
+        self.fn.run(*args, *extra, grid=grid, warmup=False, **kw)
+
+    def _to_device(self, args: tuple) -> tuple:
+        """0-d CPU tensors (a Python scalar ATen kept as a CPU tensor) next to CUDA
+        ones: Triton cannot read host memory, so copy them to the device."""
+        dev = next((a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor) and a.device.type == "cuda"),
+                   None)
+        if dev is None:
+            return args
+        return tuple(a.to(dev) if i < self.nbuf and isinstance(a, torch.Tensor) and a.device.type == "cpu" else a
+                     for i, a in enumerate(args))
 
     # -- the call the runtime makes
     def __call__(self, *args: Any) -> None:
@@ -256,6 +274,11 @@ class Launcher:
         xn, rn = int(xn), int(rn)
         if xn <= 0 or (self.kind == "pointwise2d" and rn <= 0):
             return
+        if self._cpu_scalars is None:
+            self._cpu_scalars = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args[: self.nbuf]) \
+                and any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args[: self.nbuf])
+        if self._cpu_scalars:
+            args = self._to_device(args)
         cfg = self.config_for(xn, rn, args)
         if not self.timing:
             self._launch(cfg, xn, rn, args)

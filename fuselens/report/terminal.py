@@ -26,7 +26,7 @@ from fuselens.events import (
     Report,
     SourceLocation,
 )
-from fuselens.report import common
+from fuselens.report import charts, common
 
 # How many ops of a graph to list before "... and N more".
 MAX_OPS_SHOWN = 40
@@ -279,15 +279,17 @@ class _View:
                 self.hanging(Text("     "), Text(f"to change it: {d.option}"), "green")
 
     def phases(self, report: Report) -> None:
-        totals = common.phase_totals(report)
-        if not totals:
+        # Nested phases (PhaseTime.parent) are indented under their parent;
+        # the total is the top-level phases', never the sum of the rows.
+        rows = [("  " * depth + ("└ " if depth else "") + name, secs) for name, secs, depth in charts.phase_rows(report)]
+        if not rows:
             return
         total = common.compile_seconds(report)
         self.section("Compile time per phase", f"{common.fmt_seconds(total)} in total")
-        biggest = max(s for _, s in totals) or 1.0
-        name_w = max(len(n) for n, _ in totals)
+        biggest = max(s for _, s in rows) or 1.0
+        name_w = max(len(n) for n, _ in rows)
         bar_w = 40
-        for name, secs in totals:
+        for name, secs in rows:
             n = max(1, round(bar_w * secs / biggest)) if secs > 0 else 0
             line = Text(f"  {name.ljust(name_w)}  ")
             line.append("█" * n, style="cyan")

@@ -290,8 +290,9 @@ class TritonKernel:
         # the runtime passes tensors, whose data pointer already includes the storage offset
         idx, axes = self.index(index)
         mask = self.mask_for(axes)
-        src = f"tl.load({self.ptr(name)} + ({idx})" + (f", {mask}, other=0" if mask else "")
-        src += self._eviction(index) + ")"
+        # no eviction_policy hints: measured on the H200 (benchmarks/RESULTS.md), evict_first on the streamed
+        # operand made persistent reductions with 1024-wide rows 2x slower and helped nowhere
+        src = f"tl.load({self.ptr(name)} + ({idx})" + (f", {mask}, other=0)" if mask else ")")
         rep = self.rep_dtype(spec.dtype)
         if rep != spec.dtype:
             src += f".to({TL_DTYPES[rep]})"
@@ -299,19 +300,6 @@ class TritonKernel:
         if self.kind == "looped_reduction" and "r" not in axes:
             scope = self.top  # row-constant (weights by row, statistics): hoisted out of the r loop
         return self.emit(src, spec.dtype, scope)
-
-    def _eviction(self, index: Expr) -> str:
-        """L2 hint: data read once per element streams through (evict_first);
-        data broadcast along some dim (weights, biases, per-row stats) is reused
-        by other programs (evict_last). Looped reductions read rows again in a
-        later pass, so they keep the default."""
-        if self.kind == "looped_reduction":
-            return ""
-        lin, rest = self.linear(self.simplify(index))
-        used = set(lin) | (rest.free_symbols & set(self.gv))
-        if all(self.gv[d] in used for d in range(len(self.g.full))):
-            return ', eviction_policy="evict_first"'
-        return ', eviction_policy="evict_last"'
 
     def compute(self, node: ComputeNode) -> TVal:
         idx = self.g.own_index(node)
