@@ -205,10 +205,11 @@ def _memory_worker(backend: str, case_names: list[str]) -> None:
     print("MEMORY " + json.dumps(out))
 
 
-def measure_memory(backend: str, case_names: list[str]) -> dict[str, float]:
+def measure_memory(backend: str, case_names: list[str], threads: int) -> dict[str, float]:
     env = dict(os.environ, **MEMORY_ENV)
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cpu", "--memory-worker", backend, "--cases", ",".join(case_names)],
+        [sys.executable, "-m", "benchmarks.cpu", "--memory-worker", backend, "--cases", ",".join(case_names),
+         "--threads", str(threads)],
         capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
     for line in proc.stdout.splitlines():
@@ -272,10 +273,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds per case")
     ap.add_argument("--budget", type=float, default=4.0, help="seconds of timed calls per backend and case")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads for every backend (0 = torch's default); both compilers "
+                         "read it at compile time")
     ap.add_argument("--json", default="", help="write the raw numbers here")
     ap.add_argument("--memory-worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     case_names = args.cases.split(",")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_worker:
         _memory_worker(args.memory_worker, case_names)
         return 0
@@ -300,7 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("  fuselens phases: " + ", ".join(f"{p} {s:.2f}s" for p, s in m.phases.items()), flush=True)
     if not args.no_memory:
         for backend in backends:
-            for name, mb in measure_memory(backend, case_names).items():
+            for name, mb in measure_memory(backend, case_names, args.threads).items():
                 results[name].peak_mb[backend] = mb
 
     print()

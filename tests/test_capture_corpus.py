@@ -160,6 +160,15 @@ def test_shape_recompile_names_input_dim_sizes_and_offers_mark_dynamic(reports):
     assert "torch._dynamo.mark_dynamic(x, 0)" in rc.fix and "dynamic=True" in rc.fix
 
 
+def test_recompile_names_the_user_call_site_that_triggered_it(reports):
+    (rc,) = reports["rc_shape.py"].recompiles
+    assert rc.call_site is not None
+    assert (rc.call_site.file, rc.call_site.line, rc.call_site.code) == (p("rc_shape.py"), 11, "f(torch.randn(7, 3))")
+    (nb,) = reports["notebook.ipynb"].recompiles
+    assert nb.call_site is not None
+    assert (nb.call_site.file, nb.call_site.cell, nb.call_site.line) == (p("notebook.ipynb"), 2, 6)
+
+
 def test_dtype_recompile_lists_the_dtype_change(reports):
     (rc,) = reports["rc_dtype.py"].recompiles
     assert rc.dtype_changes == ["x: float32 -> float64"]

@@ -162,3 +162,54 @@ def test_unlowered_op_falls_back_to_aten_and_says_why():
     events = run(lambda x: torch.cumsum(x.sin(), 0) + 1, torch.randn(10, 3))
     fb = [e for e in events if isinstance(e, ErrorEntry) and e.kind == "fallback"]
     assert fb and "cumsum" in fb[0].message
+
+
+def _capture_runners(monkeypatch):
+    from fuselens.compiler import plan
+
+    runners = []
+    orig = plan.make_runner
+
+    def spy(*a, **k):
+        r = orig(*a, **k)
+        runners.append(r)
+        return r
+
+    monkeypatch.setattr(plan, "make_runner", spy)
+    return runners
+
+
+def test_pointwise_epilogue_of_matmul_runs_in_the_dying_matmul_buffer(monkeypatch):
+    runners = _capture_runners(monkeypatch)
+    x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
+    x0 = x.clone()
+    fn = lambda x, w, b: F.gelu(F.linear(x, w, b)) @ w  # noqa: E731
+    with torch.no_grad():
+        out = torch.compile(fn, backend="fuselens")(x, w, b)
+        torch.testing.assert_close(out, fn(x, w, b), rtol=1e-4, atol=1e-4)
+    assert torch.equal(x, x0)
+    reuses = [s.reuse for r in runners for s in r.plan if getattr(s, "reuse", None)]
+    assert reuses and list(reuses[0].values()) == ["addmm"], reuses
+
+
+def test_graph_inputs_and_outputs_are_never_overwritten_in_place(monkeypatch):
+    runners = _capture_runners(monkeypatch)
+    x = torch.randn(128, 64)
+    x0 = x.clone()
+    fn = lambda x: (x.sin() * 2, (x.sin() * 2).cos())  # noqa: E731
+    with torch.no_grad():
+        a, c = torch.compile(fn, backend="fuselens")(x)
+    ea, ec = fn(x0)
+    torch.testing.assert_close(a, ea)
+    torch.testing.assert_close(c, ec)
+    assert torch.equal(x, x0)
+    assert not [s.reuse for r in runners for s in r.plan if getattr(s, "reuse", None)]
+
+
+def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():
+    x = torch.randn(2, 3, 7, 2).permute(0, 3, 1, 2)  # channels-last strides
+    idx = torch.randint(0, 36, (2, 3, 7, 2)).permute(0, 3, 1, 2)
+    fn = lambda x, i: F.max_unpool2d(x, i, (3, 2), (2, 1), (1, 1), output_size=(2, 2, 6, 6))  # noqa: E731
+    out, expected = torch.compile(fn, backend="fuselens")(x, idx), fn(x, idx)
+    assert out.stride() == expected.stride() == (72, 1, 12, 2)
+    torch.testing.assert_close(out, expected)

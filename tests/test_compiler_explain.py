@@ -146,3 +146,23 @@ def test_kernel_timing_is_batched_through_a_flusher():
         sink.flush()  # nothing new: no second event
     timings = of(events, KernelTiming)
     assert len(timings) == 1 and timings[0].calls == 5 and timings[0].total_time_us > 0
+
+
+def test_fusing_a_late_consumer_that_would_raise_peak_memory_is_refused():
+    def f(x, y):
+        a = x.sin()
+        m = (y @ y).relu()  # large buffers live between sin and cos
+        t = (m @ m).sum()
+        c = a.cos()  # fused into sin's kernel, c would be live across both matmuls
+        return c + t, a
+
+    events = compile_events(f, torch.randn(512, 512), torch.randn(1024, 1024))
+    apart = [d for d in of(events, FusionDecision) if d.decision == "not_fused" and d.nodes == ["sin", "cos"]]
+    assert apart and apart[0].rule == "peak-memory", apart
+    assert "raise peak memory from" in apart[0].reason and "MB" in apart[0].reason
+
+
+def test_fusing_an_adjacent_consumer_is_not_blocked_by_the_peak_memory_rule():
+    events = compile_events(lambda x: x.sin().cos() + 1, torch.randn(512, 512))
+    assert not [d for d in of(events, FusionDecision) if d.rule == "peak-memory"]
+    assert len(of(events, Kernel)) == 1

@@ -13,6 +13,12 @@ from the kernel name and no user lines.
 
 Kernels of the k-th Inductor output of compile `c` get graph_id `c:dynamo`
 for k = 0 and `c:dynamo#k` after (the backward of a training graph is #1).
+
+Kernel timing (`time_kernels`): profiler events are matched to one graph's
+kernel by the kernel's profile name (`graph_N_<kernel>`, from its source) or
+by the `graph_N_inductor_wrapper_call` range around them, so a recompiled
+graph whose kernels have the same names is timed on its own. Fusion
+decisions come from `inductor_fusion` once a graph's kernels are known.
 """
 
 from __future__ import annotations

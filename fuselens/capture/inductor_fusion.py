@@ -141,8 +141,10 @@ class FusionLog(logging.Handler):
         graph whose output code comes next), without the pairs the scheduler
         fused in a later round after all."""
         with self._lock:
-            refusals = self._pending.pop(compile_id, [])
-            merges = self._merges.pop(compile_id, [])
+            # A backward compiled lazily may run outside any compile context
+            # (id ""): it belongs to the graph whose code comes next.
+            refusals = self._pending.pop(compile_id, []) + self._pending.pop("", [])
+            merges = self._merges.pop(compile_id, []) + self._merges.pop("", [])
         group: dict[str, str] = {}
 
         def find(name: str) -> str:
@@ -295,6 +297,10 @@ def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[Fus
     seen: set[tuple] = set()
     for refusal in seg.refusals:
         first, second = refusal.sides
+        # A node can be an origin of both sides (Inductor inlines the tail of
+        # a reduction into its consumer): name each side by what is its own.
+        second = [n for n in second if n not in first] or second
+        first = [n for n in first if n not in second] or first
         if not first or not second:
             continue
         k1 = {kernel_of_post.get(n) for n in first} - {None}

@@ -14,6 +14,14 @@ reductions (with `reduction(...)` clauses) and loops calling the fl_exp/fl_log/
 fl_sin/fl_cos/fl_tanh/fl_erf helpers are reported "loop vectorized using 64 byte
 vectors" with -mprefer-vector-width=512 (32 byte by default). Loops calling
 <cmath> functions (expm1, pow, atan2...) stay scalar.
+
+Precompiled prelude: half of a small library's g++ time is parsing the prelude's
+standard headers. The first build in a process starts a background g++ that
+precompiles the prelude (`fl_prelude.h.gch`, ~4 s, once per compiler + flags) into
+$FUSELENS_PCH_DIR or ~/.cache/fuselens/pch/<key> (independent of `cache_dir`: it
+holds no generated code); builds after that include it instead of the text
+(g++ falls back to the header text by itself if the .gch does not match).
+Measured on this 2-core machine under load: 1.0 s -> 0.45 s for a one-kernel library.
 """
 
 from __future__ import annotations
@@ -65,6 +73,69 @@ def library_path(source: str, options: Any) -> str:
     return os.path.join(root, key[:2], f"{key}.so")
 
 
+_pch_state: dict[str, str] = {}  # key -> "building" | "ready" | "failed"
+
+
+def _pch_dir(options: Any) -> Optional[str]:
+    """The directory holding the precompiled prelude when it is ready; otherwise
+    start building it in the background (once) and return None."""
+    from fuselens.compiler.codegen.cpp_prelude import PRELUDE
+
+    flags = [f for f in cflags(options) if f != "-shared"]
+    key = hashlib.sha256((" ".join([options.cxx, *flags]) + "\n" + PRELUDE).encode()).hexdigest()[:24]
+    root = os.environ.get("FUSELENS_PCH_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fuselens", "pch")
+    d = os.path.join(root, key)
+    gch = os.path.join(d, "fl_prelude.h.gch")
+    with _lock:
+        state = _pch_state.get(key)
+        if state is None and os.path.exists(gch):
+            state = _pch_state[key] = "ready"
+        if state == "ready":
+            return d
+        if state is not None:
+            return None
+        _pch_state[key] = "building"
+
+    def work() -> None:
+        ok = False
+        try:
+            os.makedirs(d, exist_ok=True)
+            header = os.path.join(d, "fl_prelude.h")
+            fd, tmp_h = tempfile.mkstemp(suffix=".h", dir=d)
+            with os.fdopen(fd, "w") as f:
+                f.write("#pragma once\n" + PRELUDE)
+            os.replace(tmp_h, header)
+            tmp_gch = gch + f".{os.getpid()}.tmp"
+            proc = subprocess.run([options.cxx, *flags, "-x", "c++-header", header, "-o", tmp_gch],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0:
+                os.replace(tmp_gch, gch)
+                ok = True
+            elif os.path.exists(tmp_gch):
+                os.unlink(tmp_gch)
+        except OSError:
+            pass
+        with _lock:
+            _pch_state[key] = "ready" if ok else "failed"
+
+    threading.Thread(target=work, name="fuselens-pch", daemon=True).start()
+    return None
+
+
+def _with_pch(source: str, options: Any) -> tuple[str, list[str]]:
+    """The source to hand g++ (prelude replaced by the precompiled header, line
+    numbers kept with #line) and the extra flags it needs."""
+    from fuselens.compiler.codegen.cpp_prelude import PRELUDE
+
+    if not source.startswith(PRELUDE):
+        return source, []
+    d = _pch_dir(options)
+    if d is None:
+        return source, []
+    rest = source[len(PRELUDE):]
+    return f'#include "fl_prelude.h"\n#line {PRELUDE.count(chr(10)) + 1}\n' + rest, ["-I", d]
+
+
 def build(source: str, options: Any, kernel_spans: Sequence[tuple[str, int, int]] = ()) -> BuildResult:
     """Compile (or fetch from the cache) and load `source`.
 
@@ -80,11 +151,12 @@ def build(source: str, options: Any, kernel_spans: Sequence[tuple[str, int, int]
     hit = os.path.exists(path)
     if not hit:
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        text, extra = _with_pch(source, options)
         fd, src_path = tempfile.mkstemp(suffix=".cpp", dir=os.path.dirname(path))
         with os.fdopen(fd, "w") as f:
-            f.write(source)
+            f.write(text)
         tmp_out = src_path[:-4] + ".so"
-        cmd = [options.cxx, *cflags(options), src_path, "-o", tmp_out]
+        cmd = [options.cxx, *cflags(options), *extra, src_path, "-o", tmp_out]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

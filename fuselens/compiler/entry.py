@@ -67,6 +67,12 @@ def decompositions() -> dict:
     # ops we lower ourselves: keep them whole
     for keep in (aten.var_mean.correction, aten.var.correction, aten.mean.dim, aten.mean.default):
         table.pop(keep, None)
+    # max_unpool's decomposition (index_put into a contiguous view) loses eager's
+    # output layout: eager returns the input's memory format (channels-last in,
+    # channels-last out). Run it whole in ATen (an extern), which keeps the layout.
+    for op in (getattr(aten, "max_unpool2d", None), getattr(aten, "max_unpool3d", None)):
+        for ov in (op.overloads() if op is not None else []):
+            table.pop(getattr(op, ov), None)
     return table
 
 

@@ -138,8 +138,25 @@ class Scheduler:
             for j in d:
                 mask |= self.anc[j] | (1 << j)
             self.anc.append(mask)
+        self.users: list[list[int]] = [[] for _ in self.steps]
+        for i, d in enumerate(self.deps):
+            for j in d:
+                self.users[j].append(i)
+        self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
+        self.nbytes = [self._step_bytes(s) for s in self.steps]
         self.group_of: dict[str, KernelGroup] = {}
         self.refusals: dict[tuple[int, str], Refusal] = {}
+
+    def _step_bytes(self, s: Any) -> int:
+        names = [s.name] + [o for o in (getattr(s, "outputs", None) or []) if o]
+        total = 0
+        for n in names:
+            spec = self.g.buffers.get(n)
+            if spec is not None:
+                total += self.g.hint(ir.numel(spec.size)) * spec.dtype.itemsize
+            elif isinstance(s, ComputeNode) and n == s.name:
+                total += self.g.hint(ir.numel(s.size)) * s.dtype.itemsize
+        return total
 
     # -- rules: each returns None (fuse) or a Refusal -------------------------
     def rule_enabled(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
@@ -234,8 +251,105 @@ class Scheduler:
                                    "needs one of these results and produces an input of another")
         return None
 
+    PEAK_WINDOW = 400  # steps simulated at most; wider gaps are refused as too far apart
+    PEAK_SLACK = 64 * 1024  # bytes of extra peak tolerated (a few rows of scratch)
+
+    def rule_peak_memory(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        """A kernel runs where all its inputs are ready. Fusing work from far later in
+        the graph either computes its result early (that buffer then stays live across
+        everything in between) or delays the earlier members (their inputs stay live):
+        both can raise the peak. Simulate the live bytes over the steps in between, with
+        and without the fusion, and refuse when the peak grows."""
+        a = {self.index[n.name] for n in g.nodes}
+        b = {self.index[n.name] for n in new}
+        lo, hi = min(a | b), max(a | b)
+        if all(j in a or j in b for j in range(lo, hi + 1)):
+            return None  # nothing in between: fusing only removes a buffer
+        if hi - lo > self.PEAK_WINDOW:
+            return Refusal("peak-memory", f"{_label(self.steps[max(b)])} comes {hi - lo} ops after "
+                           f"{_label(self.steps[min(a)])}; fusing across that many ops could keep buffers alive "
+                           "much longer than eager")
+        before = self._peak(lo, hi, [a, b])
+        after = self._peak(lo, hi, [a | b])
+        if after > before + self.PEAK_SLACK:
+            return Refusal("peak-memory", f"fusing would raise peak memory from {_mb(before)} to {_mb(after)}: "
+                           f"{_label(self.steps[max(b)])} would run together with {_label(self.steps[min(a)])}, "
+                           f"across {hi - lo + 1 - len(a | b)} ops in between, keeping their buffers alive longer")
+        return None
+
+    def _peak(self, lo: int, hi: int, sets: Sequence[set[int]]) -> int:
+        """Peak live bytes over steps lo..hi when each set in `sets` runs as one kernel
+        (placed as early as its inputs allow, like `_order`), other steps alone."""
+        unit_of = {}
+        for k, st in enumerate(sets):
+            for j in st:
+                unit_of[j] = ("k", k)
+        units: list[Any] = []
+        members: dict[Any, list[int]] = {}
+        for j in range(lo, hi + 1):
+            u = unit_of.get(j, ("s", j))
+            if u not in members:
+                members[u] = []
+                units.append(u)
+            members[u].append(j)
+        udeps: dict[Any, set] = {u: set() for u in units}
+        for u in units:
+            for j in members[u]:
+                for d in self.deps[j]:
+                    if lo <= d <= hi:
+                        v = unit_of.get(d, ("s", d))
+                        if v != u:
+                            udeps[u].add(v)
+        order: list[Any] = []
+        done: set = set()
+        remaining = list(units)
+        while remaining:
+            for k, u in enumerate(remaining):
+                if udeps[u] <= done:
+                    order.append(u)
+                    done.add(u)
+                    del remaining[k]
+                    break
+            else:
+                return 0  # a cycle (rule_no_cycle reports it)
+        pos = {}
+        for t, u in enumerate(order):
+            for j in members[u]:
+                pos[j] = t
+        end = len(order)
+        born: list[int] = [0] * (end + 1)
+        dies: list[int] = [0] * (end + 2)
+        # buffers made before the window and read inside it
+        outside_producers: set[int] = set()
+        for j in range(lo, hi + 1):
+            for d in self.deps[j]:
+                if d < lo:
+                    outside_producers.add(d)
+        for d in outside_producers:
+            last = max((pos[u] for u in self.users[d] if lo <= u <= hi), default=-1)
+            if d in self.out_steps or any(u > hi for u in self.users[d]):
+                last = end
+            born[0] += self.nbytes[d]
+            dies[last + 1] += self.nbytes[d]
+        for j in range(lo, hi + 1):
+            u = unit_of.get(j, ("s", j))
+            users = self.users[j]
+            if isinstance(self.steps[j], ComputeNode) and u[0] == "k" and users and j not in self.out_steps and all(
+                    unit_of.get(c) == u for c in users):
+                continue  # stays inside the kernel: never materialized
+            last = max((pos[c] for c in users if c <= hi), default=pos[j])
+            if j in self.out_steps or any(c > hi for c in users):
+                last = end
+            born[pos[j]] += self.nbytes[j]
+            dies[last + 1] += self.nbytes[j]
+        live = peak = 0
+        for t in range(end):
+            live += born[t] - dies[t]
+            peak = max(peak, live)
+        return peak
+
     RULES: tuple[str, ...] = ("rule_enabled", "rule_iteration_space", "rule_epilogue", "rule_size",
-                              "rule_no_cycle", "rule_same_index")
+                              "rule_no_cycle", "rule_same_index", "rule_peak_memory")
 
     def check(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
         for rule in self.RULES:
@@ -350,6 +464,10 @@ class Scheduler:
                 raise RuntimeError("fuselens scheduler produced a cycle")
         del pos
         return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB"
 
 
 def _same_space(g: KernelGroup, n: ComputeNode) -> bool:

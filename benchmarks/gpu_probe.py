@@ -1,0 +1,200 @@
+"""GPU diagnostics behind the `## GPU` notes of RESULTS.md (needs CUDA).
+
+    python -m benchmarks.gpu_probe [--what inductor_code,host,cold] [--out DIR]
+
+* `inductor_code`: Inductor's generated Triton kernels (and launch metadata) next to
+  fuselens' for layernorm, gelu(x+b) and sin^2+cos^2 (`run_and_get_code`), to compare
+  block shapes, reduction order and math calls.
+* `host`: per-call host time of the compiled GPT-2 and ResNet blocks (fuselens and
+  Inductor): wall time of N calls issued without synchronizing divided by N, against
+  the device time per call; plus the top of a cProfile of fuselens' steady state.
+* `cold`: cProfile of fuselens' cold compile of the ResNet block (fresh caches), by
+  cumulative time, to see where the first call's seconds go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+_tmp = tempfile.mkdtemp(prefix="fl_gpu_probe_")
+for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("FUSELENS_CACHE_DIR", "fuselens")):
+    os.environ[var] = os.path.join(_tmp, sub)
+os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import fuselens.compiler  # noqa: E402,F401
+from benchmarks.gpu import make_cases  # noqa: E402
+
+
+def _kernels_of(code: str) -> str:
+    """The @triton.jit functions (with their heuristics decorators) of Inductor's output code."""
+    out, keep = [], False
+    for line in code.splitlines():
+        if line.startswith("@triton_heuristics") or line.startswith("@triton.jit"):
+            keep = True
+        elif keep and line.startswith("''', device_str"):
+            keep = False
+            out.append("")
+        if keep:
+            out.append(line)
+    return "\n".join(out)
+
+
+def inductor_code(names: list[str]) -> None:
+    from torch._inductor.utils import run_and_get_code
+
+    from fuselens import sink
+    from fuselens.events import Kernel
+
+    cases = make_cases()
+    for n in names:
+        c = cases[n]()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            _, codes = run_and_get_code(torch.compile(c["fn"]), *c["args"])
+        print(f"==== Inductor {n}")
+        for code in codes:
+            print(_kernels_of(code)[:6000])
+        torch._dynamo.reset()
+        with sink.collect() as events, torch.no_grad():
+            torch.compile(c["fn"], backend="fuselens")(*c["args"])
+        print(f"==== fuselens {n}")
+        from fuselens.compiler import triton_runtime as tr
+
+        for e in events:
+            if isinstance(e, Kernel) and e.kind == "triton":
+                print(e.source)
+                la = tr.recent_libraries[-1].launchers.get(e.name)
+                if la is not None:
+                    print("configs:", {k: v.to_json() for k, v in la.configs.items()})
+
+
+def host(names: list[str], calls: int = 200) -> None:
+    cases = make_cases()
+    for n in names:
+        c = cases[n]()
+        fn, args = c["fn"], c["args"]
+        for impl, kw in (("inductor", {}), ("fuselens", {"backend": "fuselens"})):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                f = torch.compile(fn, **kw)
+                for _ in range(5):
+                    f(*args)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    f(*args)
+                host_s = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                total_s = time.perf_counter() - t0
+                print(f"{n} {impl}: host {1e6 * host_s / calls:.0f} us/call, host+device {1e6 * total_s / calls:.0f} "
+                      f"us/call", flush=True)
+                if impl == "fuselens":
+                    pr = cProfile.Profile()
+                    pr.enable()
+                    for _ in range(50):
+                        f(*args)
+                    pr.disable()
+                    torch.cuda.synchronize()
+                    s = io.StringIO()
+                    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(14)
+                    print("\n".join(s.getvalue().splitlines()[6:30]))
+
+
+def cold(name: str) -> None:
+    cases = make_cases()
+    c = cases[name]()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        c["fn"](*c["args"])  # eager first: cuDNN/cuBLAS initialisation is not the compiler's
+        torch.compile(lambda x: torch.relu(x) * 2 + 1, backend="fuselens")(torch.randn(1024, device="cuda"))
+        torch._dynamo.reset()
+        f = torch.compile(c["fn"], backend="fuselens")
+        torch.cuda.synchronize()
+        pr = cProfile.Profile()
+        t0 = time.perf_counter()
+        pr.enable()
+        f(*c["args"])
+        torch.cuda.synchronize()
+        pr.disable()
+        print(f"==== cold compile {name}: {time.perf_counter() - t0:.2f} s")
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(45)
+        print("\n".join(ln[:160] for ln in s.getvalue().splitlines()[6:60]))
+
+
+def _variant(src: str, evict: bool, nomask: bool) -> str:
+    out = []
+    for line in src.splitlines():
+        if nomask:
+            line = line.replace(", xmask, other=0)", ")").replace(", xmask)", ")")
+        if evict and "tl.load(" in line and line.rstrip().endswith(")"):
+            pol = "evict_first" if "xindex" in line else "evict_last"
+            line = line.rstrip()[:-1] + f", eviction_policy='{pol}')"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def ln_variants(names: list[str]) -> None:
+    """Time fuselens' kernel for each case with source edits: L2 eviction hints
+    (streamed loads evict_first, broadcast loads evict_last), and no x masks (valid
+    here: every x size is a multiple of the block)."""
+    from benchmarks.gpu import bench
+
+    cases = make_cases()
+    for n in names:
+        c = cases[n]()
+        row = []
+        for evict in (False, True):
+            for nomask in (False, True):
+                torch._dynamo.reset()
+                hook = (lambda name, src, e=evict, m=nomask: _variant(src, e, m))
+                with torch.no_grad():
+                    f = torch.compile(c["fn"], backend="fuselens", options={"source_hook": hook})
+                    f(*c["args"])
+                    ms = bench(lambda: f(*c["args"]))
+                row.append(f"evict={evict} nomask={nomask}: {ms:.4f} ms")
+        print(f"{n}: " + "; ".join(row), flush=True)
+
+
+def main(argv: Any = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--what", default="cold,inductor_code,variants,host")
+    ap.add_argument("--variant-cases", default="layernorm,softmax_fp32,gelu_bf16")
+    ap.add_argument("--code-cases", default="layernorm,gelu_bf16,sincos")
+    ap.add_argument("--host-cases", default="gpt2_block,resnet_block")
+    ap.add_argument("--cold-case", default="resnet_block")
+    a = ap.parse_args(argv)
+    what = a.what.split(",")
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("cold", lambda: cold(a.cold_case)),  # first: nothing compiled yet in this process
+        ("inductor_code", lambda: inductor_code(a.code_cases.split(","))),
+        ("variants", lambda: ln_variants(a.variant_cases.split(","))),
+        ("host", lambda: host(a.host_cases.split(","))),
+    ]
+    for key, step in steps:
+        if key in what:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - one probe failing must not hide the others
+                print(f"probe {key} failed: {type(e).__name__}: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
