@@ -275,7 +275,9 @@ def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[Fus
     kernel -> post-grad provenance, post -> Dynamo nodes, refusals)."""
     out: list[FusionDecision] = []
     kernel_of_post: dict[str, str] = {}
+    posts_of: dict[str, list[str]] = {}
     for key, posts in seg.code_to_post.items():
+        posts_of.setdefault(key.rsplit(":", 1)[0], []).extend(posts)
         for post in posts:
             kernel_of_post.setdefault(post, key.rsplit(":", 1)[0])
     for kernel in kernels:
@@ -285,7 +287,8 @@ def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[Fus
         out.append(
             FusionDecision(
                 decision="fused",
-                nodes=list(kernel.nodes),
+                # Dynamo nodes; post-grad ones where provenance has none
+                nodes=list(kernel.nodes) or list(dict.fromkeys(posts_of.get(kernel.name, []))),
                 reason=f"Inductor generated one {kernel.kind} kernel for {len(kernel.ops)} ops ({ops})",
                 kernel=kernel.name,
                 graph_id=graph_id,
