@@ -188,6 +188,8 @@ def _recompiles(report: Report, root: Optional[str]) -> str:
     for rc in report.recompiles:
         tag = '<span class="tag error">recompile limit</span>' if rc.hit_limit else '<span class="tag warn">recompile</span>'
         pairs = [("guard failed", prose(r)) for r in rc.reasons]
+        if rc.call_site is not None:
+            pairs.append(("called at", where(rc.call_site, root)))
         pairs += [("changed", escape(common.shape_change_text(sc))) for sc in rc.shape_changes]
         pairs += [("dtype", escape(d)) for d in rc.dtype_changes]
         if rc.hit_limit:
@@ -203,7 +205,7 @@ def _recompiles(report: Report, root: Optional[str]) -> str:
 
 
 def _time_charts(report: Report) -> str:
-    phase_bars = [charts.Bar(name, s, common.fmt_seconds(s), color="#4e79a7") for name, s in common.phase_totals(report)]
+    phase_bars = charts.phase_bars(report)  # nested phases indented under their parent
     compile_html = (charts.bar_chart(phase_bars, title="Compile time per phase") if phase_bars
                     else '<p class="muted">No compile phases were recorded.</p>')
     timed = common.kernels_by_time(report)

@@ -11,7 +11,7 @@ import re
 from typing import Iterable, Optional
 
 from fuselens.events import CompiledGraph, Kernel, Report, SourceLocation
-from fuselens.report import common
+from fuselens.report import charts, common
 
 MAX_NODE_ROWS = 200
 _CODE_SPAN = re.compile(r"(`[^`\n]+`)")
@@ -169,6 +169,8 @@ def _recompiles(out: list[str], report: Report, root: Optional[str]) -> None:
         kind = "hit the recompile limit" if rc.hit_limit else "recompiled"
         out += [f"### {where(rc.location, root)} {code(rc.function)} {kind} (compile {esc(rc.compile_id)})", ""]
         items = [f"- **guard failed:** {prose(r)}" for r in rc.reasons]
+        if rc.call_site is not None:
+            items.append(f"- **called at:** {where(rc.call_site, root)}")
         items += [f"- **changed:** {esc(common.shape_change_text(sc))}" for sc in rc.shape_changes]
         items += [f"- **dtype:** {esc(d)}" for d in rc.dtype_changes]
         if rc.hit_limit:
@@ -236,12 +238,14 @@ def _fusion(out: list[str], report: Report, root: Optional[str]) -> None:
 
 
 def _phases(out: list[str], report: Report) -> None:
-    totals = common.phase_totals(report)
-    if not totals:
+    phases = charts.phase_rows(report)
+    if not phases:
         return
     total = common.compile_seconds(report) or 1.0
     out += [f"## Compile time per phase ({common.fmt_seconds(common.compile_seconds(report))})", ""]
-    rows = [[esc(name), common.fmt_seconds(s), f"{100 * s / total:.0f}%"] for name, s in totals]
+    # Nested phases lie inside their parent: indent them, never add them up.
+    rows = [[("&nbsp;&nbsp;" * depth + ("└ " if depth else "")) + esc(name), common.fmt_seconds(s), f"{100 * s / total:.0f}%"]
+            for name, s, depth in phases]
     out += table(["phase", "time", "share"], rows)
 
 

@@ -196,6 +196,8 @@ class _View:
             self.headline(self.where(rc.location), code, "bold magenta",
                           f"{rc.function}: {common.recompile_headline(rc)}", f"(compile {rc.compile_id})")
             self.source(rc.location)
+            if rc.call_site is not None:
+                self.note("called at", self.where(rc.call_site))
             for reason in rc.reasons[1:]:
                 self.note("guard", reason)
             for sc in rc.shape_changes:
