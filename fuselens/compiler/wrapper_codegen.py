@@ -60,7 +60,8 @@ class _Printer:
         self.lines: list[str] = []
         self.static = runner._static_slots
         self.globals_by_id: dict[int, str] = {}
-        self.empty_cuda = False  # allocate with torch._C._dynamo.guards._empty_strided_cuda
+        self.empty_fast = False  # allocate with torch._C._dynamo.guards._empty_strided_{cuda,cpu}
+        self.device_guard = False
 
     # -- names
     def local(self, buf: str) -> str:
@@ -89,6 +90,12 @@ class _Printer:
         if self.static is not None:
             return self.lit(self.static[i])
         return f"slots[{i}]"
+
+    def tuple_slot(self, i: int) -> str:
+        """A sizes/strides slot as a tuple (what the C++ allocation helpers accept)."""
+        if self.static is not None:
+            return self.lit(tuple(self.static[i]))
+        return f"tuple(slots[{i}])"
 
     def lit(self, a: Any) -> str:
         """A constant as source (lists/tuples of ints print; anything else is a global)."""
@@ -147,19 +154,25 @@ class _Printer:
         self.ns["_dev"] = dev
         head = len(self.lines)
         guard = getattr(torch.cuda, "_DeviceGuard", None)
-        fast_empty = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-        fast_empty = getattr(fast_empty, "_empty_strided_cuda", None)
-        if fast and dev is not None and dev.type == "cuda":
+        helpers = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+        on_cuda = dev is not None and dev.type == "cuda"
+        # allocate with the C++ helpers Inductor's wrapper uses (~1 us, not ~2.5; sizes as tuples); the
+        # CUDA one allocates on the current device, so the body runs under a device guard (Triton
+        # launches on the current device too)
+        fast_empty = getattr(helpers, "_empty_strided_cuda" if on_cuda else "_empty_strided_cpu", None)
+        if fast_empty is not None and (guard is not None or not on_cuda):
+            self.ns["_empty_fast"] = fast_empty
+            self.empty_fast = True
+        idx = 0
+        if fast and on_cuda:
             self.ns["_stream"] = _stream_getter()
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             self.emit(f"stream = _stream({int(idx)})")
-            if guard is not None and fast_empty is not None:
-                # allocate with the C++ helper Inductor's wrapper uses (~1 us, not ~2.5); it allocates on
-                # the current device, so the body runs under a device guard (Triton launches there too)
-                self.ns["_guard"], self.ns["_empty_cuda"] = guard, fast_empty
-                self.empty_cuda = True
         else:
             self.emit("stream = None")
+        if on_cuda and self.empty_fast:
+            self.ns["_guard"] = guard
+            self.device_guard = True
         for step in r.plan:
             if isinstance(step, KernelCall):
                 self.kernel(step, syms, fast)
@@ -174,7 +187,7 @@ class _Printer:
             else:
                 raise NotImplementedError(type(step).__name__)
         self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
-        if self.empty_cuda:
+        if self.device_guard:
             body = self.lines[head:]
             self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
         return "def call(args):\n" + "\n".join(self.lines) + "\n"
@@ -188,8 +201,8 @@ class _Printer:
             var = self.local(name)
             if src is not None:  # in place: the input dies at this call (plan.py checked it)
                 self.emit(f"{var} = {self.names[src]}")
-            elif self.empty_cuda:
-                self.emit(f"{var} = _empty_cuda({self.slot(sz)}, {self.slot(st)}, {self.glob(dtype, 'dt')})")
+            elif self.empty_fast:
+                self.emit(f"{var} = _empty_fast({self.tuple_slot(sz)}, {self.tuple_slot(st)}, {self.glob(dtype, 'dt')})")
             else:
                 self.emit(f"{var} = _empty({self.slot(sz)}, {self.slot(st)}, dtype={self.glob(dtype, 'dt')}, "
                           "device=_dev)")

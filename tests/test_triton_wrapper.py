@@ -1,0 +1,116 @@
+"""The Triton target's host path: the generated straight-line wrapper
+(fuselens/compiler/wrapper_codegen.py) and the launcher's direct-launch cache
+(`Launcher.fast_launcher` in triton_runtime.py).
+
+End to end, every interpreter test of test_triton_codegen.py/test_triton_models.py
+runs through the generated wrapper. Here: the wrapper against the plan
+interpreter it replaces on a hand-built plan, and the direct-launch cache against
+a fake compiled kernel: Triton's `CompiledKernel.run` needs a GPU (the edge we
+cannot run here; benchmarks/gpu_check.py covers the real one on the device).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import sympy
+import torch
+
+from fuselens.compiler.runtime import ExternCall, Free, GraphRunner, KernelCall
+
+aten = torch.ops.aten
+
+
+class _AddLauncher:
+    """Stands in for a Triton Launcher: out = a + b (takes tensors, like the real one)."""
+
+    takes_tensors = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        self.calls += 1
+        torch.add(a, b, out=out)
+
+    def fast_launcher(self) -> None:
+        return None
+
+
+def _runner() -> GraphRunner:
+    k = _AddLauncher()
+    plan = [
+        ExternCall("mm", aten.mm.default, (("buf", "x"), ("buf", "w")), {}, "mm"),
+        ExternCall("view", aten.view.default, (("buf", "mm"), [16]), {}, "view"),
+        Free(["w"]),
+        KernelCall("k0", k, ["view", "b", "out"], ["out"], [("out", 0, 1, torch.float32)], [], takes_tensors=True),
+        Free(["mm", "view", "b"]),
+    ]
+    slots = [[16], [1]]
+    return GraphRunner(plan, ["x", "w", "b"], {}, lambda env: slots, [("buf", "out")], set())
+
+
+def test_generated_wrapper_matches_the_plan_interpreter_and_frees_at_last_use() -> None:
+    from fuselens.compiler.wrapper_codegen import wrap
+
+    x, w, b = torch.randn(4, 3), torch.randn(3, 4), torch.randn(16)
+    runner = _runner()
+    ref = runner([x, w, b])[0]
+    wrapped = wrap(runner, fast=False)
+    assert wrapped is not None
+    args = [x, w, b]
+    out = wrapped(args)[0]
+    assert args == []  # boxed convention: the inputs list is cleared
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out, (x @ w).view(16) + b)
+    src = wrapped.source
+    assert "del b_w" in src and "del b_mm, b_view, b_b" in src
+    assert src.index("del b_w") < src.index("_k")  # w dies before the kernel runs
+    assert "torch.mm" not in src and "_e0(b_x, b_w)" in src  # direct call to a global, args spelled out
+
+
+class _FakeCompiled:
+    """What JITFunction.run returns on a GPU: records direct launches."""
+
+    def __init__(self, log: list) -> None:
+        self.function, self.packed_metadata = "fn-handle", "md"
+        self.log = log
+
+    def run(self, *a: Any) -> None:
+        self.log.append(("direct", a))
+
+
+class _FakeJIT:
+    arg_names = ["in_a", "out_b", "XBLOCK"]
+
+    def __init__(self) -> None:
+        self.log: list = []
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kw: Any) -> _FakeCompiled:
+        self.log.append(("jit", grid, kw["XBLOCK"], kw["num_warps"]))
+        return _FakeCompiled(self.log)
+
+
+def test_fast_launcher_binds_the_compiled_kernel_once_per_alignment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from fuselens.compiler import triton_runtime as tr
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(tr, "_launch_hooks", lambda: False)
+    ks = types.SimpleNamespace(name="k", kernel_kind="pointwise", buffers=["a", "b"], symbols=[],
+                               xnumel=sympy.Integer(4096), rnumel=sympy.Integer(1), numel_args=[], elem_bytes=4,
+                               column_reduction=False)
+    opts = types.SimpleNamespace(autotune=False, time_kernels=False, resolved_cache_dir=lambda: str(tmp_path))
+    fn = _FakeJIT()
+    la = tr.Launcher(ks, fn, opts, "src")
+    launch = la.fast_launcher()
+    a, out = torch.randn(4100), torch.empty(4096)
+    launch(7, a[:4096], out)  # first: through JITFunction.run (compiles), binds the direct call
+    launch(7, a[:4096], out)  # then: straight to CompiledKernel.run with the bound grid and constexprs
+    assert [e[0] for e in fn.log] == ["jit", "direct"]
+    _, direct = fn.log[1]
+    assert direct[:9] == (4, 1, 1, 7, "fn-handle", "md", None, None, None)
+    assert direct[9:] == (a.data_ptr(), out.data_ptr(), 1024)  # pointers, then XBLOCK (4096 / 1024 programs)
+    launch(7, a[1:4097], out)  # a 4-byte offset pointer: Triton specialized on 16-byte alignment, so not the same binary
+    assert fn.log[2][0] == "jit"
