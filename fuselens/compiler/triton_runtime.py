@@ -5,6 +5,9 @@ autotuning cached on disk, per-kernel device timing and CUDA graphs.
   `<cache_dir>/triton/<sha256>.py` (Triton's JIT needs a real file to read the
   source back) and imports it; each kernel gets a `Launcher`, which the runtime
   plan calls with the kernel's tensors and size symbols (`takes_tensors`).
+* `finalize` replaces the plan interpreter by a generated straight-line wrapper
+  (wrapper_codegen.py) whose launches go through `Launcher.fast_launcher`: the
+  compiled kernel's own launcher with grid and constexprs bound once.
 * Launch configuration: `heuristic_config` picks block sizes and warps from the
   kernel kind and sizes. With option `autotune`, the first launch of each size
   class (power-of-two buckets of the block axes) times `candidate_configs` with
