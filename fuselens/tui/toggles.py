@@ -52,8 +52,7 @@ TOGGLES: tuple[Toggle, ...] = (
     Toggle("backend", "backend", "run", (PROGRAM_BACKEND, "fuselens", "inductor", "eager"),
            "the torch.compile backend forced on every compile (program: its own)"),
     # fuselens compiler options (fuselens/compiler/options.py CompilerOptions;
-    # a test checks names and defaults against its source). It has no
-    # autotune or CUDA-graphs option: those are offered for Inductor below.
+    # a test checks names and defaults against its source).
     Toggle("fusion", "fusion", "fuselens", (True, False), "fuse ops into kernels at all"),
     Toggle("max_fusion_size", "max fusion size", "fuselens", (64, 32, 16, 8, 4, 2),
            "most nodes in one fused kernel"),
@@ -68,6 +67,10 @@ TOGGLES: tuple[Toggle, ...] = (
     Toggle("target", "target", "fuselens", ("auto", "cpp", "triton"),
            "generated code: C++/OpenMP or Triton (auto: cpp on CPU tensors)"),
     Toggle("threads", "threads", "fuselens", (0, 1, 2, 4, 8), "OpenMP threads per kernel", auto=0),
+    Toggle("autotune", "autotune", "fuselens", (False, True),
+           "Triton: time a few launch configurations per kernel and keep the fastest"),
+    Toggle("cuda_graphs", "CUDA graphs", "fuselens", (False, True),
+           "Triton on CUDA: replay the whole compiled graph as one CUDA graph"),
     # Inductor's own switches (torch._inductor.config).
     Toggle("epilogue_fusion", "epilogue fusion", "inductor", (True, False), "inductor config.epilogue_fusion"),
     Toggle("aggressive_fusion", "aggressive fusion", "inductor", (False, True),
