@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 UNTRUSTED_MESSAGE = (
     "fuselens: this workspace is not trusted, so fuselens ran no code. It analyses torch.compile by "
-    "running your program; trust the workspace (in VS Code: Manage Workspace Trust), or have your editor send initializationOptions {"trusted": true} or the setting fuselens.trusted = true."
+    "running your program; trust the workspace (in VS Code: Manage Workspace Trust), or have "
+    'your editor send initializationOptions {"trusted": true} or the setting fuselens.trusted = true.'
 )
 
 

@@ -136,7 +136,10 @@ class CppOps:
             return x
         if dtype == torch.bool:
             return self._emit(f"({x} != 0)", dtype)
-        return self._emit(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
+        v = self._emit(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
+        if x.dtype == torch.float32 and dtype == torch.float64:
+            self.k.widened[v.name] = x  # a float sum may accumulate the float itself
+        return v
 
     def where(self, c: CVal, a: CVal, b: CVal) -> CVal:
         return self._emit(f"({c} ? {a} : {b})", a.dtype)
@@ -212,6 +215,17 @@ class CppOps:
         return self._bin(a, b, "({a} * {b})")
 
     def truediv(self, a, b):
+        k = self.k
+        if (a.dtype.is_floating_point and k.outer_scope is not None and k.scope is not k.outer_scope
+                and b.name in k.outer_names):
+            # The divisor is fixed for the whole inner loop (softmax's row sum): one
+            # reciprocal per row, a multiply per element (vdivps costs ~10x vmulps).
+            # Within 1 ulp of a / b, as ATen's softmax (it multiplies by 1/sum too);
+            # differs only for a subnormal divisor, whose reciprocal overflows.
+            saved, k.scope = k.scope, k.outer_scope
+            r = k.emit(f"({cconst(1, b.dtype)} / {b})", b.dtype)
+            k.scope = saved
+            return self._bin(a, r, "({a} * {b})")
         return self._bin(a, b, "({a} / {b})")
 
     def floordiv(self, a, b):
@@ -332,6 +346,8 @@ class CppKernel:
         # C offsets each buffer is loaded / stored at (in-place reuse needs them equal)
         self.load_offsets: dict[str, set[str]] = {}
         self.store_offsets: dict[str, set[str]] = {}
+        self.outer_names: set[str] = set()  # values defined outside the inner loop
+        self.widened: dict[str, CVal] = {}  # float64 value -> the float32 value it converts
 
     # -- helpers used by CppOps
     def simplify(self, e: Expr) -> Expr:
@@ -355,6 +371,8 @@ class CppKernel:
         v = CVal(f"t{self.counter}", dtype)
         self.scope.lines.append(f"{'  ' * self.scope.indent}const {CTYPES[dtype]} {v} = {expr};")
         self.scope.cache[expr] = v
+        if self.scope is self.outer_scope:
+            self.outer_names.add(v.name)
         return v
 
     def ptr(self, name: str, write: bool = False) -> str:
@@ -461,6 +479,8 @@ class CppKernel:
             inner_dims = [d for d in range(nfull) if g.rflags[d]]
         nphases = self._phases()
         self._choose_scratch(inner_dims)
+        rn = ir.numel([g.full[d] for d in inner_dims])
+        short_rows = g.rflags is not None and rn.is_Integer and int(rn) <= self.FLOAT_SUM_MAX
         body: list[str] = []
         outer_numel = ir.numel([g.full[d] for d in outer_dims])
         total = ir.numel(g.full)
@@ -497,6 +517,7 @@ class CppKernel:
             if not reds and not fulls:
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
                 continue
+            acc_line = len(self.scope.lines)
             accs = self._init_accs(reds, ind)
             clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in zip(reds, accs))
             nan_flags = [f"{a}_nan" for r, a in zip(reds, accs) if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point]
@@ -515,6 +536,13 @@ class CppKernel:
                 v = r.body(self.ops, g.full_index(r.full_size))
                 if v.dtype != r.acc_dtype:
                     v = self.ops.to_dtype(v, r.acc_dtype)
+                if self._float_sum(r, v, short_rows):
+                    # accumulate the float itself: float->double conversion halves the
+                    # vector width (softmax 2k x 2k: -15% kernel time)
+                    v = self.widened[v.name]
+                    decl = f"double {a} = 0;"
+                    i = next(i for i in range(acc_line, len(body)) if body[i].endswith(decl))
+                    body[i] = body[i].replace(decl, f"float {a} = 0;")
                 loop_lines.extend(self._accumulate(r, a, v, self.scope.indent))
             self.scope = saved
             for k, d in enumerate(inner_dims):
@@ -540,6 +568,19 @@ class CppKernel:
             self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
         body.append(f"{'  ' * (ind - 1)}}}")
         return self._finish(body)
+
+    # Longest row a float32 sum accumulates in float (not double). The simd loop
+    # keeps one partial sum per vector lane (16 with AVX-512), so a lane adds at
+    # most 256 values: error ~ eps * sqrt(256) relative, like ATen's own float
+    # Vectorized sums (softmax, layer_norm), far inside float32 test tolerances.
+    FLOAT_SUM_MAX = 4096
+
+    def _float_sum(self, r: ComputeNode, v: CVal, short_rows: bool) -> bool:
+        """Whether reduction `r` may accumulate in float: a sum whose result is
+        float32 anyway (sums kept in double for var/mean stay double), over short
+        rows, of values that are float32 widened to double."""
+        return (short_rows and r.reduction == "sum" and r.acc_dtype == torch.float64 and r.dtype == torch.float32
+                and v.name in self.widened)
 
     def _outer_epilogue(self, nodes: Sequence[ComputeNode]) -> None:
         for n in nodes:
