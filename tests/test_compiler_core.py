@@ -90,6 +90,37 @@ def test_softmax_is_one_row_kernel():
     assert k.source.count("#pragma omp simd") == 3  # max pass, sum pass, write pass
 
 
+def test_softmax_keeps_its_exp_row_in_the_output_not_a_stack_array():
+    events = run(lambda x: torch.softmax(x, -1), torch.randn(64, 333))
+    (k,) = cpp_kernels(events)
+    assert "scr_" not in k.source  # exp(x - max) is written to the output row, then scaled in place
+    assert k.source.count("b_div[") == 3
+
+
+def _exp_row_twice(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True), e.sum(-1) * 2
+
+
+def _exp_row_two_outputs(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    s = e.sum(-1, keepdim=True)
+    return e / s, torch.sigmoid(e) / s
+
+
+@pytest.mark.parametrize("fn", [_exp_row_twice, _exp_row_two_outputs, lambda x: torch.softmax(x, 0),
+                                lambda x: torch.log_softmax(x, -1), lambda x: torch.softmax(x.t(), -1)])
+def test_row_scratch_is_correct_whether_or_not_it_can_live_in_the_output(fn):
+    events = run(fn, torch.randn(48, 130) * 30)
+    assert cpp_kernels(events)
+
+
+def test_exp_overflow_underflow_and_nan_match_eager():
+    x = torch.tensor([-float("inf"), -200.0, -90.0, -86.9, -10.0, 0.0, 1.0, 88.7, 88.8, 1e30, float("inf"), float("nan")])
+    run(lambda x: torch.exp(x) * 1.0, x)
+    run(lambda x: torch.softmax(x, -1), torch.tensor([[0.0, -float("inf"), 3.0], [-float("inf")] * 2 + [1.0]]))
+
+
 def test_layernorm_is_one_row_kernel():
     x, w, b = torch.randn(32, 100), torch.randn(100), torch.randn(100)
     events = run(lambda x, w, b: F.layer_norm(x, (100,), w, b), x, w, b)

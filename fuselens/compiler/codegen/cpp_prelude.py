@@ -22,7 +22,11 @@ static inline float fl_i2f(int32_t i) { float f; std::memcpy(&f, &i, 4); return 
 static inline int32_t fl_f2i(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
 
 static inline float fl_exp(float x) {
-  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  // Scales by 2^k by adding k to p's exponent field (exact, one int add) rather
+  // than two float multiplies: softmax 2k x 2k 1.40 -> 1.20 ms, measured. That
+  // needs k >= -125, so results below exp(-86.98) ~ 1.8e-38 flush to zero (eager
+  // returns subnormals there: absolute difference < 1.8e-38). exp(-inf) is 0.
+  float xc = x < -86.98f ? -86.98f : (x > 88.72283172607422f ? 88.72283172607422f : x);
   float k = std::nearbyint(xc * 1.44269504088896341f);
   float r = xc - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
@@ -30,8 +34,9 @@ static inline float fl_exp(float x) {
   p = p * r + 1.3981999507E-3f; p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f;
   p = p * r + 1.6666665459E-1f; p = p * r + 5.0000001201E-1f;
   p = p * r * r + r + 1.0f;
-  int32_t ki = (int32_t)k; int32_t k1 = ki >> 1; int32_t k2 = ki - k1;
-  float res = p * fl_i2f((k1 + 127) << 23) * fl_i2f((k2 + 127) << 23);
+  float res = fl_i2f((int32_t)((uint32_t)fl_f2i(p) + ((uint32_t)(int32_t)k << 23)));
+  res = x < -86.98f ? 0.0f : res;
+  res = x > 88.72283172607422f ? INFINITY : res;
   return x != x ? x : res;
 }
 static inline double fl_exp(double x) { return std::exp(x); }
