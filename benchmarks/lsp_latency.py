@@ -54,6 +54,16 @@ async def wait_new_publish(client, uri: str, before, timeout: float = 300.0) -> 
 
 async def one_server(path: pathlib.Path) -> tuple[float, float, int]:
     client = make_test_lsp_client()
+
+    # VS Code's capabilities include code lens / inlay hint refresh: answer them as it would
+    @client.feature(types.WORKSPACE_CODE_LENS_REFRESH)
+    def _lens_refresh(params: None) -> None:
+        return None
+
+    @client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
+    def _hint_refresh(params: None) -> None:
+        return None
+
     await client.start_io(sys.executable, "-m", "fuselens", "server")
     caps = client_capabilities("visual-studio-code")
     caps.text_document.diagnostic = None  # push, as Neovim and older VS Code clients get
