@@ -458,6 +458,8 @@ class CppKernel:
         if len(finals) != 1 or any(n.is_reduction and self.phase[n.name] == last for n in g.nodes):
             return
         (o,) = finals
+        if any(ir.same_expr(st, 0) and not ir.same_expr(sz, 1) for sz, st in zip(o.size, o.stride)):
+            return  # a broadcast (stride-0) output row has fewer slots than the row has values
         for name in list(self.scratch):
             m = self.members[name]
             users = readers.get(name, [])
