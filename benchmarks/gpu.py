@@ -25,23 +25,20 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-_tmp = tempfile.mkdtemp(prefix="fl_gpu_bench_")
-for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("FUSELENS_CACHE_DIR", "fuselens")):
-    os.environ[var] = os.path.join(_tmp, sub)
-os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.fresh_caches import use_fresh_compile_caches  # noqa: E402
+
+use_fresh_compile_caches("fl_gpu_bench_")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import fuselens.compiler  # noqa: E402,F401
 
