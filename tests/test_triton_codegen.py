@@ -17,13 +17,12 @@ we cannot run here) to prove the choice and its on-disk cache.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from triton_worker import interpreted_worker_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,12 +191,7 @@ def _find_launcher(tr: Any, needle: str) -> Any:  # pragma: no cover - subproces
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
     pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("triton") / "records.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, __file__, "--worker", str(out)], env=env, capture_output=True, text=True,
-                          timeout=900, cwd=str(ROOT))
-    if not out.exists():
-        pytest.fail(f"triton worker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(out.read_text())
+    return interpreted_worker_records(__file__, out, 900, "triton worker")
 
 
 def _ok(records: dict, name: str) -> dict:

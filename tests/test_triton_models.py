@@ -13,13 +13,12 @@ subprocess takes ~35 s on 2 cores (the tests themselves only read its records).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from triton_worker import interpreted_worker_records
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL, ATOL = 1e-4, 1e-4
@@ -113,12 +112,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
     pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("triton_models") / "records.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, __file__, "--worker", str(out)], env=env, capture_output=True, text=True,
-                          timeout=1200, cwd=str(ROOT))
-    if not out.exists():
-        pytest.fail(f"triton model worker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(out.read_text())
+    return interpreted_worker_records(__file__, out, 1200, "triton model worker")
 
 
 @pytest.mark.parametrize("name", ["gpt2_sdpa", "gpt2_explicit_softmax", "gpt2_backward", "resnet_eval",

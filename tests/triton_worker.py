@@ -1,0 +1,25 @@
+"""Runs a Triton test module's worker in a subprocess under TRITON_INTERPRET=1:
+the interpreter must be chosen before triton is imported, and pytest may have
+imported it already."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def interpreted_worker_records(test_file: str, out: Path, timeout: int, what: str) -> dict:
+    """Run `python test_file --worker out` in the interpreter; the records it wrote."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, test_file, "--worker", str(out)], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(ROOT))
+    if not out.exists():
+        pytest.fail(f"{what} crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(out.read_text())
