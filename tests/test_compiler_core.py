@@ -127,6 +127,38 @@ def test_layernorm_is_one_row_kernel():
     assert len(cpp_kernels(events)) == 1
 
 
+def test_layernorm_row_pass_accumulates_each_row_sum_once():
+    # The decomposition sums the row twice (mean, and inside the variance); the
+    # kernel keeps one double accumulator for it plus one for the squares.
+    x, w, b = torch.randn(32, 100) * 3 + 5, torch.randn(100), torch.randn(100)
+    (k,) = cpp_kernels(run(lambda x, w, b: F.layer_norm(x, (100,), w, b), x, w, b))
+    first_loop = k.source.split("#pragma omp simd", 2)[1]
+    assert first_loop.count(" += ") == 2 and "reduction(+:acc1) reduction(+:acc2)\n" in first_loop
+
+
+def test_identical_reductions_in_one_kernel_share_an_accumulator_and_match_eager():
+    def f(x):
+        m = x.amax(-1, keepdim=True)
+        return (x - m).exp() / x.abs().sum(-1, keepdim=True), x.amax(-1) + 1
+
+    x = torch.randn(16, 300, generator=torch.Generator().manual_seed(0))
+    x[3, 7] = float("nan")
+    (k,) = cpp_kernels(run(f, x))
+    assert k.source.count("reduction(max:") == 1
+
+
+def test_a_float64_sum_sharing_the_row_with_a_float32_sum_still_accumulates_in_double():
+    # 2**25 + 1 rounds back to 2**25 in float32: only a double accumulator keeps the ones.
+    x = torch.ones(4, 300)
+    x[:, 0], x[:, -1] = 2.0**25, -(2.0**25)
+    def f(x):
+        return (x.sum(-1) > 1e30) + x.sum(-1, dtype=torch.float64)
+
+    assert len(cpp_kernels(run(f, x))) == 1
+    out = torch.compile(f, backend="fuselens")(x)
+    assert out.tolist() == [298.0] * 4
+
+
 def test_cat_and_pad_read_inputs_in_bounds():
     run(lambda x, y: (torch.cat([x, y * 2], 1).exp(), F.pad(x, (1, 2), value=3.0)), torch.randn(4, 5), torch.randn(4, 3))
 

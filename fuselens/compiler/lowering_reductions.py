@@ -158,7 +158,7 @@ def _var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any, size: Sequenc
     n = _count(x, rdims)
     total = reduce(ctx, x, rdims, "sum", size=keep, dtype=torch.float64, in_dtype=out_dtype, name=ctx.fresh("sum"))
     src_dtype = x.dtype
-    if src_dtype == torch.float32:
+    if src_dtype == torch.float32 and not _demotes_float64(ctx):
         # One pass: sum and sum of squares accumulate in double, so E[x^2] - E[x]^2 loses
         # nothing a float32 result can show (cancellation would need |mean|/std > ~1e4);
         # the row is read once instead of twice (layernorm: 2 passes, not 3).
@@ -196,6 +196,16 @@ def _var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any, size: Sequenc
                   stride=None if want_mean else ctx.out_stride(size))
     mean_out = _divide(ctx, total, n, size, out_dtype, name=ctx.fresh("mean")) if want_mean else None
     return var, mean_out
+
+
+def _demotes_float64(ctx: Lowerer) -> bool:
+    """Whether this graph's kernels are Triton's, whose float64 accumulators are
+    float32 on the GPU: there E[x^2] - E[x]^2 cancels (layernorm of rows with mean
+    1000 and std 1 was off by 0.6), so the variance takes the two-pass form; a
+    persistent kernel keeps the row in registers, so the second pass reads nothing."""
+    meta = ctx.out_meta()
+    val = meta[0] if isinstance(meta, (tuple, list)) else meta
+    return getattr(val, "device", torch.device("cpu")).type == "cuda" or ctx.options.target == "triton"
 
 
 def _count_value(ops: Any, n: Any) -> Any:
