@@ -121,9 +121,17 @@ def models() -> list[dict]:
                     ref = m(x)
                     with sink.collect() as events:
                         got = torch.compile(m, backend="fuselens")(x)
+                    exact = copy.deepcopy(m).double()(x.double())
                 err = _relerr(got, ref)
+                # Eager is not exact either: float32 convolutions and matmuls run in TF32
+                # by default (cuDNN), so a rewrite that rounds differently (a batch norm
+                # folded into the weights) may differ from eager by TF32's error. Then it
+                # must be as close to the float64 result as eager is.
+                err64, eager64 = _relerr(got, exact), _relerr(ref, exact)
+                close = err < limit or err64 <= 1.5 * eager64
                 fb = [e.message for e in events if isinstance(e, ErrorEntry) and e.kind != "fallback"]
-                rec.update(ok=err < limit and not fb, relerr=err, graph_fallbacks=fb,
+                rec.update(ok=close and not fb, relerr=err, relerr_fp64=err64, eager_relerr_fp64=eager64,
+                           graph_fallbacks=fb,
                            triton=sum(1 for e in events if isinstance(e, Kernel) and e.kind == "triton"))
             except Exception:  # noqa: BLE001
                 rec.update(ok=False, why=traceback.format_exc()[-1500:])
@@ -221,6 +229,7 @@ def main(argv: Any = None) -> int:
         print(f"  runtime {r['check']:14s} {'ok' if r['ok'] else 'FAIL'} {r.get('why', '')[-300:]}")
     for r in result["models"]:
         print(f"  model {r['model']:20s} {r['dtype']:9s} {'ok' if r['ok'] else 'FAIL'} relerr={r.get('relerr', float('nan')):.2e}"
+              f" (vs float64: {r.get('relerr_fp64', float('nan')):.2e}, eager {r.get('eager_relerr_fp64', float('nan')):.2e})"
               f" triton={r.get('triton', '-')} {r.get('why', '')[-400:]} {r.get('graph_fallbacks', '')}")
     ops = result["opinfo"]
     for dt in ("float32", "bfloat16"):

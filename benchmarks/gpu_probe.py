@@ -10,6 +10,9 @@
   the device time per call; plus the top of a cProfile of fuselens' steady state.
 * `cold`: cProfile of fuselens' cold compile of the ResNet block (fresh caches), by
   cumulative time, to see where the first call's seconds go.
+* `kernels`: device time per kernel of one call, fuselens next to Inductor.
+* `epilogues`: what `torch._addmm_activation` computes on this GPU (tanh- or erf-GELU)
+  and what it saves at GPT-2's MLP shape; cuDNN's fused conv+bias+ReLU at ResNet's.
 """
 
 from __future__ import annotations
@@ -187,6 +190,93 @@ def ln_variants(names: list[str]) -> None:
         print(f"{n}: " + "; ".join(row), flush=True)
 
 
+def epilogues() -> None:
+    """Library epilogues on this GPU: does `torch._addmm_activation` apply tanh-GELU
+    (what library_epilogues.py assumes), and is it faster than addmm + a GELU kernel
+    at GPT-2's MLP shape? Also cuDNN's conv+bias+ReLU against conv then ReLU at the
+    ResNet block's shape (a candidate for the next epilogue)."""
+    import torch.nn.functional as F
+
+    from benchmarks.gpu import bench
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16):
+        for m, k, n in ((16384, 768, 3072), (128, 64, 96), (1000, 100, 37)):
+            x = torch.randn(m, k, device="cuda", generator=g).to(dt)
+            w = torch.randn(n, k, device="cuda", generator=g).to(dt) * k ** -0.5
+            b = torch.randn(n, device="cuda", generator=g).to(dt)
+            ref = F.linear(x.double(), w.double(), b.double())
+            got = torch._addmm_activation(b, x, w.t(), use_gelu=True).double()
+            e_tanh = (got - F.gelu(ref, approximate="tanh")).abs().max().item()
+            e_erf = (got - F.gelu(ref)).abs().max().item()
+            eager = F.gelu(F.linear(x, w, b), approximate="tanh").double()
+            e_eager = (eager - F.gelu(ref, approximate="tanh")).abs().max().item()
+            relu_ok = torch.equal(torch._addmm_activation(b, x, w.t()), torch.relu(F.linear(x, w, b))) or \
+                (torch._addmm_activation(b, x, w.t()).double() - torch.relu(ref)).abs().max().item()
+            print(f"epilogue numerics {str(dt)[6:]} {m}x{k}x{n}: max|err| vs tanh-GELU {e_tanh:.2e}, vs erf-GELU "
+                  f"{e_erf:.2e} (eager's own error {e_eager:.2e}); relu equal/err: {relu_ok}", flush=True)
+    x = torch.randn(16384, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3072, 768, device="cuda", dtype=torch.bfloat16) * 0.03
+    b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
+    t_sep = bench(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
+    t_lt = bench(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True))
+    t_mm = bench(lambda: F.linear(x, w, b))
+    t_relu = bench(lambda: torch._addmm_activation(b, x, w.t()))
+    print(f"GPT-2 MLP c_fc bf16 16384x768x3072: linear {t_mm:.4f} ms, linear+gelu kernels {t_sep:.4f} ms, "
+          f"_addmm_activation gelu {t_lt:.4f} ms, relu {t_relu:.4f} ms", flush=True)
+    xc = torch.randn(64, 64, 56, 56, device="cuda").to(memory_format=torch.channels_last)
+    wc = torch.randn(64, 64, 3, 3, device="cuda").to(memory_format=torch.channels_last) * 0.05
+    bc = torch.randn(64, device="cuda")
+    t_conv = bench(lambda: F.conv2d(xc, wc, None, 1, 1))
+    t_conv_relu = bench(lambda: torch.relu(F.conv2d(xc, wc, bc, 1, 1)))
+    try:
+        fused = torch.ops.aten.cudnn_convolution_relu.default
+        t_cudnn = bench(lambda: fused(xc, wc, bc, [1, 1], [1, 1], [1, 1], 1))
+        err = (fused(xc, wc, bc, [1, 1], [1, 1], [1, 1], 1) - torch.relu(F.conv2d(xc, wc, bc, 1, 1))).abs().max().item()
+    except Exception as e:  # noqa: BLE001
+        t_cudnn, err = float("nan"), repr(e)[:200]
+    try:
+        fused_add = torch.ops.aten.cudnn_convolution_add_relu.default
+        t_add = bench(lambda: fused_add(xc, wc, xc, 1, bc, [1, 1], [1, 1], [1, 1], 1))
+    except Exception:  # noqa: BLE001
+        t_add = float("nan")
+    print(f"ResNet conv fp32 CL 64x64x56x56: conv {t_conv:.4f} ms, conv+bias then relu {t_conv_relu:.4f} ms, "
+          f"cudnn_convolution_relu {t_cudnn:.4f} ms (max err {err}), cudnn_convolution_add_relu {t_add:.4f} ms",
+          flush=True)
+
+
+def kernels(names: list[str]) -> None:
+    """Device time per kernel of one call (torch.profiler, 20 calls averaged), fuselens
+    next to Inductor: which kernel a gap sits in."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cases = make_cases()
+    for n in names:
+        c = cases[n]()
+        for impl, kw in (("inductor", {}), ("fuselens", {"backend": "fuselens"})):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                f = torch.compile(c["fn"], **kw)
+                for _ in range(5):
+                    f(*c["args"])
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(20):
+                        f(*c["args"])
+                    torch.cuda.synchronize()
+            avg = prof.key_averages()
+            rows = sorted(((e.key, e.device_time_total / 20) for e in avg if e.device_time_total > 0
+                           and not e.key.startswith(("aten::", "cuda"))), key=lambda r: -r[1])
+            total = sum(t for _, t in rows)
+            print(f"{n} {impl}: {total:.1f} us of kernels a call; " + "; ".join(f"{k[:70]} {t:.1f}" for k, t in rows[:8]),
+                  flush=True)
+            # CUDA runtime calls on the host (a synchronizing call shows up here)
+            api = sorted(((e.key, e.count / 20, e.cpu_time_total / 20) for e in avg if e.key.startswith("cuda")),
+                         key=lambda r: -r[2])
+            print(f"{n} {impl} host CUDA API per call: " + "; ".join(f"{k} x{c:g} {t:.1f} us" for k, c, t in api[:6]),
+                  flush=True)
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--what", default="cold,inductor_code,variants,host")
@@ -194,6 +284,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--code-cases", default="layernorm,gelu_bf16,sincos")
     ap.add_argument("--host-cases", default="gpt2_block,resnet_block")
     ap.add_argument("--cold-case", default="resnet_block")
+    ap.add_argument("--kernel-cases", default="resnet_block,softmax_bf16")
     a = ap.parse_args(argv)
     what = a.what.split(",")
     steps: list[tuple[str, Callable[[], None]]] = [
@@ -201,6 +292,8 @@ def main(argv: Any = None) -> int:
         ("inductor_code", lambda: inductor_code(a.code_cases.split(","))),
         ("variants", lambda: ln_variants(a.variant_cases.split(","))),
         ("host", lambda: host(a.host_cases.split(","))),
+        ("epilogues", epilogues),
+        ("kernels", lambda: kernels(a.kernel_cases.split(","))),
     ]
     for key, step in steps:
         if key in what:

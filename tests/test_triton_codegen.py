@@ -70,6 +70,8 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
                 "kinds": [k.source.split('"""')[1].split(":")[0] for k in ks],
                 "sources": [k.source for k in ks], "languages": [k.language for k in ks],
                 "fallbacks": [e.message for e in events if type(e).__name__ == "ErrorEntry"],
+                "externs": [k.ops[0] for k in events if isinstance(k, Kernel) and k.kind == "extern"],
+                "epilogues": [d.reason for d in events if isinstance(d, FusionDecision) and d.rule == "extern-epilogue"],
             }
         except Exception as e:  # noqa: BLE001 - record, the test reports it
             import traceback
@@ -93,6 +95,29 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     xo, wo, bo = torch.randn(6, 256) + 1000, torch.randn(256), torch.randn(256)
     case("layernorm_offset_rows", lambda x, w, b: F.layer_norm(x, (256,), w, b), (xo, wo, bo), rtol=1e-4, atol=2e-3)
     case("looped_var_offset_rows", lambda x: x.var(-1), (torch.randn(3, 20000) + 1000,), rtol=1e-3, atol=1e-3)
+    # library epilogues (library_epilogues.py), inference only. On CPU tensors ATen's
+    # _addmm_activation applies erf-GELU, so only ReLU is rewritten here; cuDNN's fused
+    # convolution runs on the GPU (benchmarks/gpu_check.py), ATen's conv+add+relu here.
+    lin, lin2 = torch.nn.Linear(24, 40), torch.nn.Linear(40, 8)
+
+    def mlp(x):
+        return lin2(torch.relu(lin(x))), F.gelu(lin(x), approximate="tanh")
+
+    with torch.no_grad():
+        case("linear_relu_epilogue", mlp, (torch.randn(3, 5, 24),), rtol=1e-5, atol=1e-5)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from models import BasicBlock, seeded
+
+    block = seeded(lambda: BasicBlock(8)).eval()
+    for bn in (block.bn1, block.bn2):  # non-trivial running statistics, so a wrong fold shows
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.data.uniform_(0.5, 1.5)
+        bn.bias.data.uniform_(-0.5, 0.5)
+    with torch.no_grad():
+        case("conv_bn_relu_folded", block, (torch.randn(2, 8, 10, 10).to(memory_format=torch.channels_last),),
+             rtol=1e-4, atol=1e-4)
+    case("conv_bn_relu_with_grad_untouched", block, (torch.randn(2, 8, 10, 10),), rtol=1e-4, atol=1e-4)
     case("full_reduction_scalar", lambda x: x.mean(), (torch.randn(37, 11),), rtol=1e-4, atol=1e-5)
     case("column_reduction", lambda x: x.sum(0), (torch.randn(300, 17),), rtol=1e-4, atol=1e-4)
     case("bf16_gelu", lambda x, b: F.gelu(x + b), (torch.randn(16, 48, dtype=torch.bfloat16),
@@ -211,6 +236,7 @@ def _ok(records: dict, name: str) -> dict:
 
 @pytest.mark.parametrize("name", [
     "pointwise_1d", "pointwise_2d_transpose", "pointwise_channels_last", "persistent_softmax", "looped_sum",
+    "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar", "column_reduction", "bf16_gelu", "bf16_softmax",
     "max_propagates_nan", "int_floordiv_remainder", "bool_any_all", "math_mapping", "dynamic_shapes",
 ])
@@ -257,6 +283,21 @@ def test_layernorm_mean_and_variance_in_one_kernel(records: dict) -> None:
     rec = _ok(records, "layernorm")
     assert rec["kinds"] == ["persistent_reduction"]
     assert rec["sources"][0].count("tl.sum(") >= 2
+
+
+def test_linear_relu_runs_in_the_matmul_epilogue_and_erf_safe_gelu_stays_a_kernel(records: dict) -> None:
+    rec = _ok(records, "linear_relu_epilogue")
+    assert rec["externs"].count("aten._addmm_activation.default") == 1, rec["externs"]
+    assert any("ReLU in one library call" in r for r in rec["epilogues"]), rec["epilogues"]
+    assert not any("GELU" in r for r in rec["epilogues"])  # CPU tensors: ATen's kernel is erf-GELU
+
+
+def test_inference_batch_norm_folds_into_the_convolution_with_relu_and_residual(records: dict) -> None:
+    rec = _ok(records, "conv_bn_relu_folded")
+    assert rec["externs"] == ["fuselens.conv2d_bias_relu.default"] * 2, rec["externs"]
+    assert sum("residual add" in r for r in rec["epilogues"]) == 1, rec["epilogues"]
+    # with gradients enabled nothing is rewritten: the custom op has no derivative
+    assert "fuselens.conv2d_bias_relu.default" not in _ok(records, "conv_bn_relu_with_grad_untouched")["externs"]
 
 
 def test_dynamic_sizes_are_kernel_arguments(records: dict) -> None:

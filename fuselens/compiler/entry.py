@@ -253,6 +253,10 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     compile_id = _compile_id()
     function, location = _user_location(gm)
     start = time.perf_counter()
+    if opts.extern_epilogue_fusion and _target_of(opts, example_inputs) == "triton":
+        from fuselens.compiler.library_epilogues import fuse_linear_activations
+
+        fuse_linear_activations(gm, example_inputs)
 
     def make(stage: str) -> Callable:
         def compiler(g: torch.fx.GraphModule, ins: Sequence[Any]) -> Callable:
@@ -270,6 +274,15 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
         decompositions=decompositions(),
         partition_fn=partition,
     )
+
+
+def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:
+    from fuselens.compiler.codegen import resolve_target
+
+    try:
+        return resolve_target(opts.target, example_inputs)
+    except Exception:  # noqa: BLE001 - compile_graph reports an unusable target
+        return ""
 
 
 def register() -> None:

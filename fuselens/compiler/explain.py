@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
 from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR
 from fuselens.compiler.scheduler import KernelGroup, Schedule, Scheduler, _label
 from fuselens.events import (
@@ -20,6 +21,8 @@ from fuselens.events import (
     SourceLocation,
 )
 
+_ADDMM_ACT = torch.ops.aten._addmm_activation.default
+_CONV_RELU = torch.ops.fuselens.conv2d_bias_relu.default
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 
@@ -37,7 +40,7 @@ def location_from_stack(stack: str) -> Optional[SourceLocation]:
 
 def target_name(t: Any) -> str:
     s = str(t)
-    if s.startswith(("aten.", "prims.")):
+    if s.startswith(("aten.", "prims.")) or isinstance(t, torch._ops.OpOverload):
         return s
     return getattr(t, "__name__", s)
 
@@ -131,6 +134,13 @@ def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, grap
         if len(grp.nodes) > 1:
             out.append(FusionDecision(decision="fused", nodes=fx, kernel=grp.name, graph_id=graph_id,
                                       reason="; ".join(grp.reasons), rule="fused", locations=_locations(grp.nodes)))
+    for e in (u for u in sched.units if isinstance(u, ExternNode)):
+        why = _library_epilogue(e.fx_node)
+        if why:
+            out.append(FusionDecision(
+                decision="fused", nodes=[e.name], kernel=ext_names.get(e.name), graph_id=graph_id,
+                rule="extern-epilogue", option="extern_epilogue_fusion", reason=why,
+                locations=[loc for loc in [location_from_stack(e.stack_trace)] if loc]))
     seen: set[tuple[str, str]] = set()
     steps = {s.name: s for s in graph.steps}
     for s in graph.steps:
@@ -152,6 +162,20 @@ def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, grap
             out.append(FusionDecision(decision="not_fused", nodes=list(pair), reason=reason, graph_id=graph_id,
                                       rule=rule, option=option, kernel=None))
     return out
+
+
+def _library_epilogue(node: torch.fx.Node) -> str:
+    """Why a library call carries pointwise work (library_epilogues.py), or ""."""
+    if node.target is _ADDMM_ACT:
+        act = "GELU (tanh)" if node.kwargs.get("use_gelu", False) else "ReLU"
+        return (f"linear + bias + {act} in one library call: cuBLASLt applies them to the matmul's accumulator "
+                "before its store (torch._addmm_activation), so the output is written once and never re-read")
+    if node.target is _CONV_RELU:
+        add = " + the residual add" if len(node.args) > 3 and node.args[3] is not None else ""
+        return (f"convolution + batch norm + ReLU{add} in one cuDNN call: the inference batch norm is folded "
+                "into the convolution's weight and bias (a kernel over the weights), and cuDNN applies bias, "
+                "add and ReLU in its epilogue, so the activation is written once and never re-read")
+    return ""
 
 
 def _fx(s: Any) -> str:

@@ -292,7 +292,9 @@ def _scalar_expr(v: Any) -> Any:
 
 def _op_name(target: Any) -> str:
     name = str(target)
-    return name if name.startswith(("aten.", "prims.")) else getattr(target, "__name__", name)
+    if name.startswith(("aten.", "prims.")) or isinstance(target, torch._ops.OpOverload):
+        return name
+    return getattr(target, "__name__", name)
 
 
 def lower(gm: torch.fx.GraphModule, options: Any) -> tuple[GraphIR, Any]:

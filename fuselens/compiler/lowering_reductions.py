@@ -230,13 +230,16 @@ def lower_var_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, *, correction
 # -- library calls kept on purpose ---------------------------------------------
 _EXTERN = [
     *_ov(aten.mm, "default"), *_ov(aten.bmm, "default"), *_ov(aten.addmm, "default"),
-    *_ov(aten.baddbmm, "default"), *_ov(aten.convolution, "default"),
+    *_ov(aten.baddbmm, "default"), *_ov(aten.convolution, "default"), *_ov(aten._addmm_activation, "default"),
     *_ov(aten.convolution_backward, "default"),
     *_ov(aten, "_scaled_dot_product_flash_attention_for_cpu"),
     *_ov(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"),
     *_ov(aten, "_scaled_dot_product_efficient_attention"),
     *_ov(aten, "_scaled_dot_product_attention_math"),
 ]
+from fuselens.compiler import library_epilogues  # noqa: E402  (registers fuselens::conv2d_bias_relu)
+
+_EXTERN.append(torch.ops.fuselens.conv2d_bias_relu.default)
 EXTERN_OPS = set()
 for _p in _EXTERN:
     if isinstance(_p, torch._ops.OpOverloadPacket):

@@ -232,10 +232,14 @@ class _Printer:
 # skips the OpOverload's schema-driven argument conversion (measured on CPU: convolution
 # 21 -> 11 us, addmm 12 -> 7 us per call; same ATen kernel).
 _DIRECT = ("addmm", "mm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
-           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "_addmm_activation")
 
 
 def _direct(target: Any) -> Any:
+    from fuselens.compiler import library_epilogues
+
+    if target is torch.ops.fuselens.conv2d_bias_relu.default:
+        return library_epilogues.conv2d_bias_relu_impl
     for name in _DIRECT:
         op = getattr(getattr(torch.ops.aten, name, None), "default", None)
         if op is not None and target is op:
