@@ -264,6 +264,8 @@ def kernels(names: list[str]) -> None:
                     for _ in range(20):
                         f(*c["args"])
                     torch.cuda.synchronize()
+            if os.environ.get("FUSELENS_PROBE_TRACE"):  # a chrome trace to read the timeline (gaps) offline
+                prof.export_chrome_trace(os.path.join(os.environ["FUSELENS_PROBE_TRACE"], f"trace_{n}_{impl}.json"))
             avg = prof.key_averages()
             rows = sorted(((e.key, e.device_time_total / 20) for e in avg if e.device_time_total > 0
                            and not e.key.startswith(("aten::", "cuda"))), key=lambda r: -r[1])

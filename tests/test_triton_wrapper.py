@@ -114,3 +114,21 @@ def test_fast_launcher_binds_the_compiled_kernel_once_per_alignment(monkeypatch:
     assert direct[9:] == (a.data_ptr(), out.data_ptr(), 1024)  # pointers, then XBLOCK (4096 / 1024 programs)
     launch(7, a[1:4097], out)  # a 4-byte offset pointer: Triton specialized on 16-byte alignment, so not the same binary
     assert fn.log[2][0] == "jit"
+
+
+def test_an_empty_triton_hook_chain_is_not_a_launch_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Triton >= 3.5 always has a HookChain object; only a chain with calls is a hook
+    # (mistaking the empty chain kept every launch on the slow path).
+    knobs = pytest.importorskip("triton.knobs")
+    from fuselens.compiler import triton_runtime as tr
+
+    chain = knobs.runtime.launch_enter_hook
+    if not hasattr(chain, "calls"):
+        pytest.skip("this Triton keeps plain callables as hooks")
+    assert not tr._launch_hooks()
+
+    def hook(*args: Any) -> None:
+        pass
+
+    monkeypatch.setattr(chain, "calls", [hook])
+    assert tr._launch_hooks()

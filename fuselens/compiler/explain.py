@@ -188,8 +188,10 @@ def _why_apart(p: Any, c: Any, pg: Optional[KernelGroup], cg: Optional[KernelGro
         if isinstance(s, ExternNode):
             if s.kind == "fallback":
                 return "fallback", f"{_label(s)} is not lowered ({s.reason}); it runs in ATen between kernels", "lower"
-            return ("extern", f"{_label(s)} is a library call ({ext_names.get(s.name, s.name)}); the C++ code "
-                    "generator has no matmul/convolution template to fuse pointwise work into", "")
+            return ("extern", f"{_label(s)} is a library call ({ext_names.get(s.name, s.name)}); fuselens "
+                    "generates no matmul/convolution kernels to fuse pointwise work into (on the GPU, in inference, "
+                    "ReLU/tanh-GELU after a Linear and batch norm+ReLU after a conv2d run in the library's epilogue)",
+                    "")
     ref = scheduler.refusals.get((id(pg), c.name))
     if ref is None and pg is not None and cg is not None:
         ref = scheduler.check(pg, cg.nodes)

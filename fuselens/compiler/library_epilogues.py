@@ -51,9 +51,10 @@ def conv2d_bias_relu_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     """relu(conv2d(x, weight, bias) + z) as one cuDNN call (ATen's ops elsewhere).
     Generated wrappers call this directly: the custom op's dispatch costs ~10 us a call."""
     if x.is_cuda:
+        # the torch.* bindings: an OpOverloadPacket call parses the schema each time (~10 us)
         if z is None:
-            return torch.ops.aten.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
-        return torch.ops.aten.cudnn_convolution_add_relu(x, weight, z, 1, bias, stride, padding, dilation, groups)
+            return torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
+        return torch.cudnn_convolution_add_relu(x, weight, z, 1, bias, stride, padding, dilation, groups)
     y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
     return torch.relu(y if z is None else y + z)
 

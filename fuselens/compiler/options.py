@@ -38,9 +38,11 @@ class CompilerOptions:
     horizontal_fusion: bool = True
     """Fuse independent work over the same iteration space (no shared buffer)."""
     extern_epilogue_fusion: bool = True
-    """Fuse pointwise epilogues into matmul/convolution calls where the code generator
-    has a template for it. The C++ generator has none yet: there the epilogue is its own
-    kernel and this option changes nothing (the fusion events say so)."""
+    """Run pointwise epilogues inside the library call of a matmul/convolution where the
+    library has one: on the Triton target, in inference, bias+ReLU/tanh-GELU after a
+    Linear (cuBLASLt) and batch norm (folded into the weights)+bias+residual+ReLU after
+    a conv2d (cuDNN); see compiler/library_epilogues.py. The C++ target has no matmul
+    template: there the epilogue is its own kernel (the fusion events say so)."""
     target: Target = "auto"
     """Code generator: "cpp" (C++/OpenMP), "triton", or "auto" (cpp on CPU tensors)."""
     vector_width: int = 0

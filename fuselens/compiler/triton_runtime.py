@@ -362,11 +362,21 @@ def _launch_hooks() -> bool:
     try:
         from triton import knobs
 
-        return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+        return _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook)
     except (ImportError, AttributeError):  # triton < 3.4: hooks live on CompiledKernel
         from triton.compiler import CompiledKernel
 
         return getattr(CompiledKernel, "launch_enter_hook", None) is not None
+
+
+def _hook_set(hook: Any) -> bool:
+    # Triton >= 3.5 keeps an always-present HookChain; only its `calls` say whether
+    # anything is installed (taking the chain itself for a hook kept every launch on
+    # the slow path: ResNet block host time 176 -> 416 us a call on an H200).
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
 
 
 class TritonLibrary:

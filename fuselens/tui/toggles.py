@@ -63,7 +63,7 @@ TOGGLES: tuple[Toggle, ...] = (
     Toggle("horizontal_fusion", "horizontal fusion", "fuselens", (True, False),
            "fuse independent work over the same iteration space"),
     Toggle("extern_epilogue_fusion", "matmul epilogue", "fuselens", (True, False),
-           "run pointwise epilogues of matmuls in the matmul's output"),
+           "GPU inference: bias+ReLU/GELU in cuBLASLt, batch norm+ReLU in cuDNN's conv"),
     Toggle("target", "target", "fuselens", ("auto", "cpp", "triton"),
            "generated code: C++/OpenMP or Triton (auto: cpp on CPU tensors)"),
     Toggle("threads", "threads", "fuselens", (0, 1, 2, 4, 8), "OpenMP threads per kernel", auto=0),
