@@ -187,6 +187,21 @@ def ln_variants(names: list[str]) -> None:
                     f(*c["args"])
                     ms = bench(lambda: f(*c["args"]))
                 row.append(f"evict={evict} hoist={hoist}: {ms:.4f} ms")
+        # looped instead of persistent rows (the shape Inductor picks), with and without autotuning
+        from fuselens.compiler.codegen import triton as tg
+
+        saved = tg.PERSISTENT_MAX
+        try:
+            tg.PERSISTENT_MAX = 1024
+            for tune in (False, True):
+                torch._dynamo.reset()
+                with torch.no_grad():
+                    f = torch.compile(c["fn"], backend="fuselens", options={"autotune": tune})
+                    f(*c["args"])
+                    ms = bench(lambda: f(*c["args"]))
+                row.append(f"looped autotune={tune}: {ms:.4f} ms")
+        finally:
+            tg.PERSISTENT_MAX = saved
         print(f"{n}: " + "; ".join(row), flush=True)
 
 
