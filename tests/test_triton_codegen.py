@@ -105,6 +105,9 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
     with torch.no_grad():
         case("linear_relu_epilogue", mlp, (torch.randn(3, 5, 24),), rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the matmul's dtype changes: no rewrite
+        case("linear_relu_autocast_untouched", lambda x: torch.relu(lin(x)), (torch.randn(3, 24),),
+             rtol=1.6e-2, atol=1e-2)
     sys.path.insert(0, str(ROOT / "tests"))
     from models import BasicBlock, seeded
 
@@ -290,6 +293,7 @@ def test_linear_relu_runs_in_the_matmul_epilogue_and_erf_safe_gelu_stays_a_kerne
     assert rec["externs"].count("aten._addmm_activation.default") == 1, rec["externs"]
     assert any("ReLU in one library call" in r for r in rec["epilogues"]), rec["epilogues"]
     assert not any("GELU" in r for r in rec["epilogues"])  # CPU tensors: ATen's kernel is erf-GELU
+    assert "aten._addmm_activation.default" not in _ok(records, "linear_relu_autocast_untouched")["externs"]
 
 
 def test_inference_batch_norm_folds_into_the_convolution_with_relu_and_residual(records: dict) -> None:

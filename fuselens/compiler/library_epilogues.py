@@ -135,6 +135,9 @@ def _linear_args(node: Any) -> Optional[tuple]:
         return None
     if not (x.dtype == w.dtype == b.dtype) or not (x.device == w.device == b.device):
         return None
+    out = _value(node)
+    if out is None or out.dtype != x.dtype:  # autocast changes the matmul's dtype: leave it to ATen
+        return None
     return tuple(args)
 
 
@@ -209,6 +212,8 @@ def _fold_conv_bn_relu(gm: torch.fx.GraphModule) -> list[Rewrite]:
         dilation, groups = _pair(_arg(conv, 5, "dilation", 1)), _arg(conv, 6, "groups", 1)
         mean, var = _arg(bn, 1, "running_mean", None), _arg(bn, 2, "running_var", None)
         if x is None or w is None or out is None or x.dim() != 4 or x.dtype not in _FLOATS or w.dtype != x.dtype:
+            continue
+        if _value(conv) is None or _value(conv).dtype != x.dtype or out.dtype != x.dtype:  # autocast
             continue
         if None in (stride, padding, dilation) or not isinstance(groups, int) or _value(mean) is None \
                 or _value(var) is None:
