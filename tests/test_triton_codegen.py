@@ -138,6 +138,14 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
                                     torch.sigmoid(x), torch.erf(x), torch.round(x), torch.trunc(x),
                                     torch.pow(x.abs() + 0.5, x * 0.3), torch.asinh(x), torch.sinh(x * 0.5),
                                     torch.remainder(x, 1.7)), (xs,), rtol=2e-5, atol=2e-5)
+    # sin and cos of one value share one range reduction (_fl_sincos): small and large
+    # arguments (fast path up to 8192), blocks with |x| > 8192, inf and nan (libdevice path)
+    g = torch.Generator().manual_seed(1)
+    xt = torch.cat([torch.randn(2048, generator=g) * 10, torch.rand(2048, generator=g) * 16384 - 8192,
+                    torch.tensor([0.0, -0.0, 1e-30, 3.1415927, 1.5707964, -8192.0] * 4),
+                    torch.tensor([1e6, -3e4, float("inf"), float("nan"), 2.0] * 300)])
+    case("sincos_shared", lambda x: (torch.sin(x) ** 2 + torch.cos(x) ** 2, torch.sin(x), torch.cos(x) * 3), (xt,),
+         rtol=1.3e-6, atol=1e-6)
     case("dynamic_shapes", lambda x: torch.softmax(x * 2, -1), (torch.randn(5, 37),), dynamic=True)
     # dynamic: the same compiled function on another size (no recompile needed, symbolic args)
     try:
@@ -241,7 +249,7 @@ def _ok(records: dict, name: str) -> dict:
     "pointwise_1d", "pointwise_2d_transpose", "pointwise_channels_last", "persistent_softmax", "looped_sum",
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar", "column_reduction", "bf16_gelu", "bf16_softmax",
-    "max_propagates_nan", "int_floordiv_remainder", "bool_any_all", "math_mapping", "dynamic_shapes",
+    "max_propagates_nan", "int_floordiv_remainder", "bool_any_all", "math_mapping", "sincos_shared", "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)
@@ -302,6 +310,11 @@ def test_inference_batch_norm_folds_into_the_convolution_with_relu_and_residual(
     assert sum("residual add" in r for r in rec["epilogues"]) == 1, rec["epilogues"]
     # with gradients enabled nothing is rewritten: the custom op has no derivative
     assert "fuselens.conv2d_bias_relu.default" not in _ok(records, "conv_bn_relu_with_grad_untouched")["externs"]
+
+
+def test_sin_and_cos_of_one_value_share_one_range_reduction(records: dict) -> None:
+    src = _ok(records, "sincos_shared")["sources"][0]
+    assert src.count("_fl_sincos(") == 1 and "tl.sin(" not in src and "tl.cos(" not in src, src
 
 
 def test_dynamic_sizes_are_kernel_arguments(records: dict) -> None:
@@ -367,3 +380,14 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
     sys.path.insert(0, str(ROOT))
     _worker(sys.argv[2])
+
+
+def test_sincos_pairs_only_within_one_block() -> None:
+    from fuselens.compiler.codegen.triton import _share_sincos
+
+    lines = ["    tmp1 = tl.load(x)", "    tmp2 = tl.cos(tmp1)", "    tmp3 = tl.sin(tmp1)",
+             "    for roffset in range(0, 8, 4):", "        tmp4 = tl.sin(tmp1)", "    tmp5 = tl.cos(tmp1)"]
+    out = _share_sincos(lines)
+    assert out[:2] == ["    tmp1 = tl.load(x)", "    tmp3, tmp2 = _fl_sincos(tmp1)"]
+    # the loop body's sin and the cos after the loop stay apart: tmp4 is not visible there
+    assert out[2:] == lines[3:]

@@ -32,6 +32,7 @@ int32 unless a buffer or the iteration space needs int64.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -658,7 +659,8 @@ class TritonKernel:
         blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
         params += [f"{b}: tl.constexpr" for b in blocks]
         doc = f'    """{self.kind}: {" ".join(self._describe())}"""'
-        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(self.top.lines) + "\n"
+        lines = self.top.lines if not self.demote_fp64 else _share_sincos(self.top.lines)
+        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
         buffers = reads + list(self.writes)
         nbytes = 0
         for b in buffers:
@@ -735,6 +737,35 @@ class _SymOps:
 
 def _cname(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+
+
+_TRIG = re.compile(r"^(\s*)(tmp\d+) = tl\.(sin|cos)\((tmp\d+)\)$")
+
+
+def _share_sincos(lines: list[str]) -> list[str]:
+    """sin(v) and cos(v) of the same float32 value in one block of a kernel become one
+    `_fl_sincos(v)` (one range reduction): sin(x)^2 + cos(x)^2 over 64M floats ran
+    at 0.144 ms on an H200 against 0.130 for sin alone or a copy, bound by the two
+    libdevice routines. Placed at the first of the two lines, within one block only
+    (a name defined inside a loop body is not visible after it)."""
+    out: list[Optional[str]] = list(lines)
+    first: dict[tuple[str, str], tuple[int, str, str]] = {}
+    for i, line in enumerate(lines):
+        m = _TRIG.match(line)
+        if m is None:
+            continue
+        indent, name, fn, arg = m.groups()
+        key = (indent, arg)
+        prev = first.get(key)
+        if prev is not None and prev[1] != fn and all(
+                len(ln) - len(ln.lstrip()) >= len(indent) for ln in lines[prev[0]:i] if ln.strip()):
+            j, fj, nj = first.pop(key)
+            sin_name, cos_name = (nj, name) if fj == "sin" else (name, nj)
+            out[j] = f"{indent}{sin_name}, {cos_name} = _fl_sincos({arg})"
+            out[i] = None
+        else:
+            first[key] = (i, fn, name)
+    return [ln for ln in out if ln is not None]
 
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:

@@ -104,6 +104,33 @@ def _fl_round(x):
 
 
 @triton.jit
+def _fl_sincos(x):
+    # sin and cos of one float32 value when a kernel needs both (code generator's
+    # _share_sincos): one range reduction instead of two. Cody-Waite by pi/2 in three
+    # parts (exact products for |k| < 2^13), then cephes' minimax polynomials on
+    # [-pi/4, pi/4] and the quadrant's swap and signs. A block holding |x| > 8192, inf
+    # or nan takes tl.sin/tl.cos (libdevice's Payne-Hanek path).
+    if tl.max(tl.where(tl.abs(x) <= 8192.0, 0.0, 1.0)) > 0.0:
+        sn = tl.sin(x)
+        cs = tl.cos(x)
+    else:
+        k = tl.floor(x * 0.6366197723675814 + 0.5)
+        r = x - k * 1.5703125
+        r = r - k * 4.837512969970703125e-4
+        r = r - k * 7.54978995489188216e-8
+        z = r * r
+        s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r
+        c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0
+        q = k.to(tl.int32)
+        swap = (q & 1) != 0
+        sn = tl.where(swap, c, s)
+        cs = tl.where(swap, s, c)
+        sn = tl.where((q & 2) != 0, -sn, sn)
+        cs = tl.where(((q + 1) & 2) != 0, -cs, cs)
+    return sn, cs
+
+
+@triton.jit
 def _fl_expm1(x):
     # Kahan's expm1: exact to a few ulp without an expm1 instruction
     u = tl.exp(x)
