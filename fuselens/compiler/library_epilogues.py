@@ -22,8 +22,9 @@ Only when nothing needs a gradient (`_addmm_activation` has no derivative), only
 a 1-D bias, and the linear's output must have no other reader. GELU only in its
 tanh form and only on CUDA tensors: cuBLASLt's GELU epilogue (and ATen's CUDA
 fallback for it) is the tanh approximation, while ATen's CPU kernel applies the
-erf form; the erf form stays a fused Triton kernel. The C++ target keeps its own fused bias+activation kernel (faster
-on CPU than ATen's addmm followed by an in-place activation).
+erf form; the erf form stays a fused Triton kernel. The C++ target keeps its own
+fused bias+activation kernel (faster on CPU than ATen's addmm followed by an
+in-place activation).
 """
 
 from __future__ import annotations
@@ -37,20 +38,18 @@ import torch.fx
 
 _LINEAR = {torch._C._nn.linear, torch.nn.functional.linear}
 _GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
-_RELU = {torch.relu, torch.nn.functional.relu, torch.relu_}
+_RELU = {torch.relu, torch.nn.functional.relu}
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-
-
 _CONV2D = {torch.conv2d, torch.nn.functional.conv2d}
-_BATCH_NORM = {torch.nn.functional.batch_norm, torch.batch_norm}
+_BATCH_NORM = {torch.nn.functional.batch_norm}  # (input, running_mean, running_var, weight, bias, training, ..., eps)
 _ADD = {operator.add, torch.add}
 
 
 def conv2d_bias_relu_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: Optional[torch.Tensor],
                           stride: list[int], padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
-    """relu(conv2d(x, weight, bias) + z) as one cuDNN call (ATen's ops elsewhere).
+    """relu(conv2d(x, weight, bias) + z) as one cuDNN call (ATen's ops where cuDNN is off or absent).
     Generated wrappers call this directly: the custom op's dispatch costs ~10 us a call."""
-    if x.is_cuda:
+    if x.is_cuda and torch.version.hip is None and torch.backends.cudnn.enabled:
         # the torch.* bindings: an OpOverloadPacket call parses the schema each time (~10 us)
         if z is None:
             return torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)

@@ -15,6 +15,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
+from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
 from fuselens.compiler.ir import Expr, TensorValue
 from fuselens.compiler.lowering import Lowerer, NotLowered
 from fuselens.compiler.lowering_ops import _out_size, _ov, aten, register
@@ -237,8 +238,6 @@ _EXTERN = [
     *_ov(aten, "_scaled_dot_product_efficient_attention"),
     *_ov(aten, "_scaled_dot_product_attention_math"),
 ]
-from fuselens.compiler import library_epilogues  # noqa: E402  (registers fuselens::conv2d_bias_relu)
-
 _EXTERN.append(torch.ops.fuselens.conv2d_bias_relu.default)
 EXTERN_OPS = set()
 for _p in _EXTERN:
