@@ -151,6 +151,7 @@ def test_a_float64_sum_sharing_the_row_with_a_float32_sum_still_accumulates_in_d
     # 2**25 + 1 rounds back to 2**25 in float32: only a double accumulator keeps the ones.
     x = torch.ones(4, 300)
     x[:, 0], x[:, -1] = 2.0**25, -(2.0**25)
+
     def f(x):
         return (x.sum(-1) > 1e30) + x.sum(-1, dtype=torch.float64)
 

@@ -248,8 +248,9 @@ def _ok(records: dict, name: str) -> dict:
 @pytest.mark.parametrize("name", [
     "pointwise_1d", "pointwise_2d_transpose", "pointwise_channels_last", "persistent_softmax", "looped_sum",
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
-    "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar", "column_reduction", "bf16_gelu", "bf16_softmax",
-    "max_propagates_nan", "int_floordiv_remainder", "bool_any_all", "math_mapping", "sincos_shared", "dynamic_shapes",
+    "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar",
+    "column_reduction", "bf16_gelu", "bf16_softmax", "max_propagates_nan", "int_floordiv_remainder", "bool_any_all",
+    "math_mapping", "sincos_shared", "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)
@@ -377,11 +378,6 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
         assert 2 <= len(cands) <= 8 and cands[0] == heuristic_config(ks, xn, rn)
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
-    sys.path.insert(0, str(ROOT))
-    _worker(sys.argv[2])
-
-
 def test_sincos_pairs_only_within_one_block() -> None:
     from fuselens.compiler.codegen.triton import _share_sincos
 
@@ -391,3 +387,9 @@ def test_sincos_pairs_only_within_one_block() -> None:
     assert out[:2] == ["    tmp1 = tl.load(x)", "    tmp3, tmp2 = _fl_sincos(tmp1)"]
     # the loop body's sin and the cos after the loop stay apart: tmp4 is not visible there
     assert out[2:] == lines[3:]
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    sys.path.insert(0, str(ROOT))
+    _worker(sys.argv[2])
+
