@@ -563,8 +563,7 @@ class CppKernel:
             if not reds and not fulls:
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
                 continue
-            acc_line = len(self.scope.lines)
-            accs = self._init_accs(reds, ind)
+            accs = self._acc_names(reds)
             simdlen = f" simdlen({self.opt.vector_width})" if self.opt.vector_width else ""
             loop_lines: list[str] = []
             saved = self.scope
@@ -580,19 +579,19 @@ class CppKernel:
                 v = r.body(self.ops, g.full_index(r.full_size))
                 vals.append(v if v.dtype == r.acc_dtype else self.ops.to_dtype(v, r.acc_dtype))
             alias = self._shared_accumulators(reds, accs, vals)
+            decls = []
             for r, a, v in zip(reds, accs, vals):
                 if a in alias:
-                    self._drop_acc_decl(body, acc_line, a)
                     continue
+                acc_dtype = r.acc_dtype
                 if a not in alias.values() and self._float_sum(r, v, short_rows):
                     # accumulate the float itself: float->double conversion halves the
                     # vector width (softmax 2k x 2k: -15% kernel time)
-                    v = self.widened[v.name]
-                    decl = f"double {a} = 0;"
-                    i = next(i for i in range(acc_line, len(body)) if body[i].endswith(decl))
-                    body[i] = body[i].replace(decl, f"float {a} = 0;")
+                    v, acc_dtype = self.widened[v.name], torch.float32
+                decls.append((r, a, acc_dtype))
                 loop_lines.extend(self._accumulate(r, a, v, self.scope.indent))
             self.scope = saved
+            self._declare_accs(decls, ind)
             live = [(r, a) for r, a in zip(reds, accs) if a not in alias]
             clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in live)
             clauses += "".join(f" reduction(|:{a}_nan)" for r, a in live
@@ -655,36 +654,34 @@ class CppKernel:
                 seen[key] = a
         return alias
 
-    @staticmethod
-    def _drop_acc_decl(body: list[str], start: int, acc: str) -> None:
-        # declarations read "<type> <name> = <init>;" (see _init_accs)
-        names = {acc, f"{acc}_nan"}
-        body[start:] = [line for line in body[start:] if line.split()[1:3] not in ([n, "="] for n in names)]
-
     def _outer_epilogue(self, nodes: Sequence[ComputeNode]) -> None:
         for n in nodes:
             v = self.compute(n)
             if n.name in self.g.stores:
                 self.store(n, v, self.g.outer_index(n.size))
 
-    def _init_accs(self, reds: Sequence[ComputeNode], ind: int) -> list[str]:
+    def _acc_names(self, reds: Sequence[ComputeNode]) -> list[str]:
         names = []
-        for r in reds:
+        for _ in reds:
             self.counter += 1
-            a = f"acc{self.counter}"
-            t = CTYPES[r.acc_dtype] if r.reduction not in ("any", "all") else "int32_t"
+            names.append(f"acc{self.counter}")
+        return names
+
+    def _declare_accs(self, decls: Sequence[tuple[ComputeNode, str, torch.dtype]], ind: int) -> None:
+        """Declare the accumulators of one row pass, each in the dtype it accumulates in,
+        before the loop (the current scope is the outer one)."""
+        for r, a, acc_dtype in decls:
+            t = CTYPES[acc_dtype] if r.reduction not in ("any", "all") else "int32_t"
             if r.reduction == "max":
-                init = "-std::numeric_limits<%s>::infinity()" % t if r.acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::lowest()"
+                init = "-std::numeric_limits<%s>::infinity()" % t if acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::lowest()"
             elif r.reduction == "min":
-                init = "std::numeric_limits<%s>::infinity()" % t if r.acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::max()"
+                init = "std::numeric_limits<%s>::infinity()" % t if acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::max()"
             else:
                 init = _RED_INIT[r.reduction]
             self.scope.lines.append(f"{'  ' * ind}{t} {a} = {init};")
-            if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
+            if r.reduction in ("max", "min") and acc_dtype.is_floating_point:
                 # an int flag, not bool: g++ has no vector type for bool reductions
                 self.scope.lines.append(f"{'  ' * ind}int32_t {a}_nan = 0;")
-            names.append(a)
-        return names
 
     def _accumulate(self, r: ComputeNode, a: str, v: CVal, indent: int) -> list[str]:
         pad = "  " * indent
