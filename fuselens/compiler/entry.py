@@ -254,9 +254,9 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     function, location = _user_location(gm)
     start = time.perf_counter()
     if opts.extern_epilogue_fusion and _target_of(opts, example_inputs) == "triton":
-        from fuselens.compiler.library_epilogues import fuse_linear_activations
+        from fuselens.compiler.library_epilogues import use_library_epilogues
 
-        fuse_linear_activations(gm, example_inputs)
+        use_library_epilogues(gm, example_inputs)
 
     def make(stage: str) -> Callable:
         def compiler(g: torch.fx.GraphModule, ins: Sequence[Any]) -> Callable:

@@ -30,7 +30,6 @@ in-place activation).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -90,14 +89,6 @@ def conv_bn_relu(x: torch.Tensor, weight: torch.Tensor, conv_bias: Optional[torc
     return conv2d_bias_relu(x, w, bias.to(x.dtype), z, stride, padding, dilation, groups)
 
 
-@dataclass
-class Rewrite:
-    """One linear+activation pair now computed by one library call."""
-
-    activation: str  # "gelu", "relu" or "bn+relu" / "bn+add+relu" after a convolution
-    nodes: list[str]  # Dynamo graph node names, for the report
-
-
 def linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, use_gelu: bool) -> torch.Tensor:
     """`act(F.linear(x, weight, bias))` as one cuBLASLt call with a bias+activation epilogue."""
     out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=use_gelu)
@@ -140,11 +131,12 @@ def _linear_args(node: Any) -> Optional[tuple]:
     return tuple(args)
 
 
-def fuse_linear_activations(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[Rewrite]:
-    """Rewrite `gm` in place (see the module docstring); returns what was rewritten."""
+def use_library_epilogues(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int:
+    """Rewrite `gm` in place (see the module docstring); returns how many patterns
+    were rewritten (the fusion events name them, from the library calls' targets)."""
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in example_inputs):
-        return []
-    done: list[Rewrite] = []
+        return 0
+    done = 0
     for act in list(gm.graph.nodes):
         kind = _activation(act)
         if kind is None:
@@ -161,8 +153,8 @@ def fuse_linear_activations(gm: torch.fx.GraphModule, example_inputs: Sequence[A
         act.replace_all_uses_with(new)
         gm.graph.erase_node(act)
         gm.graph.erase_node(lin)
-        done.append(Rewrite(activation=kind, nodes=[lin.name, act.name]))
-    done.extend(_fold_conv_bn_relu(gm))
+        done += 1
+    done += _fold_conv_bn_relu(gm)
     if done:
         gm.graph.lint()
         gm.recompile()
@@ -183,8 +175,8 @@ def _pair(v: Any) -> Optional[list[int]]:
     return None
 
 
-def _fold_conv_bn_relu(gm: torch.fx.GraphModule) -> list[Rewrite]:
-    done: list[Rewrite] = []
+def _fold_conv_bn_relu(gm: torch.fx.GraphModule) -> int:
+    done = 0
     for relu in list(gm.graph.nodes):
         if relu.op != "call_function" or relu.target not in _RELU or relu.kwargs.get("inplace", False):
             continue
@@ -226,9 +218,8 @@ def _fold_conv_bn_relu(gm: torch.fx.GraphModule) -> list[Rewrite]:
             new = gm.graph.call_function(conv_bn_relu, args)
         new.meta = dict(relu.meta)
         relu.replace_all_uses_with(new)
-        names = [conv.name, bn.name] + ([add.name] if add is not None else []) + [relu.name]
         for n in (relu, add, bn, conv):
             if n is not None:
                 gm.graph.erase_node(n)
-        done.append(Rewrite(activation="bn+add+relu" if add is not None else "bn+relu", nodes=names))
+        done += 1
     return done
