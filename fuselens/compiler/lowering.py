@@ -193,6 +193,12 @@ class Lowerer:
                 if hint is not None:
                     self.graph.size_hints[expr] = int(hint)
 
+    def triton_target(self, v: Any) -> bool:
+        """Whether kernels over tensor `v` come from the Triton generator (CUDA tensors,
+        or option target="triton", which the interpreter tests use on CPU tensors)."""
+        on_cuda = getattr(v, "device", torch.device("cpu")).type == "cuda"
+        return on_cuda or getattr(self.options, "target", "cpp") == "triton"
+
     def _unsupported_dtype(self, node: torch.fx.Node) -> str:
         vals = [_meta(a) for a in node.all_input_nodes] + [_meta(node)]
         flat: list[Any] = []
@@ -202,7 +208,7 @@ class Lowerer:
             if _is_tensor(v):
                 # Triton target (issue 5): CUDA tensors (target auto/triton) and, with the
                 # Triton generator, bfloat16/float16 are lowered too
-                triton = v.device.type == "cuda" or getattr(self.options, "target", "cpp") == "triton"
+                triton = self.triton_target(v)
                 if v.dtype not in LOWERED_DTYPES and not (triton and v.dtype in (torch.bfloat16, torch.float16)):
                     return f"dtype {str(v.dtype).replace('torch.', '')} is not lowered"
                 if v.device.type != "cpu" and not (v.device.type == "cuda" and triton):

@@ -205,8 +205,7 @@ def _demotes_float64(ctx: Lowerer) -> bool:
     1000 and std 1 was off by 0.6), so the variance takes the two-pass form; a
     persistent kernel keeps the row in registers, so the second pass reads nothing."""
     meta = ctx.out_meta()
-    val = meta[0] if isinstance(meta, (tuple, list)) else meta
-    return getattr(val, "device", torch.device("cpu")).type == "cuda" or ctx.options.target == "triton"
+    return ctx.triton_target(meta[0] if isinstance(meta, (tuple, list)) else meta)
 
 
 def _count_value(ops: Any, n: Any) -> Any:
