@@ -95,6 +95,12 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     xo, wo, bo = torch.randn(6, 256) + 1000, torch.randn(256), torch.randn(256)
     case("layernorm_offset_rows", lambda x, w, b: F.layer_norm(x, (256,), w, b), (xo, wo, bo), rtol=1e-4, atol=2e-3)
     case("looped_var_offset_rows", lambda x: x.var(-1), (torch.randn(3, 20000) + 1000,), rtol=1e-3, atol=1e-3)
+    # rows from 4096 elements: layernorm's moments in one Welford loop, then the normalising loop
+    xw, ww, bw = torch.randn(4, 4096) + 1000, torch.randn(4096), torch.randn(4096)
+    case("welford_layernorm", lambda x, w, b: F.layer_norm(x, (4096,), w, b), (xw, ww, bw), rtol=1e-4, atol=2e-3)
+    xr, wr, br = torch.randn(3, 5000), torch.randn(5000), torch.randn(5000)
+    case("welford_layernorm_ragged", lambda x, w, b: F.layer_norm(x, (5000,), w, b), (xr, wr, br), rtol=1e-4, atol=1e-4)
+    case("softmax_4096_rows", lambda x: torch.softmax(x, -1), (torch.randn(2, 4096),))
     # library epilogues (library_epilogues.py), inference only. On CPU tensors ATen's
     # _addmm_activation applies erf-GELU, so only ReLU is rewritten here; cuDNN's fused
     # convolution runs on the GPU (benchmarks/gpu_check.py), ATen's conv+add+relu here.
@@ -249,6 +255,7 @@ def _ok(records: dict, name: str) -> dict:
     "pointwise_1d", "pointwise_2d_transpose", "pointwise_channels_last", "persistent_softmax", "looped_sum",
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar",
+    "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows",
     "column_reduction", "bf16_gelu", "bf16_softmax", "max_propagates_nan", "int_floordiv_remainder", "bool_any_all",
     "math_mapping", "sincos_shared", "dynamic_shapes",
 ])
@@ -295,6 +302,22 @@ def test_layernorm_mean_and_variance_in_one_kernel(records: dict) -> None:
     rec = _ok(records, "layernorm")
     assert rec["kinds"] == ["persistent_reduction"]
     assert rec["sources"][0].count("tl.sum(") >= 2
+
+
+def test_long_row_moments_take_one_welford_loop_with_l2_hints(records: dict) -> None:
+    for name in ("welford_layernorm", "welford_layernorm_ragged", "looped_var_offset_rows"):
+        rec = _ok(records, name)
+        assert rec["kinds"] == ["looped_reduction"], name
+        src = rec["sources"][0]
+        assert "accwm" in src, src  # the per-lane Welford mean
+    src = _ok(records, "welford_layernorm")["sources"][0]
+    # sum and squared deviations in one loop, then the normalising loop: 2 passes over the row, not 3
+    assert src.count("for roffset") == 2, src
+    assert "eviction_policy='evict_last'" in src and "eviction_policy='evict_first'" in src
+    assert "rmask" in _ok(records, "welford_layernorm_ragged")["sources"][0]
+    # a softmax row of the same length is no Welford pattern: it stays in registers, without hints
+    rec = _ok(records, "softmax_4096_rows")
+    assert rec["kinds"] == ["persistent_reduction"] and "eviction_policy" not in rec["sources"][0]
 
 
 def test_linear_relu_runs_in_the_matmul_epilogue_and_erf_safe_gelu_stays_a_kernel(records: dict) -> None:
@@ -372,7 +395,8 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
     c = heuristic_config(pr, 100, 100)
     assert c.rblock == 128 and c.xblock * c.rblock <= 1024
     lr = SimpleNamespace(kernel_kind="looped_reduction", elem_bytes=4, column_reduction=False)
-    assert heuristic_config(lr, 4, 100000).rblock == 2048
+    c = heuristic_config(lr, 4, 100000)
+    assert (c.rblock, c.num_warps) == (2048, 16)
     for ks, xn, rn in ((pw, 1 << 20, 1), (pr, 16384, 4096), (lr, 8, 1 << 20)):
         cands = candidate_configs(ks, xn, rn)
         assert 2 <= len(cands) <= 8 and cands[0] == heuristic_config(ks, xn, rn)

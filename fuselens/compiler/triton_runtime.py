@@ -103,7 +103,9 @@ def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
     if ks.column_reduction:
         return LaunchConfig(min(64, _next_pow2(xnumel)), 64, 8)
     rb = min(tg.MAX_RBLOCK_LOOPED, 2048 if ks.elem_bytes <= 4 else 1024)
-    return LaunchConfig(1, rb, 8)
+    # 2048-wide chunks: 16 warps, one 16-byte access per thread and chunk (H200, 16384x4096 fp32
+    # looped layernorm: 0.1326 ms with 8 warps, 0.1299 with 16; looped sums 0.1328 -> 0.1289)
+    return LaunchConfig(1, rb, 16 if rb >= 2048 else 8)
 
 
 def _pow2_floor(n: int) -> int:

@@ -50,6 +50,11 @@ MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elisio
 MAX_BLOCK_2D = 64
 MAX_XBLOCK_REDUCTION = 64
 MAX_RBLOCK_LOOPED = 2048
+# static rows from this many elements take a looped Welford kernel when the kernel's
+# only reductions are a row's sum and its sum of squared deviations (layernorm): on the
+# H200, 16384x4096 fp32, persistent rows ran at 0.132-0.136 ms, the looped Welford
+# kernel with L2 eviction hints at 0.130 (Inductor's 0.130, a same-size copy 0.130)
+WELFORD_MIN_ROW = 4096
 INT32_LIMIT = 2**31 - 2**20
 
 
@@ -135,6 +140,8 @@ class TritonKernel:
         self.rscope = self.top  # where r/y axis variables live (the loop body when looped)
         self.demote_fp64 = True
         self.masks: dict[str, Optional[str]] = {}
+        self.welford: dict[str, ComputeNode] = {}  # {row sum: its sum of squared deviations}
+        self.evict: Optional[str] = None  # L2 policy of the row loads the current pass emits
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -291,9 +298,14 @@ class TritonKernel:
         # the runtime passes tensors, whose data pointer already includes the storage offset
         idx, axes = self.index(index)
         mask = self.mask_for(axes)
-        # no eviction_policy hints: measured on the H200 (benchmarks/RESULTS.md), evict_first on the streamed
-        # operand made persistent reductions with 1024-wide rows 2x slower and helped nowhere
-        src = f"tl.load({self.ptr(name)} + ({idx})" + (f", {mask}, other=0)" if mask else ")")
+        # eviction hints only in Welford kernels (below): measured on the H200 (benchmarks/RESULTS.md),
+        # evict_first on the streamed operand made persistent reductions with 1024-wide rows 2x slower
+        src = f"tl.load({self.ptr(name)} + ({idx})" + (f", {mask}, other=0" if mask else "")
+        if self.evict and "r" in axes:
+            # a Welford kernel reads its rows twice: keep them in L2 for the second pass, then
+            # let them go; weights (no x axis) are read by every row and stay
+            src += f", eviction_policy='{self.evict if 'x' in axes else 'evict_last'}'"
+        src += ")"
         rep = self.rep_dtype(spec.dtype)
         if rep != spec.dtype:
             src += f".to({TL_DTYPES[rep]})"
@@ -396,6 +408,11 @@ class TritonKernel:
             rn = ir.numel([g.full[d] for d in rdims])
             persistent = rn.is_Integer and int(rn) <= PERSISTENT_MAX
             self.kind = "persistent_reduction" if persistent else "looped_reduction"
+            if rn.is_Integer and int(rn) >= WELFORD_MIN_ROW:
+                self._phases()
+                self.welford = self._welford_pairs()
+                if self.welford:
+                    self.kind = "looped_reduction"
             # a reduction whose reference access is contiguous along a kept dim
             # (BatchNorm statistics over N,H,W of channels-last data)
             self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
@@ -476,6 +493,7 @@ class TritonKernel:
         outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
         self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
         online = self._online_softmax_pairs() if self.kind == "looped_reduction" else {}
+        welford = self.welford if self.kind == "looped_reduction" else {}
         skip_phase: set[int] = set()
         for p in range(nphases + 1):
             if p in skip_phase:
@@ -494,6 +512,15 @@ class TritonKernel:
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
                 skip_phase.add(p + 1)
                 # the sum's phase holds nothing else (checked by _online_softmax_pairs)
+                continue
+            if reds and not fulls and all(r.name in welford for r in reds):
+                # the row sums here and the squared deviations the next pass would take: one Welford loop
+                q = welford[reds[0].name]
+                lane_m, lane_m2, lane_n = self._welford_pass(reds)
+                self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
+                self._finish_welford_q(q, lane_m, lane_m2, lane_n)
+                skip_phase.add(p + 1)
+                self.evict = "evict_first"  # the passes after this one read the rows for the last time
                 continue
             if self.kind == "persistent_reduction":
                 for n in fulls:
@@ -603,6 +630,105 @@ class TritonKernel:
         for r, a, rep in accs:
             red, _ = self._combine(r.reduction, rep)
             self._finish_red(r, red.format(v=a) + "[:, None]", rep)
+
+    # -- Welford moments ------------------------------------------------------
+    def _welford_pairs(self) -> dict[str, ComputeNode]:
+        """{S: Q} for every S summing A over the row in the first pass (layernorm's
+        decomposition sums the row twice, for the mean and inside the variance) and
+        the one Q of the next pass summing (A - M)^2, M a row constant of this
+        kernel (the mean S/n); no other reduction, nothing else stored by Q's pass.
+        Welford's algorithm gives both in one pass over the row, without the
+        cancellation of E[A^2] - E[A]^2 in float32."""
+        g = self.g
+        reds = [n for n in g.nodes if n.is_reduction]
+        if len(reds) < 2:
+            return {}
+        p0 = min(self.phase[n.name] for n in reds)
+        sums = [n for n in reds if self.phase[n.name] == p0]
+        rest = [n for n in reds if self.phase[n.name] != p0]
+        if len(rest) != 1 or self.phase[rest[0].name] != p0 + 1:
+            return {}
+        q = rest[0]
+        reps = {self.rep_dtype(n.acc_dtype) for n in sums + [q]}
+        if any(n.reduction != "sum" for n in sums + [q]) or len(reps) != 1 or not reps.pop().is_floating_point:
+            return {}
+        if any(self.phase[n.name] == p0 + 1 and g.level(n) != "outer" and n is not q and n.name in g.stores
+               for n in g.nodes):
+            return {}
+        sym = _SymOps("", self)
+        try:
+            bodies = {_strip_casts(n.body(sym, g.full_index(n.full_size))) for n in sums}
+        except Exception:  # noqa: BLE001 - any op the tracer does not model: no Welford pass
+            return {}
+        if len(bodies) != 1 or self._deviation_center(sums[0], q) is None:
+            return {}
+        return {n.name: q for n in sums}
+
+    def _deviation_center(self, s: ComputeNode, q: ComputeNode) -> Optional[ComputeNode]:
+        """The row-constant node M when q's body is (A - M)^2 and A is s's body."""
+        sym = _SymOps("", self)
+        try:
+            got = _strip_casts(q.body(sym, self.g.full_index(q.full_size)))
+            want = _strip_casts(s.body(sym, self.g.full_index(s.full_size)))
+        except Exception:  # noqa: BLE001 - any op the tracer does not model: no Welford pass
+            return None
+        if not (isinstance(got, tuple) and got[0] == "mul" and _strip_casts(got[1]) == _strip_casts(got[2])):
+            return None
+        dev = _strip_casts(got[1])
+        if not (isinstance(dev, tuple) and dev[0] == "sub" and _strip_casts(dev[1]) == want):
+            return None
+        m = _strip_casts(dev[2])
+        if not (isinstance(m, tuple) and m[0] == "load" and m[1] in self.members):
+            return None
+        node = self.members[m[1]]
+        ok = self.g.level(node) == "outer" and self.phase[node.name] == self.phase[s.name]
+        return node if ok else None
+
+    def _welford_pass(self, sums: Sequence[ComputeNode]) -> tuple[str, str, str]:
+        """One loop of per-lane Welford updates over A (the sums' common body) and a
+        plain per-lane sum for the sums themselves. Finishes every sum and returns
+        the per-lane (mean, M2, count) accumulators for `_finish_welford_q`."""
+        s = sums[0]
+        rep = self.rep_dtype(s.acc_dtype)
+        tdt = TL_DTYPES[rep]
+        self.counter += 1
+        c = self.counter
+        m, m2, n, t = f"accwm{c}", f"accwq{c}", f"accwn{c}", f"accws{c}"
+        for v in (m, m2, n, t):
+            self.line(f"{v} = tl.full([XBLOCK, RBLOCK], 0.0, {tdt})")
+        self.evict = "evict_last"
+        loop = self._open_loop()
+        a, _ = self._red_input(s)
+        mask = self.mask_for({"x", "r"})
+        n1 = self.emit(f"{n} + 1.0", s.acc_dtype)
+        d = self.emit(f"{a} - {m}", s.acc_dtype)
+        m1 = self.emit(f"{m} + {d} / {n1}", s.acc_dtype)
+        q1 = f"{m2} + {d} * ({a} - {m1})"
+        if mask is None:
+            self.line(f"{m}, {m2}, {n}, {t} = {m1}, {q1}, {n1}, {t} + {a}")
+        else:  # lanes past the row's end keep their state (count 0: they add nothing below)
+            self.line(f"{m}, {m2}, {n}, {t} = tl.where({mask}, {m1}, {m}), tl.where({mask}, {q1}, {m2}), "
+                      f"tl.where({mask}, {n1}, {n}), tl.where({mask}, {t} + {a}, {t})")
+        self._close_loop(loop)
+        self.evict = None
+        total = self.emit(f"tl.sum({t}, 1)[:, None]", s.acc_dtype, self.top)
+        for r in sums:
+            self._finish_red(r, total.name, rep)
+        return m, m2, n
+
+    def _finish_welford_q(self, q: ComputeNode, m: str, m2: str, cnt: str) -> None:
+        """sum((A - M)^2) over the row = sum over lanes of M2 + n (mean - M)^2 (the
+        parallel-axis theorem) for the row constant M, the accurate mean S/n. Both
+        sums are plain tree reductions: merging Welford partials with Chan's formula
+        rounds the running mean at every merge (rows at mean 1000: 9e-4 off in the
+        interpreter's sequential merge)."""
+        center = self.top.values[self._deviation_center(self._welford_s(q), q).name]
+        rep = self.rep_dtype(q.acc_dtype)
+        dev = f"({m} - {center.name}.to({TL_DTYPES[rep]}))"
+        self._finish_red(q, f"tl.sum({m2} + {cnt} * {dev} * {dev}, 1)[:, None]", rep)
+
+    def _welford_s(self, q: ComputeNode) -> ComputeNode:
+        return next(self.members[s] for s, qq in self.welford.items() if qq is q)
 
     # -- online softmax -------------------------------------------------------
     def _online_softmax_pairs(self) -> dict[str, ComputeNode]:
