@@ -132,3 +132,114 @@ def test_an_empty_triton_hook_chain_is_not_a_launch_hook(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(chain, "calls", [hook])
     assert tr._launch_hooks()
+
+
+# -- torch's static CUDA launcher (fuselens/compiler/static_launch.py) ------------------------
+# The launcher itself (torch._C._StaticCudaLauncher) needs a GPU: a fake API records the calls
+# here; benchmarks/gpu_check.py runs every model through the real one on the device.
+class _FakeStaticAPI:
+    def __init__(self, load_result: tuple = (11, 4242, 32, 0)) -> None:
+        self.loads: list = []
+        self.launches: list = []
+        self.load_result = load_result
+
+    def _load_kernel(self, path: str, name: str, shared: int, device: int) -> tuple:
+        with open(path, "rb") as f:
+            self.loads.append((f.read(), name, shared, device))
+        return self.load_result
+
+    def _launch_kernel(self, *a: Any) -> None:
+        self.launches.append(a)
+
+
+def _static_kernel(signature: dict, constants: Any = None, **md: Any) -> Any:
+    meta = dict(name="k", num_warps=4, shared=128, num_ctas=1, global_scratch_size=0, profile_scratch_size=0)
+    meta.update(md)
+    src = types.SimpleNamespace(signature=signature, constants=constants or {})
+    return types.SimpleNamespace(metadata=types.SimpleNamespace(**meta), asm={"cubin": b"CUBIN"}, src=src)
+
+
+def test_static_launch_passes_only_runtime_arguments_and_null_scratch(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from fuselens.compiler import static_launch as sl
+
+    api = _FakeStaticAPI()
+    monkeypatch.setattr(sl, "launcher_api", lambda: api)
+    names = ["in_a", "out_b", "n", "one", "XBLOCK"]
+    # `one` was specialized to a constant (an int equal to 1), XBLOCK is declared constexpr
+    kernel = _static_kernel({"in_a": "*fp32", "out_b": "*bf16", "n": "i32", "one": "constexpr", "XBLOCK": "constexpr"})
+    st = sl.StaticKernel.make(kernel, names, [100, 200, 4096, 1, 1024], 0, str(tmp_path))
+    assert st is not None and st.function == 4242  # torch 2.13: (module, function, n_regs, n_spills)
+    assert api.loads == [(b"CUBIN", "k", 128, 0)]
+    st.launch((4,), 7, [100, 200, 4096, 1, 1024])
+    assert api.launches[-1] == (4242, 4, 1, 1, 4, 128, "OOiOO", (100, 200, 4096, None, None), 7)
+    go = st.bound((4,), 2, [4096, 1, 1024])  # the wrapper passes pointers; the rest is bound
+    go(9, 300, 400)
+    assert api.launches[-1] == (4242, 4, 1, 1, 4, 128, "OOiOO", (300, 400, 4096, None, None), 9)
+    api.load_result = (777, 32, 0)  # torch 2.11: (function, n_regs, n_spills)
+    assert sl.StaticKernel.make(kernel, names, [1, 2, 3, 1, 8], 0, str(tmp_path)).function == 777
+    assert len(list((tmp_path / "cubin").iterdir())) == 1  # one file per cubin, written once
+
+
+@pytest.mark.parametrize("why,kernel", [
+    ("two CTAs", _static_kernel({"a": "*fp32"}, num_ctas=2)),
+    ("scratch memory", _static_kernel({"a": "*fp32"}, global_scratch_size=64)),
+    ("an argument type it does not know", _static_kernel({"a": "nvTmaDesc"})),
+    ("PDL launch", _static_kernel({"a": "*fp32"}, launch_pdl=True)),
+])
+def test_static_launch_declines_what_it_cannot_launch(monkeypatch: pytest.MonkeyPatch, tmp_path, why: str,
+                                                      kernel: Any) -> None:
+    from fuselens.compiler import static_launch as sl
+
+    monkeypatch.setattr(sl, "launcher_api", lambda: _FakeStaticAPI())
+    assert sl.StaticKernel.make(kernel, ["a"], [1], 0, str(tmp_path)) is None, why
+
+
+def test_static_launch_declines_when_loading_fails(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from fuselens.compiler import static_launch as sl
+
+    api = _FakeStaticAPI()
+
+    def broken(*a: Any) -> tuple:
+        raise RuntimeError("CUDA driver error: invalid image")
+
+    api._load_kernel = broken
+    monkeypatch.setattr(sl, "launcher_api", lambda: api)
+    assert sl.StaticKernel.make(_static_kernel({"a": "*fp32"}), ["a"], [1], 0, str(tmp_path)) is None
+
+
+def test_launcher_uses_the_static_launcher_and_binds_it_for_the_fast_path(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path) -> None:
+    from fuselens.compiler import static_launch as sl
+    from fuselens.compiler import triton_runtime as tr
+
+    api = _FakeStaticAPI()
+    monkeypatch.setattr(sl, "launcher_api", lambda: api)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(tr, "_launch_hooks", lambda: False)
+    # CPU tensors stand in for CUDA ones (the edge: no GPU here)
+    monkeypatch.setattr(tr.Launcher, "_static_allowed", lambda self, args: True)
+    monkeypatch.setattr(tr.Launcher, "_stream", staticmethod(lambda dev: 5))
+    kernel = _static_kernel({"in_a": "*fp32", "out_b": "*fp32", "XBLOCK": "constexpr"})
+
+    class JIT:
+        arg_names = ["in_a", "out_b", "XBLOCK"]
+        calls: list = []
+
+        def run(self, *args: Any, grid: Any, warmup: bool, **kw: Any) -> Any:
+            self.calls.append(warmup)
+            return kernel
+
+    ks = types.SimpleNamespace(name="k", kernel_kind="pointwise", buffers=["a", "b"], symbols=[],
+                               xnumel=sympy.Integer(4096), rnumel=sympy.Integer(1), numel_args=[], elem_bytes=4,
+                               column_reduction=False)
+    opts = types.SimpleNamespace(autotune=False, time_kernels=False, resolved_cache_dir=lambda: str(tmp_path))
+    fn = JIT()
+    la = tr.Launcher(ks, fn, opts, "src")
+    launch = la.fast_launcher()
+    a, out = torch.randn(4096), torch.empty(4096)
+    launch(7, a, out)  # compile only (warmup=True), then the static launch with the current stream
+    launch(7, a, out)  # the bound static launch: no JITFunction.run at all
+    assert fn.calls == [True]  # Triton's own launcher (warmup=False) is never asked for
+    assert api.launches[0] == (4242, 4, 1, 1, 4, 128, "OOOO", (a.data_ptr(), out.data_ptr(), None, None), 5)
+    assert api.launches[1] == (4242, 4, 1, 1, 4, 128, "OOOO", (a.data_ptr(), out.data_ptr(), None, None), 7)
+    assert len(api.loads) == 1  # loaded once per compiled kernel

@@ -7,7 +7,9 @@ autotuning cached on disk, per-kernel device timing and CUDA graphs.
   plan calls with the kernel's tensors and size symbols (`takes_tensors`).
 * `finalize` replaces the plan interpreter by a generated straight-line wrapper
   (wrapper_codegen.py) whose launches go through `Launcher.fast_launcher`: the
-  compiled kernel's own launcher with grid and constexprs bound once.
+  compiled kernel's launcher with grid and constexprs bound once. On CUDA that is
+  torch's static launcher (static_launch.py) where it applies, so no launch pays
+  for Triton's per-signature C launcher build; else Triton's own launcher.
 * Launch configuration: `heuristic_config` picks block sizes and warps from the
   kernel kind and sizes. With option `autotune`, the first launch of each size
   class (power-of-two buckets of the block axes) times `candidate_configs` with
@@ -43,6 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from fuselens.compiler.runtime import pyexpr
+from fuselens.compiler.static_launch import StaticKernel, launcher_api
 
 _modules: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -205,7 +208,9 @@ class Launcher:
         self.graph_id = ""
         self._plans: dict[tuple, tuple] = {}
         self._cpu_scalars: Optional[bool] = None
-        self._last: Optional[tuple] = None  # (compiled kernel, grid, size args, constexprs) of the last launch
+        self._last: Optional[tuple] = None  # (compiled kernel, grid, size args, constexprs, static) of the last launch
+        self._statics: dict[int, tuple] = {}  # id(compiled kernel) -> (kernel, StaticKernel or False where it cannot be used)
+        self._static_api: Any = None
         self._fast: Optional[Callable] = None
         if self.autotune:
             self._load_tuned()
@@ -263,13 +268,52 @@ class Launcher:
             kw = dict(cfg.constexprs(self.kind), num_warps=cfg.num_warps)
             plan = self._plans[key] = (self.grid(cfg, xn, rn), extra, kw)
         grid, extra, kw = plan
+        if self._static_allowed(args):
+            kernel = self.fn.run(*args, *extra, grid=grid, warmup=True, **kw)  # compile (cached), no launch
+            st = self._statics.get(id(kernel), (None, None))[1]
+            values = self._values(args, extra, kw)
+            if st is None and values is not None:
+                dev = next(a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor))
+                st = StaticKernel.make(kernel, list(self.fn.arg_names), values, dev.index if dev.index is not None else 0,
+                                       os.path.join(self.cache_dir, "triton")) or False
+                self._statics[id(kernel)] = (kernel, st)  # the kernel kept alive: its id stays its own
+            if st and values is not None:
+                dev = next(a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor))
+                st.launch(grid, self._stream(dev), [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values])
+                self._last = (kernel, grid, extra, kw, st)
+                return
         kernel = self.fn.run(*args, *extra, grid=grid, warmup=False, **kw)
-        self._last = (kernel, grid, extra, kw)
+        self._last = (kernel, grid, extra, kw, None)
+
+    def _static_allowed(self, args: Sequence[Any]) -> bool:
+        """torch's static launcher (static_launch.py) instead of Triton's per-signature
+        C launcher: CUDA tensors, no profiler hook that wants Triton's launch path."""
+        if self._static_api is None:
+            self._static_api = launcher_api() or False
+        if not self._static_api or _launch_hooks():
+            return False
+        t = next((a for a in args[: self.nbuf] if isinstance(a, torch.Tensor)), None)
+        return t is not None and t.device.type == "cuda"
+
+    @staticmethod
+    def _stream(dev: torch.device) -> int:
+        return torch.cuda.current_stream(dev).cuda_stream
+
+    def _values(self, args: Sequence[Any], extra: Sequence[Any], kw: dict) -> Optional[list]:
+        """Every parameter's value in the kernel's order (positional, then the
+        constexprs by name), or None if a name is missing."""
+        names = list(self.fn.arg_names)
+        lead = list(args) + list(extra)
+        try:
+            return lead + [kw[nm] for nm in names[len(lead):]]
+        except KeyError:
+            return None
 
     # -- the direct launch path of generated wrappers (wrapper_codegen.py)
     def fast_launcher(self) -> Optional[Callable]:
         """`launch(stream, *tensors, *sizes)`: after the first launch of each
-        (pointer alignment, sizes) key, calls the compiled kernel's launcher
+        (pointer alignment, sizes) key, calls torch's static launcher
+        (static_launch.py) or else the compiled kernel's own launcher
         (`CompiledKernel.run`, a C function behind a thin Python wrapper) with the
         grid, size arguments and constexprs bound once, as Inductor's generated
         launchers do, instead of `JITFunction.run` (argument binding,
@@ -293,6 +337,8 @@ class Launcher:
                "    ent = cache.get(key)\n"
                "    if ent is None:\n"
                f"        return slow(key, {', '.join(ts + ss)})\n"
+               "    if ent.__class__ is not tuple:\n"  # torch's static launcher, bound by StaticKernel.bound
+               f"        return ent(stream, {', '.join(ps + ss)})\n"
                "    run, g0, g1, g2, function, metadata, tail = ent\n"
                f"    run(g0, g1, g2, stream, function, metadata, None, None, None, {', '.join(ps + ss)}, *tail)\n")
         cache: dict[tuple, tuple] = {}
@@ -308,7 +354,12 @@ class Launcher:
         last, self._last = self._last, None
         if last is None or self._cpu_scalars or _launch_hooks():
             return  # nothing launched (empty), scalars copied per call, or a profiler hook wants metadata
-        kernel, grid, extra, kw = last
+        kernel, grid, extra, kw, st = last
+        if st:
+            values = self._values(args, extra, kw)
+            if values is not None:
+                cache[key] = st.bound(grid, len(args), values[len(args):])
+            return
         try:
             names = list(self.fn.arg_names)
             tail = tuple(extra) + tuple(kw[nm] for nm in names[len(args) + len(extra):])
@@ -446,11 +497,14 @@ def precompile(lib: TritonLibrary, options: Any) -> int:
         cfg = heuristic_config(ks, xn, rn)
         jobs.append((la, cfg))
 
+    static = launcher_api()
+
     def one(job: tuple) -> None:
         la, cfg = job
         try:
             kernel = la.fn.warmup(*la.ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps, **cfg.constexprs(la.kind))
-            _build_launcher(kernel)
+            if static is None:  # Triton's own launcher will be used: build it here, in parallel
+                _build_launcher(kernel)
         except Exception:  # noqa: BLE001 - the real launch compiles again and reports the error
             pass
 
