@@ -50,11 +50,15 @@ MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elisio
 MAX_BLOCK_2D = 64
 MAX_XBLOCK_REDUCTION = 64
 MAX_RBLOCK_LOOPED = 2048
-# static rows from this many elements take a looped Welford kernel when the kernel's
-# only reductions are a row's sum and its sum of squared deviations (layernorm): on the
-# H200, 16384x4096 fp32, persistent rows ran at 0.132-0.136 ms, the looped Welford
-# kernel with L2 eviction hints at 0.130 (Inductor's 0.130, a same-size copy 0.130)
-WELFORD_MIN_ROW = 4096
+# A looped Welford kernel instead of a persistent row when the kernel's only reductions
+# are a row's sum and its sum of squared deviations (layernorm, var), only where it was
+# measured faster. Layernorm on the H200, Welford / persistent ms (Inductor):
+#   fp32 16384x4096 0.1287 / 0.1354 (0.1292)   fp32 32768x4096 0.2516 / 0.2638 (0.2529)
+#   fp32 256x4096   0.0086 / 0.0067 (0.0107)   fp32 8192x8192  0.1339 / 0.1334 (0.1318)
+#   fp32 4096x16384 0.1519 / 0.1486 (0.1467)   bf16 16384x4096 0.0880 / 0.0703 (0.0962)
+# so: float32 rows of 4096-8191 elements, at least 8192 of them (static sizes).
+WELFORD_ROWS = (4096, 8191)
+WELFORD_MIN_XNUMEL = 8192
 INT32_LIMIT = 2**31 - 2**20
 
 
@@ -408,7 +412,11 @@ class TritonKernel:
             rn = ir.numel([g.full[d] for d in rdims])
             persistent = rn.is_Integer and int(rn) <= PERSISTENT_MAX
             self.kind = "persistent_reduction" if persistent else "looped_reduction"
-            if rn.is_Integer and int(rn) >= WELFORD_MIN_ROW:
+            xn = ir.numel([g.full[d] for d in xdims])
+            row_fp32 = bool(big) and self.graph.buffers[big[0][0]].dtype == torch.float32
+            # looped rows always (two reads of the row instead of three); persistent ones where measured
+            if not persistent or (row_fp32 and WELFORD_ROWS[0] <= int(rn) <= WELFORD_ROWS[1] and xn.is_Integer
+                                  and int(xn) >= WELFORD_MIN_XNUMEL):
                 self._phases()
                 self.welford = self._welford_pairs()
                 if self.welford:
