@@ -18,7 +18,11 @@ the group's iteration space onto one or two block axes:
   [XBLOCK, RBLOCK] accumulators; full-level values are recomputed from inputs in
   each loop, never read back from what this kernel wrote (no barrier needed).
   Softmax's max and sum fuse into ONE loop as an online reduction (running max,
-  rescaled running sum) when the scheduler put them in one kernel.
+  rescaled running sum) when the scheduler put them in one kernel; a row's sum
+  and its squared deviations (layernorm, var) into one Welford loop (per-lane
+  running mean and M2), which also replaces the persistent row where that was
+  measured faster (WELFORD_ROWS): there the row's loads carry L2 eviction hints,
+  kept for the second read, then let go.
 
 Index expressions: the linear part of each access is split into *runs* of
 consecutive dims whose strides chain (stride[outer] == stride[inner]*size[inner]);
@@ -644,7 +648,7 @@ class TritonKernel:
         """{S: Q} for every S summing A over the row in the first pass (layernorm's
         decomposition sums the row twice, for the mean and inside the variance) and
         the one Q of the next pass summing (A - M)^2, M a row constant of this
-        kernel (the mean S/n); no other reduction, nothing else stored by Q's pass.
+        kernel (the mean S/n); no other reduction, nothing stored by either pass.
         Welford's algorithm gives both in one pass over the row, without the
         cancellation of E[A^2] - E[A]^2 in float32."""
         g = self.g
@@ -660,9 +664,8 @@ class TritonKernel:
         reps = {self.rep_dtype(n.acc_dtype) for n in sums + [q]}
         if any(n.reduction != "sum" for n in sums + [q]) or len(reps) != 1 or not reps.pop().is_floating_point:
             return {}
-        if any(self.phase[n.name] == p0 + 1 and g.level(n) != "outer" and n is not q and n.name in g.stores
-               for n in g.nodes):
-            return {}
+        if any(self.phase[n.name] in (p0, p0 + 1) and g.level(n) == "full" and n.name in g.stores for n in g.nodes):
+            return {}  # a value stored in either pass needs that pass's own loop
         sym = _SymOps("", self)
         try:
             bodies = {_strip_casts(n.body(sym, g.full_index(n.full_size))) for n in sums}
