@@ -85,6 +85,25 @@ def test_megabytes_of_output_keep_only_a_bounded_tail(runs):
     assert 0 < len(report.run.stderr_tail.encode()) <= LIMIT
 
 
+def test_output_tail_waits_for_the_end_marker_even_when_split_across_reads():
+    # `__done__` can arrive on the events pipe before the drain thread read the program's
+    # last output (seen once in CI-like runs: the tail lacked END-OF-OUTPUT); the tail is
+    # complete only once the worker's end marker came through, and the marker is stripped.
+    import threading
+
+    from fuselens.capture.protocol import OUTPUT_END
+    from fuselens.capture.runner import _Tail
+
+    tail = _Tail(64)
+    tail.feed(b"x" * 100)
+    assert not tail.wait_end(0.01)
+    half = len(OUTPUT_END) // 2
+    later = threading.Timer(0.2, lambda: (tail.feed(b"END\n" + OUTPUT_END[:half]), tail.feed(OUTPUT_END[half:])))
+    later.start()
+    assert tail.wait_end(5.0)
+    assert tail.text().endswith("END\n") and len(tail.text()) <= 64 and "\x1e" not in tail.text()
+
+
 def test_syntax_error_is_reported_with_its_line(runs):
     report, _ = runs["syntax"]
     (err,) = report.errors

@@ -19,6 +19,11 @@ from typing import Any
 STARTED = "__started__"
 DONE = "__done__"
 READY = "__ready__"
+# Written by the worker to its stdout and stderr after a run, before `__done__`: the
+# parent's drain threads may still be reading the program's last output when
+# `__done__` arrives on the events pipe; the tails are complete once each ends with
+# this (then stripped). Record-separator bytes: no program prints them by accident.
+OUTPUT_END = b"\x1e__fuselens_output_end__\x1e\n"
 
 
 def control_line(kind: str, **data: Any) -> str:

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from fuselens.capture.assemble import ReportBuilder
-from fuselens.capture.protocol import DONE, STARTED, run_request
+from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, Report, RunInfo, decode_event
 
@@ -32,6 +32,7 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 _POLL_S = 0.2  # how often a blocked read checks for cancel/deadline
 _MAX_LINE = 256 * 1024 * 1024  # a runaway line is dropped, not buffered forever
 _STARTUP_S = 120.0  # worker start (torch import) allowed on top of a timeout
+_OUTPUT_END_WAIT_S = 5.0  # for the drain threads to reach the end-of-run marker
 
 
 class _Tail:
@@ -40,18 +41,29 @@ class _Tail:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._buf = bytearray()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._ended = False
 
     def reset(self, limit: int) -> None:
         with self._lock:
             self.limit = limit
             self._buf.clear()
+            self._ended = False
 
     def feed(self, chunk: bytes) -> None:
         with self._lock:
             self._buf += chunk
+            if self._buf.endswith(OUTPUT_END):
+                del self._buf[-len(OUTPUT_END):]
+                self._ended = True
+                self._lock.notify_all()
             if len(self._buf) > self.limit:
                 del self._buf[: len(self._buf) - self.limit]
+
+    def wait_end(self, timeout: float) -> bool:
+        """Wait until the worker's end-of-run marker came through this stream."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._ended, timeout)
 
     def text(self) -> str:
         with self._lock:
@@ -199,6 +211,9 @@ class _Worker:
                     f"{state['malformed']} malformed line(s) from the worker were ignored",
                 )
             )
+        if outcome == "done":  # the program's last output may still be in the pipes
+            self.stdout.wait_end(_OUTPUT_END_WAIT_S)
+            self.stderr.wait_end(_OUTPUT_END_WAIT_S)
         report = builder.build()
         report.run.stdout_tail = self.stdout.text()
         report.run.stderr_tail = self.stderr.text()

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 
 from fuselens.capture import frames as fr
 from fuselens.capture.assemble import nest_phase
-from fuselens.capture.protocol import DONE, READY, STARTED, control_line
+from fuselens.capture.protocol import DONE, OUTPUT_END, READY, STARTED, control_line
 from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, PhaseTime, RunInfo, encode_event
 
@@ -156,6 +156,7 @@ class Worker:
         self._emit(info)
         sys.stdout.flush()
         sys.stderr.flush()
+        _end_output()
         self.channel.send_line(control_line(DONE, wall_s=round(wall, 6)))
 
     def _on_exit(self, exc: SystemExit) -> int:
@@ -276,6 +277,15 @@ def _compiler_options(options: RunOptions, emit: Any) -> Iterator[None]:
     yield
 
 
+def _end_output() -> None:
+    """Mark the end of this run's output on stdout and stderr (protocol.OUTPUT_END)."""
+    for fd in (1, 2):
+        try:
+            os.write(fd, OUTPUT_END)
+        except OSError:
+            pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuselens.capture.worker")
     parser.add_argument("--events-fd", type=int, required=True)
@@ -294,6 +304,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             options = RunOptions.from_dict(request.get("options") or {})
         except (ValueError, KeyError, TypeError) as exc:
             channel.event(ErrorEntry("internal", f"bad run request: {exc!r}"))
+            _end_output()
             channel.send_line(control_line(DONE, wall_s=0.0))
             continue
         worker.run(target, options)
