@@ -142,6 +142,11 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     case("column_reduction", lambda x: x.sum(0), (torch.randn(300, 17),), rtol=1e-4, atol=1e-4)
     case("bf16_gelu", lambda x, b: F.gelu(x + b), (torch.randn(16, 48, dtype=torch.bfloat16),
                                                    torch.randn(48, dtype=torch.bfloat16)), rtol=1.6e-2, atol=1e-2)
+    # a kernel writing only 16-bit floats takes the short erf (_fl_erf_16bit); specials included
+    xe = torch.cat([torch.linspace(-7, 7, 997), torch.tensor([0.0, -0.0, 1e-30, 30.0, -30.0, float("inf"),
+                                                              float("-inf"), float("nan")])]).to(torch.bfloat16)
+    case("bf16_erf", lambda x: torch.erf(x), (xe,), rtol=0, atol=4e-3)
+    case("fp32_gelu", lambda x: F.gelu(x), (torch.randn(64, 33),))
     case("bf16_softmax", lambda x: torch.softmax(x, -1), (torch.randn(8, 96, dtype=torch.bfloat16),), rtol=1.6e-2, atol=1e-2)
     xm = torch.randn(4, 33)
     xm[1, 3] = float("nan")
@@ -267,7 +272,7 @@ def _ok(records: dict, name: str) -> dict:
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar",
     "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows", "layernorm_4096_few_rows",
-    "column_reduction", "bf16_gelu", "bf16_softmax", "max_propagates_nan", "int_floordiv_remainder", "bool_any_all",
+    "column_reduction", "bf16_gelu", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan", "int_floordiv_remainder", "bool_any_all",
     "math_mapping", "sincos_shared", "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
@@ -351,6 +356,12 @@ def test_inference_batch_norm_folds_into_the_convolution_with_relu_and_residual(
 def test_sin_and_cos_of_one_value_share_one_range_reduction(records: dict) -> None:
     src = _ok(records, "sincos_shared")["sources"][0]
     assert src.count("_fl_sincos(") == 1 and "tl.sin(" not in src and "tl.cos(" not in src, src
+
+
+def test_short_erf_only_where_every_output_is_16_bit(records: dict) -> None:
+    for name in ("bf16_gelu", "bf16_erf"):
+        assert "_fl_erf_16bit(" in "".join(_ok(records, name)["sources"]), name
+    assert "_fl_erf_16bit(" not in "".join(_ok(records, "fp32_gelu")["sources"])  # float32 out: full-precision erf
 
 
 def test_dynamic_sizes_are_kernel_arguments(records: dict) -> None:

@@ -150,6 +150,7 @@ class TritonKernel:
         self.masks: dict[str, Optional[str]] = {}
         self.welford: dict[str, ComputeNode] = {}  # {row sum: its sum of squared deviations}
         self.evict: Optional[str] = None  # L2 policy of the row loads the current pass emits
+        self.out16 = False  # every buffer this kernel writes is bfloat16/float16 (set by plan)
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -430,6 +431,9 @@ class TritonKernel:
             self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
         if not hasattr(self, "column"):
             self.column = False
+        # a pointwise kernel whose every output is a 16-bit float may use shorter math (erf)
+        self.out16 = self.kind in ("pointwise", "pointwise2d") and bool(g.stores) and all(
+            self.graph.buffers[b].dtype in (torch.bfloat16, torch.float16) for b in g.stores)
         self.axis_index = {a.name: a.index for a in self.axes}
         sizes = {a.name: ir.numel([g.full[d] for d in a.dims]) for a in self.axes}
         self.xnumel = sizes["x"]

