@@ -10,9 +10,9 @@
 2. The models of tests/models.py on CUDA in float32 and bfloat16 (GPT-2 block
    inference, ResNet basic block channels-last inference, MLP training step),
    relative error ||compiled - eager|| / ||eager|| against eager in the same dtype.
-3. The CUDA-only runtime paths: CUDA-event kernel timing (KernelTiming events)
-   and the CUDA-graph wrapper (replay equals eager; the input-copy kernel is
-   reported).
+3. The CUDA-only runtime paths: CUDA-event kernel timing (KernelTiming events),
+   the CUDA-graph wrapper (replay equals eager; the input-copy kernel is
+   reported), torch's static launcher in use where torch has one, autotuning.
 
 Prints a summary and writes every case to OUT/gpu_check.json.
 """
@@ -194,6 +194,21 @@ def runtime_paths() -> list[dict]:
         copies = [e for e in events if isinstance(e, Kernel) and e.name == "cudagraph_input_copies"]
         t = {e.name for e in events if isinstance(e, KernelTiming)}
         rec.update(ok=max(errs) < 1e-5 and bool(copies) and "cudagraph_replay" in t, relerr=max(errs), timings=sorted(t))
+    except Exception:  # noqa: BLE001
+        rec.update(ok=False, why=traceback.format_exc()[-1500:])
+    out.append(rec)
+    # torch's static CUDA launcher (static_launch.py) is what launches the kernels, not a silent fallback
+    torch._dynamo.reset()
+    rec = {"check": "static_launch"}
+    try:
+        from fuselens.compiler import triton_runtime as tr
+        from fuselens.compiler.static_launch import launcher_api
+
+        c = torch.compile(f, backend="fuselens")
+        err = max(_relerr(c(x, b), f(x, b)) for _ in range(2))
+        used = [bool(st) for la in tr.recent_libraries[-1].launchers.values() for _, st in la._statics.values()]
+        want = launcher_api() is not None
+        rec.update(ok=err < 1e-5 and bool(used) and all(used) == want, relerr=err, static=used, available=want)
     except Exception:  # noqa: BLE001
         rec.update(ok=False, why=traceback.format_exc()[-1500:])
     out.append(rec)
