@@ -58,23 +58,30 @@ def erf_only(X, O, MODE: tl.constexpr, BLOCK: tl.constexpr):
         e = erf_as26(x)
     tl.store(O + i, e)
 
-M, N = 16384, 4096
-x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16); b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
-ref = F.gelu(x.float() + b.float()).to(torch.bfloat16)  # these kernels add in float32, as both compilers do
-y = torch.empty_like(x)
-print("copy", do_bench(lambda: y.copy_(x), warmup=50, rep=300))
-fi = torch.compile(lambda x, b: F.gelu(x + b)); fi(x, b)
-print("inductor", do_bench(lambda: fi(x, b), warmup=50, rep=300))
-g = torch.linspace(-12, 12, 2**22, device="cuda", dtype=torch.float32)
-gd = torch.erf(g.double())
-for mode in (0, 1, 2):
-    o = torch.empty_like(x)
-    for bl, nw in ((1024, 4), (2048, 4), (2048, 8)):
-        gelu_k[(M * N // bl,)](x, b, o, N=N, MODE=mode, BLOCK=bl, num_warps=nw)
-        ms = do_bench(lambda: gelu_k[(M * N // bl,)](x, b, o, N=N, MODE=mode, BLOCK=bl, num_warps=nw), warmup=50, rep=300)
-        mism = (o != ref).float().mean().item()
-        print(f"mode {mode} block {bl} warps {nw}: {ms:.4f} ms, differs from the rounded float32 result in "
-              f"{mism:.2e} of the outputs, max diff {(o.float() - ref.float()).abs().max().item():.2e}")
-    e = torch.empty_like(g)
-    erf_only[(g.numel() // 1024,)](g, e, MODE=mode, BLOCK=1024)
-    print(f"  erf abs err vs fp64 {(e.double() - gd).abs().max().item():.2e}")
+
+def main() -> None:
+    M, N = 16384, 4096
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16); b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    ref = F.gelu(x.float() + b.float()).to(torch.bfloat16)  # these kernels add in float32, as both compilers do
+    y = torch.empty_like(x)
+    print("copy", do_bench(lambda: y.copy_(x), warmup=50, rep=300))
+    fi = torch.compile(lambda x, b: F.gelu(x + b)); fi(x, b)
+    print("inductor", do_bench(lambda: fi(x, b), warmup=50, rep=300))
+    g = torch.linspace(-12, 12, 2**22, device="cuda", dtype=torch.float32)
+    gd = torch.erf(g.double())
+    for mode in (0, 1, 2):
+        o = torch.empty_like(x)
+        for bl, nw in ((1024, 4), (2048, 4), (2048, 8)):
+            gelu_k[(M * N // bl,)](x, b, o, N=N, MODE=mode, BLOCK=bl, num_warps=nw)
+            ms = do_bench(lambda: gelu_k[(M * N // bl,)](x, b, o, N=N, MODE=mode, BLOCK=bl, num_warps=nw), warmup=50, rep=300)
+            mism = (o != ref).float().mean().item()
+            print(f"mode {mode} block {bl} warps {nw}: {ms:.4f} ms, differs from the rounded float32 result in "
+                  f"{mism:.2e} of the outputs, max diff {(o.float() - ref.float()).abs().max().item():.2e}")
+        e = torch.empty_like(g)
+        erf_only[(g.numel() // 1024,)](g, e, MODE=mode, BLOCK=1024)
+        print(f"  erf abs err vs fp64 {(e.double() - gd).abs().max().item():.2e}")
+
+
+
+if __name__ == "__main__":
+    main()

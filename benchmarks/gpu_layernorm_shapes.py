@@ -12,10 +12,6 @@ import torch, triton, triton.language as tl
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-M, N = 16384, 4096
-x = torch.randn(M, N, device="cuda"); w = torch.randn(N, device="cuda"); b = torch.randn(N, device="cuda")
-ref = F.layer_norm(x, (N,), w, b)
-
 @triton.jit
 def persistent(X, W, B, O, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
     xi = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
@@ -88,34 +84,44 @@ def gridstride(X, W, B, O, M, N: tl.constexpr, NPROG: tl.constexpr):
         var = tl.sum(d * d, 0) / N
         tl.store(O + row.to(tl.int64) * N + r, d * tl.rsqrt(var + 1e-5) * wv + bv)
 
-def bench(name, fn):
-    out = torch.empty_like(x)
-    try:
-        fn(out); torch.cuda.synchronize()
-        err = (out - ref).abs().max().item()
-        ms = do_bench(lambda: fn(out), warmup=50, rep=300)
-        print(f"{name:40s} {ms:.4f} ms  err {err:.1e}", flush=True)
-    except Exception as e:
-        print(f"{name:40s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
-nbytes = 2 * x.numel() * 4
-y = torch.empty_like(x)
-cms = do_bench(lambda: y.copy_(x), warmup=50, rep=300)
-print(f"copy same size {cms:.4f} ms = {nbytes/cms/1e9:.2f} TB/s")
-print(f"eager {do_bench(lambda: F.layer_norm(x,(N,),w,b)):.4f} ms")
-fi = torch.compile(lambda x, w, b: F.layer_norm(x, (N,), w, b))
-fi(x, w, b)
-print(f"inductor {do_bench(lambda: fi(x, w, b), warmup=50, rep=300):.4f} ms")
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-for xb in (1, 2):
-    for nw in (4, 8, 16, 32):
-        bench(f"persistent XBLOCK={xb} warps={nw}", lambda o, xb=xb, nw=nw: persistent[(M // xb,)](x, w, b, o, XBLOCK=xb, RBLOCK=N, num_warps=nw))
-for rb in (1024, 2048):
-    for nw in (4, 8, 16):
-        for ev in (True, False):
-            bench(f"welford R={rb} warps={nw} evict={ev}", lambda o, rb=rb, nw=nw, ev=ev: looped_welford[(M,)](x, w, b, o, N=N, RBLOCK=rb, EVICT=ev, num_warps=nw))
-    for nw in (8, 16):
-        bench(f"sums R={rb} warps={nw}", lambda o, rb=rb, nw=nw: looped_sums[(M,)](x, w, b, o, N=N, RBLOCK=rb, num_warps=nw))
-for k in (2, 4, 8):
-    for nw in (8, 16):
-        bench(f"gridstride {k}x{sms} warps={nw}", lambda o, k=k, nw=nw: gridstride[(k * sms,)](x, w, b, o, M, N=N, NPROG=k * sms, num_warps=nw))
+def main() -> None:
+    M, N = 16384, 4096
+    x = torch.randn(M, N, device="cuda"); w = torch.randn(N, device="cuda"); b = torch.randn(N, device="cuda")
+    ref = F.layer_norm(x, (N,), w, b)
+    def bench(name, fn):
+        out = torch.empty_like(x)
+        try:
+            fn(out); torch.cuda.synchronize()
+            err = (out - ref).abs().max().item()
+            ms = do_bench(lambda: fn(out), warmup=50, rep=300)
+            print(f"{name:40s} {ms:.4f} ms  err {err:.1e}", flush=True)
+        except Exception as e:
+            print(f"{name:40s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+    nbytes = 2 * x.numel() * 4
+    y = torch.empty_like(x)
+    cms = do_bench(lambda: y.copy_(x), warmup=50, rep=300)
+    print(f"copy same size {cms:.4f} ms = {nbytes/cms/1e9:.2f} TB/s")
+    print(f"eager {do_bench(lambda: F.layer_norm(x,(N,),w,b)):.4f} ms")
+    fi = torch.compile(lambda x, w, b: F.layer_norm(x, (N,), w, b))
+    fi(x, w, b)
+    print(f"inductor {do_bench(lambda: fi(x, w, b), warmup=50, rep=300):.4f} ms")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for xb in (1, 2):
+        for nw in (4, 8, 16, 32):
+            bench(f"persistent XBLOCK={xb} warps={nw}", lambda o, xb=xb, nw=nw: persistent[(M // xb,)](x, w, b, o, XBLOCK=xb, RBLOCK=N, num_warps=nw))
+    for rb in (1024, 2048):
+        for nw in (4, 8, 16):
+            for ev in (True, False):
+                bench(f"welford R={rb} warps={nw} evict={ev}", lambda o, rb=rb, nw=nw, ev=ev: looped_welford[(M,)](x, w, b, o, N=N, RBLOCK=rb, EVICT=ev, num_warps=nw))
+        for nw in (8, 16):
+            bench(f"sums R={rb} warps={nw}", lambda o, rb=rb, nw=nw: looped_sums[(M,)](x, w, b, o, N=N, RBLOCK=rb, num_warps=nw))
+    for k in (2, 4, 8):
+        for nw in (8, 16):
+            bench(f"gridstride {k}x{sms} warps={nw}", lambda o, k=k, nw=nw: gridstride[(k * sms,)](x, w, b, o, M, N=N, NPROG=k * sms, num_warps=nw))
+
+
+
+if __name__ == "__main__":
+    main()
