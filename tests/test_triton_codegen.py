@@ -107,6 +107,12 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         case("welford_layernorm_ragged", lambda x, w, b: F.layer_norm(x, (5000,), w, b), (xr, wr, br),
              rtol=1e-4, atol=1e-4)
         case("softmax_4096_rows", lambda x: torch.softmax(x, -1), (torch.randn(2, 4096),))
+
+        def stored_then_normed(x, w, b):  # y is written by the first pass: that pass needs its own loop
+            y = x * 2 + 1
+            return y, F.layer_norm(y, (4096,), w, b)
+
+        case("welford_not_when_a_pass_stores", stored_then_normed, (torch.randn(4, 4096), ww, bw), rtol=1e-4, atol=1e-4)
     finally:
         tg.WELFORD_MIN_XNUMEL = saved
     # with the real threshold, few rows stay persistent (faster there: 256x4096 0.0067 vs 0.0086 ms)
@@ -272,7 +278,8 @@ def _ok(records: dict, name: str) -> dict:
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar",
     "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows", "layernorm_4096_few_rows",
-    "column_reduction", "bf16_gelu", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan", "int_floordiv_remainder", "bool_any_all",
+    "column_reduction", "bf16_gelu", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
+    "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
@@ -335,6 +342,7 @@ def test_long_row_moments_take_one_welford_loop_with_l2_hints(records: dict) -> 
     rec = _ok(records, "softmax_4096_rows")
     assert rec["kinds"] == ["persistent_reduction"] and "eviction_policy" not in rec["sources"][0]
     assert _ok(records, "layernorm_4096_few_rows")["kinds"] == ["persistent_reduction"]
+    assert _ok(records, "welford_not_when_a_pass_stores")["kinds"] == ["persistent_reduction"]
 
 
 def test_linear_relu_runs_in_the_matmul_epilogue_and_erf_safe_gelu_stays_a_kernel(records: dict) -> None:
