@@ -211,7 +211,7 @@ def _fold_conv_bn_relu(gm: torch.fx.GraphModule) -> int:
             continue
         if z is not None and (_value(z) is None or _value(z).shape != out.shape or _value(z).dtype != out.dtype):
             continue
-        args = (conv.args[0] if conv.args else conv.kwargs["input"], _arg(conv, 1, "weight", None),
+        args = (_arg(conv, 0, "input", None), _arg(conv, 1, "weight", None),
                 _arg(conv, 2, "bias", None), mean, var, _arg(bn, 3, "weight", None), _arg(bn, 4, "bias", None),
                 float(_arg(bn, 7, "eps", 1e-5)), z, stride, padding, dilation, groups)
         with gm.graph.inserting_before(relu):

@@ -272,13 +272,12 @@ class Launcher:
             kernel = self.fn.run(*args, *extra, grid=grid, warmup=True, **kw)  # compile (cached), no launch
             st = self._statics.get(id(kernel), (None, None))[1]
             values = self._values(args, extra, kw)
+            dev = next(a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor))
             if st is None and values is not None:
-                dev = next(a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor))
                 st = StaticKernel.make(kernel, list(self.fn.arg_names), values, dev.index if dev.index is not None else 0,
                                        os.path.join(self.cache_dir, "triton")) or False
                 self._statics[id(kernel)] = (kernel, st)  # the kernel kept alive: its id stays its own
             if st and values is not None:
-                dev = next(a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor))
                 st.launch(grid, self._stream(dev), [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values])
                 self._last = (kernel, grid, extra, kw, st)
                 return
