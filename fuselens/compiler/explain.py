@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
-from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR
+from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR, op_name
 from fuselens.compiler.scheduler import KernelGroup, Schedule, Scheduler, _label
 from fuselens.events import (
     CompiledGraph,
@@ -38,13 +38,6 @@ def location_from_stack(stack: str) -> Optional[SourceLocation]:
     return None
 
 
-def target_name(t: Any) -> str:
-    s = str(t)
-    if s.startswith(("aten.", "prims.")) or isinstance(t, torch._ops.OpOverload):
-        return s
-    return getattr(t, "__name__", s)
-
-
 def _shape(node: torch.fx.Node) -> str:
     v = node.meta.get("val")
     if isinstance(v, torch.Tensor):
@@ -55,7 +48,7 @@ def _shape(node: torch.fx.Node) -> str:
 def extern_kernel_names(sched: Schedule) -> dict[str, str]:
     out = {}
     for i, u in enumerate(x for x in sched.units if isinstance(x, ExternNode)):
-        out[u.name] = f"extern_{target_name(u.fx_node.target).split('.')[1] if '.' in target_name(u.fx_node.target) else u.name}_{i}"
+        out[u.name] = f"extern_{op_name(u.fx_node.target).split('.')[1] if '.' in op_name(u.fx_node.target) else u.name}_{i}"
     return out
 
 
@@ -82,9 +75,9 @@ def build_events(
     ops = []
     for n in gm.graph.nodes:
         if n.op == "call_function":
-            ops.append(target_name(n.target))
+            ops.append(op_name(n.target))
         nodes.append(GraphNode(
-            name=n.name, op=n.op, target=target_name(n.target) if n.op == "call_function" else str(n.target),
+            name=n.name, op=n.op, target=op_name(n.target) if n.op == "call_function" else str(n.target),
             inputs=[a.name for a in n.all_input_nodes], location=location_from_stack(n.meta.get("stack_trace") or ""),
             kernel=kernel_of.get(n.name), shape=_shape(n)))
     events.append(CompiledGraph(compile_id=compile_id, function=function, location=location, backend="fuselens",
@@ -100,15 +93,15 @@ def build_events(
                              device=getattr(ks, "device", "cpu")))
     for e in (u for u in sched.units if isinstance(u, ExternNode)):
         node = e.fx_node
-        call = f"{target_name(node.target)}({', '.join(str(a) for a in node.args)})"
+        call = f"{op_name(node.target)}({', '.join(str(a) for a in node.args)})"
         loc = location_from_stack(e.stack_trace)
-        events.append(Kernel(name=ext_names[e.name], kind="extern", graph_id=graph_id, ops=[target_name(node.target)],
+        events.append(Kernel(name=ext_names[e.name], kind="extern", graph_id=graph_id, ops=[op_name(node.target)],
                              nodes=[e.name], source_lines=[loc] if loc else [], source=call, language=""))
     events.extend(fusion_decisions(graph, sched, scheduler, graph_id, ext_names))
     # fallbacks, one entry per op kind
     seen = set()
     for e in (u for u in sched.units if isinstance(u, ExternNode) and u.kind == "fallback"):
-        key = (target_name(e.fx_node.target), e.reason)
+        key = (op_name(e.fx_node.target), e.reason)
         if key in seen:
             continue
         seen.add(key)

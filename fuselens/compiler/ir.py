@@ -325,3 +325,12 @@ def simplify_index(e: Expr, ranges: dict) -> Expr:
         return x.func(*args)
 
     return sympy.expand(rec(e))
+
+
+def op_name(target: Any) -> str:
+    """An FX call target as events and messages print it: `aten.add.Tensor` for ops
+    (ours too, `fuselens.conv2d_bias_relu.default`), a function's `__name__` otherwise."""
+    s = str(target)
+    if s.startswith(("aten.", "prims.")) or isinstance(target, torch._ops.OpOverload):
+        return s
+    return getattr(target, "__name__", s)

@@ -89,7 +89,7 @@ class Lowerer:
             dtype=dtype,
             body=body,
             fx_nodes=[node.name],
-            aten_ops=[_op_name(node.target)],
+            aten_ops=[ir.op_name(node.target)],
             reduction=reduction,
             full_size=list(full_size),
             rdims=tuple(rdims),
@@ -139,7 +139,7 @@ class Lowerer:
                 fn = LOWERINGS.get(node.target) if self.options.lower else None
                 reason = self._unsupported_dtype(node)
                 if fn is None and not reason:
-                    reason = f"no lowering for {_op_name(node.target)}" if self.options.lower else "lowering disabled (option lower=False)"
+                    reason = f"no lowering for {ir.op_name(node.target)}" if self.options.lower else "lowering disabled (option lower=False)"
                 if fn is not None and not reason:
                     before = len(g.steps)
                     try:
@@ -294,13 +294,6 @@ def _scalar_expr(v: Any) -> Any:
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return sympy.sympify(v.node.expr)
     return v
-
-
-def _op_name(target: Any) -> str:
-    name = str(target)
-    if name.startswith(("aten.", "prims.")) or isinstance(target, torch._ops.OpOverload):
-        return name
-    return getattr(target, "__name__", name)
 
 
 def lower(gm: torch.fx.GraphModule, options: Any) -> tuple[GraphIR, Any]:
