@@ -434,11 +434,11 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
 
 
 def test_sincos_pairs_only_within_one_block() -> None:
-    from fuselens.compiler.codegen.triton import _share_sincos
+    from fuselens.compiler.codegen.triton_patterns import share_sincos
 
     lines = ["    tmp1 = tl.load(x)", "    tmp2 = tl.cos(tmp1)", "    tmp3 = tl.sin(tmp1)",
              "    for roffset in range(0, 8, 4):", "        tmp4 = tl.sin(tmp1)", "    tmp5 = tl.cos(tmp1)"]
-    out = _share_sincos(lines)
+    out = share_sincos(lines)
     assert out[:2] == ["    tmp1 = tl.load(x)", "    tmp3, tmp2 = _fl_sincos(tmp1)"]
     # the loop body's sin and the cos after the loop stay apart: tmp4 is not visible there
     assert out[2:] == lines[3:]

@@ -36,7 +36,6 @@ int32 unless a buffer or the iteration space needs int64.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -46,6 +45,7 @@ import torch
 from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelSource
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
+from fuselens.compiler.codegen.triton_patterns import deviation_center, online_softmax_pairs, share_sincos, welford_pairs
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
 from fuselens.compiler.scheduler import KernelGroup
 
@@ -423,7 +423,7 @@ class TritonKernel:
             if not persistent or (row_fp32 and WELFORD_ROWS[0] <= int(rn) <= WELFORD_ROWS[1] and xn.is_Integer
                                   and int(xn) >= WELFORD_MIN_XNUMEL):
                 self._phases()
-                self.welford = self._welford_pairs()
+                self.welford = welford_pairs(self)
                 if self.welford:
                     self.kind = "looped_reduction"
             # a reduction whose reference access is contiguous along a kept dim
@@ -508,7 +508,7 @@ class TritonKernel:
         g = self.g
         outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
         self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
-        online = self._online_softmax_pairs() if self.kind == "looped_reduction" else {}
+        online = online_softmax_pairs(self) if self.kind == "looped_reduction" else {}
         welford = self.welford if self.kind == "looped_reduction" else {}
         skip_phase: set[int] = set()
         for p in range(nphases + 1):
@@ -527,7 +527,7 @@ class TritonKernel:
                 self._online_pass(mx, sm)
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
                 skip_phase.add(p + 1)
-                # the sum's phase holds nothing else (checked by _online_softmax_pairs)
+                # the sum's phase holds nothing else (checked by online_softmax_pairs)
                 continue
             if reds and not fulls and all(r.name in welford for r in reds):
                 # the row sums here and the squared deviations the next pass would take: one Welford loop
@@ -648,57 +648,6 @@ class TritonKernel:
             self._finish_red(r, red.format(v=a) + "[:, None]", rep)
 
     # -- Welford moments ------------------------------------------------------
-    def _welford_pairs(self) -> dict[str, ComputeNode]:
-        """{S: Q} for every S summing A over the row in the first pass (layernorm's
-        decomposition sums the row twice, for the mean and inside the variance) and
-        the one Q of the next pass summing (A - M)^2, M a row constant of this
-        kernel (the mean S/n); no other reduction, nothing stored by either pass.
-        Welford's algorithm gives both in one pass over the row, without the
-        cancellation of E[A^2] - E[A]^2 in float32."""
-        g = self.g
-        reds = [n for n in g.nodes if n.is_reduction]
-        if len(reds) < 2:
-            return {}
-        p0 = min(self.phase[n.name] for n in reds)
-        sums = [n for n in reds if self.phase[n.name] == p0]
-        rest = [n for n in reds if self.phase[n.name] != p0]
-        if len(rest) != 1 or self.phase[rest[0].name] != p0 + 1:
-            return {}
-        q = rest[0]
-        reps = {self.rep_dtype(n.acc_dtype) for n in sums + [q]}
-        if any(n.reduction != "sum" for n in sums + [q]) or len(reps) != 1 or not reps.pop().is_floating_point:
-            return {}
-        if any(self.phase[n.name] in (p0, p0 + 1) and g.level(n) == "full" and n.name in g.stores for n in g.nodes):
-            return {}  # a value stored in either pass needs that pass's own loop
-        sym = _SymOps("", self)
-        try:
-            bodies = {_strip_casts(n.body(sym, g.full_index(n.full_size))) for n in sums}
-        except Exception:  # noqa: BLE001 - any op the tracer does not model: no Welford pass
-            return {}
-        if len(bodies) != 1 or self._deviation_center(sums[0], q) is None:
-            return {}
-        return {n.name: q for n in sums}
-
-    def _deviation_center(self, s: ComputeNode, q: ComputeNode) -> Optional[ComputeNode]:
-        """The row-constant node M when q's body is (A - M)^2 and A is s's body."""
-        sym = _SymOps("", self)
-        try:
-            got = _strip_casts(q.body(sym, self.g.full_index(q.full_size)))
-            want = _strip_casts(s.body(sym, self.g.full_index(s.full_size)))
-        except Exception:  # noqa: BLE001 - any op the tracer does not model: no Welford pass
-            return None
-        if not (isinstance(got, tuple) and got[0] == "mul" and _strip_casts(got[1]) == _strip_casts(got[2])):
-            return None
-        dev = _strip_casts(got[1])
-        if not (isinstance(dev, tuple) and dev[0] == "sub" and _strip_casts(dev[1]) == want):
-            return None
-        m = _strip_casts(dev[2])
-        if not (isinstance(m, tuple) and m[0] == "load" and m[1] in self.members):
-            return None
-        node = self.members[m[1]]
-        ok = self.g.level(node) == "outer" and self.phase[node.name] == self.phase[s.name]
-        return node if ok else None
-
     def _welford_pass(self, sums: Sequence[ComputeNode]) -> tuple[str, str, str]:
         """One loop of per-lane Welford updates over A (the sums' common body) and a
         plain per-lane sum for the sums themselves. Finishes every sum and returns
@@ -737,7 +686,7 @@ class TritonKernel:
         sums are plain tree reductions: merging Welford partials with Chan's formula
         rounds the running mean at every merge (rows at mean 1000: 9e-4 off in the
         interpreter's sequential merge)."""
-        center = self.top.values[self._deviation_center(self._welford_s(q), q).name]
+        center = self.top.values[deviation_center(self, self._welford_s(q), q).name]
         rep = self.rep_dtype(q.acc_dtype)
         dev = f"({m} - {center.name}.to({TL_DTYPES[rep]}))"
         self._finish_red(q, f"tl.sum({m2} + {cnt} * {dev} * {dev}, 1)[:, None]", rep)
@@ -746,27 +695,6 @@ class TritonKernel:
         return next(self.members[s] for s, qq in self.welford.items() if qq is q)
 
     # -- online softmax -------------------------------------------------------
-    def _online_softmax_pairs(self) -> dict[str, ComputeNode]:
-        """{max node: sum node} where the sum reduces exp(A - max) and the max
-        reduces A (the same expression), alone in consecutive passes."""
-        g = self.g
-        out: dict[str, ComputeNode] = {}
-        reds = [n for n in g.nodes if n.is_reduction]
-        for mx in reds:
-            if mx.reduction != "max" or not mx.acc_dtype.is_floating_point:
-                continue
-            p = self.phase[mx.name]
-            for sm in reds:
-                if sm.reduction != "sum" or self.phase[sm.name] != p + 1:
-                    continue
-                same_phase = [n for n in g.nodes if self.phase[n.name] == p + 1 and g.level(n) != "outer" and n is not sm
-                              and (n.is_reduction or n.name in g.stores)]
-                if same_phase or sum(1 for n in reds if self.phase[n.name] == p) != 1:
-                    continue
-                if _is_exp_of_shifted(sm, mx, self):
-                    out[mx.name] = sm
-        return out
-
     def _online_pass(self, mx: ComputeNode, sm: ComputeNode) -> None:
         """One loop computing the row max M and sum(exp(A - M)) with a running
         max m and a running sum rescaled by exp(m_old - m_new) (Milakov &
@@ -800,7 +728,7 @@ class TritonKernel:
         blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
         params += [f"{b}: tl.constexpr" for b in blocks]
         doc = f'    """{self.kind}: {" ".join(self._describe())}"""'
-        lines = self.top.lines if not self.demote_fp64 else _share_sincos(self.top.lines)
+        lines = self.top.lines if not self.demote_fp64 else share_sincos(self.top.lines)
         src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
         buffers = reads + list(self.writes)
         nbytes = 0
@@ -822,91 +750,8 @@ class TritonKernel:
         return out
 
 
-def _is_exp_of_shifted(sm: ComputeNode, mx: ComputeNode, k: TritonKernel) -> bool:
-    """Does `sm`'s body compute exp(A - M) where M loads `mx` and A is `mx`'s body?"""
-    idx = k.g.full_index(sm.full_size)
-    sym = _SymOps(mx.name, k)
-    try:
-        got = sm.body(sym, idx)
-        want = mx.body(sym, k.g.full_index(mx.full_size))
-    except Exception:  # noqa: BLE001 - any op the tracer does not model: no online pass
-        return False
-    got = _strip_casts(got)
-    if not (isinstance(got, tuple) and got[0] == "exp"):
-        return False
-    inner = _strip_casts(got[1])
-    if not (isinstance(inner, tuple) and inner[0] == "sub"):
-        return False
-    return _strip_casts(inner[1]) == _strip_casts(want) and _strip_casts(inner[2]) == ("load", mx.name)
-
-
-def _strip_casts(v: Any) -> Any:
-    while isinstance(v, tuple) and v[0] == "to_dtype":
-        v = v[1]
-    return v
-
-
-class _SymOps:
-    """An ops handler that builds expression trees (tuples) to compare bodies."""
-
-    def __init__(self, max_name: str, k: TritonKernel) -> None:
-        self.max_name = max_name
-        self.k = k
-
-    def load(self, name: str, index: Any) -> Any:
-        if name == self.max_name:
-            return ("load", name)
-        m = self.k.members.get(name)
-        if m is not None and self.k.g.level(m) == "full":  # fused producers are inlined, as in the kernel
-            return m.body(self, self.k.g.own_index(m))
-        return ("load", name, str(sympy.expand(sympy.sympify(index))))
-
-    def constant(self, value: Any, dtype: torch.dtype) -> Any:
-        return ("const", repr(value), str(dtype))
-
-    def index_expr(self, expr: Any, dtype: torch.dtype) -> Any:
-        return ("index", str(expr), str(dtype))
-
-    def to_dtype(self, x: Any, dtype: torch.dtype) -> Any:
-        return ("to_dtype", x, str(dtype))
-
-    def __getattr__(self, op: str) -> Any:
-        if op.startswith("_"):
-            raise AttributeError(op)
-        return lambda *args: (op, *args)
-
-
 def _cname(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
-
-
-_TRIG = re.compile(r"^(\s*)(tmp\d+) = tl\.(sin|cos)\((tmp\d+)\)$")
-
-
-def _share_sincos(lines: list[str]) -> list[str]:
-    """sin(v) and cos(v) of the same float32 value in one block of a kernel become one
-    `_fl_sincos(v)` (one range reduction): sin(x)^2 + cos(x)^2 over 64M floats ran
-    at 0.144 ms on an H200 against 0.130 for sin alone or a copy, bound by the two
-    libdevice routines. Placed at the first of the two lines, within one block only
-    (a name defined inside a loop body is not visible after it)."""
-    out: list[Optional[str]] = list(lines)
-    first: dict[tuple[str, str], tuple[int, str, str]] = {}
-    for i, line in enumerate(lines):
-        m = _TRIG.match(line)
-        if m is None:
-            continue
-        indent, name, fn, arg = m.groups()
-        key = (indent, arg)
-        prev = first.get(key)
-        if prev is not None and prev[1] != fn and all(
-                len(ln) - len(ln.lstrip()) >= len(indent) for ln in lines[prev[0]:i] if ln.strip()):
-            j, fj, nj = first.pop(key)
-            sin_name, cos_name = (nj, name) if fj == "sin" else (name, nj)
-            out[j] = f"{indent}{sin_name}, {cos_name} = _fl_sincos({arg})"
-            out[i] = None
-        else:
-            first[key] = (i, fn, name)
-    return [ln for ln in out if ln is not None]
 
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:

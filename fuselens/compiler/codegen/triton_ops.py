@@ -106,7 +106,7 @@ def _fl_round(x):
 @triton.jit
 def _fl_sincos(x):
     # sin and cos of one float32 value when a kernel needs both (code generator's
-    # _share_sincos): one range reduction instead of two. Cody-Waite by pi/2 in three
+    # share_sincos): one range reduction instead of two. Cody-Waite by pi/2 in three
     # parts (exact products for |k| < 2^13), then cephes' minimax polynomials on
     # [-pi/4, pi/4] and the quadrant's swap and signs. A block holding |x| > 8192, inf
     # or nan takes tl.sin/tl.cos (libdevice's Payne-Hanek path).
