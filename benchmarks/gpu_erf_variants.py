@@ -1,13 +1,23 @@
 """erf variants inside gelu(x+b) bf16 16384x4096 on the GPU (one process, `do_bench`):
-libdevice's erf (`tl.erf`), Abramowitz & Stegun 7.1.28 (the Triton generator's
-`_fl_erf_16bit`) and 7.1.26, with each variant's erf error against float64 and
-how often its bfloat16 result differs from the correctly rounded float32 one:
+libdevice's erf (`tl.erf`, mode 0), Abramowitz & Stegun 7.1.28 (mode 1, measured
+and rejected) and the Triton generator's own `_fl_erf_16bit`, A&S 7.1.26 (mode 2,
+taken from the generated-module prelude), with each variant's erf error against
+float64 and how often its bfloat16 result differs from the correctly rounded
+float32 one:
 
     python -m benchmarks.gpu_erf_variants
 """
 import torch, triton, triton.language as tl
 from triton.testing import do_bench
 import torch.nn.functional as F
+
+from fuselens.compiler.codegen.triton import library_source
+from fuselens.compiler.options import CompilerOptions
+from fuselens.compiler.triton_runtime import build_module
+
+# the generator's helper itself, from a module of the prelude alone (Triton needs a source file)
+_fl_erf_16bit = build_module([], library_source([]), CompilerOptions()).module._fl_erf_16bit
+
 
 @triton.jit
 def erf_as28(x):
@@ -22,41 +32,30 @@ def erf_as28(x):
     r = 1.0 - 1.0 / p
     return tl.where(x < 0, -r, r)
 
-@triton.jit
-def erf_as26(x):
-    a = tl.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    p = 1.061405429 * t - 1.453152027
-    p = p * t + 1.421413741
-    p = p * t - 0.284496736
-    p = p * t + 0.254829592
-    r = 1.0 - p * t * tl.exp(-a * a)
-    return tl.where(x < 0, -r, r)
 
 @triton.jit
-def gelu_k(X, B, O, N: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(X + i).to(tl.float32) + tl.load(B + i % N).to(tl.float32)
-    z = x * 0.7071067811865476
-    if MODE == 0:
-        e = tl.erf(z)
-    elif MODE == 1:
-        e = erf_as28(z)
-    else:
-        e = erf_as26(z)
-    tl.store(O + i, (0.5 * x * (1.0 + e)).to(tl.bfloat16))
-
-@triton.jit
-def erf_only(X, O, MODE: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(X + i)
+def erf_variant(x, MODE: tl.constexpr):
     if MODE == 0:
         e = tl.erf(x)
     elif MODE == 1:
         e = erf_as28(x)
     else:
-        e = erf_as26(x)
-    tl.store(O + i, e)
+        e = _fl_erf_16bit(x)
+    return e
+
+
+@triton.jit
+def gelu_k(X, B, O, N: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + i).to(tl.float32) + tl.load(B + i % N).to(tl.float32)
+    e = erf_variant(x * 0.7071067811865476, MODE)
+    tl.store(O + i, (0.5 * x * (1.0 + e)).to(tl.bfloat16))
+
+
+@triton.jit
+def erf_only(X, O, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(O + i, erf_variant(tl.load(X + i), MODE))
 
 
 def main() -> None:
