@@ -93,17 +93,24 @@ class _FakeJIT:
         return _FakeCompiled(self.log)
 
 
+def _pointwise_launcher(fn: Any, tmp_path: Any) -> Any:
+    """A Launcher for a 4096-element pointwise kernel of buffers a, b around `fn`."""
+    from fuselens.compiler import triton_runtime as tr
+
+    ks = types.SimpleNamespace(name="k", kernel_kind="pointwise", buffers=["a", "b"], symbols=[],
+                               xnumel=sympy.Integer(4096), rnumel=sympy.Integer(1), numel_args=[], elem_bytes=4,
+                               column_reduction=False)
+    opts = types.SimpleNamespace(autotune=False, time_kernels=False, resolved_cache_dir=lambda: str(tmp_path))
+    return tr.Launcher(ks, fn, opts, "src")
+
+
 def test_fast_launcher_binds_the_compiled_kernel_once_per_alignment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from fuselens.compiler import triton_runtime as tr
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(tr, "_launch_hooks", lambda: False)
-    ks = types.SimpleNamespace(name="k", kernel_kind="pointwise", buffers=["a", "b"], symbols=[],
-                               xnumel=sympy.Integer(4096), rnumel=sympy.Integer(1), numel_args=[], elem_bytes=4,
-                               column_reduction=False)
-    opts = types.SimpleNamespace(autotune=False, time_kernels=False, resolved_cache_dir=lambda: str(tmp_path))
     fn = _FakeJIT()
-    la = tr.Launcher(ks, fn, opts, "src")
+    la = _pointwise_launcher(fn, tmp_path)
     launch = la.fast_launcher()
     a, out = torch.randn(4100), torch.empty(4096)
     launch(7, a[:4096], out)  # first: through JITFunction.run (compiles), binds the direct call
@@ -229,12 +236,8 @@ def test_launcher_uses_the_static_launcher_and_binds_it_for_the_fast_path(monkey
             self.calls.append(warmup)
             return kernel
 
-    ks = types.SimpleNamespace(name="k", kernel_kind="pointwise", buffers=["a", "b"], symbols=[],
-                               xnumel=sympy.Integer(4096), rnumel=sympy.Integer(1), numel_args=[], elem_bytes=4,
-                               column_reduction=False)
-    opts = types.SimpleNamespace(autotune=False, time_kernels=False, resolved_cache_dir=lambda: str(tmp_path))
     fn = JIT()
-    la = tr.Launcher(ks, fn, opts, "src")
+    la = _pointwise_launcher(fn, tmp_path)
     launch = la.fast_launcher()
     a, out = torch.randn(4096), torch.empty(4096)
     launch(7, a, out)  # compile only (warmup=True), then the static launch with the current stream
