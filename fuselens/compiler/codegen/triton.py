@@ -534,7 +534,7 @@ class TritonKernel:
                 q = welford[reds[0].name]
                 lane_m, lane_m2, lane_n = self._welford_pass(reds)
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
-                self._finish_welford_q(q, lane_m, lane_m2, lane_n)
+                self._finish_welford_q(reds[0], q, lane_m, lane_m2, lane_n)
                 skip_phase.add(p + 1)
                 self.evict = "evict_first"  # the passes after this one read the rows for the last time
                 continue
@@ -680,19 +680,16 @@ class TritonKernel:
             self._finish_red(r, total.name, rep)
         return m, m2, n
 
-    def _finish_welford_q(self, q: ComputeNode, m: str, m2: str, cnt: str) -> None:
+    def _finish_welford_q(self, s: ComputeNode, q: ComputeNode, m: str, m2: str, cnt: str) -> None:
         """sum((A - M)^2) over the row = sum over lanes of M2 + n (mean - M)^2 (the
         parallel-axis theorem) for the row constant M, the accurate mean S/n. Both
         sums are plain tree reductions: merging Welford partials with Chan's formula
         rounds the running mean at every merge (rows at mean 1000: 9e-4 off in the
         interpreter's sequential merge)."""
-        center = self.top.values[deviation_center(self, self._welford_s(q), q).name]
+        center = self.top.values[deviation_center(self, s, q).name]
         rep = self.rep_dtype(q.acc_dtype)
         dev = f"({m} - {center.name}.to({TL_DTYPES[rep]}))"
         self._finish_red(q, f"tl.sum({m2} + {cnt} * {dev} * {dev}, 1)[:, None]", rep)
-
-    def _welford_s(self, q: ComputeNode) -> ComputeNode:
-        return next(self.members[s] for s, qq in self.welford.items() if qq is q)
 
     # -- online softmax -------------------------------------------------------
     def _online_pass(self, mx: ComputeNode, sm: ComputeNode) -> None:
