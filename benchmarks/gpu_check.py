@@ -212,6 +212,28 @@ def runtime_paths() -> list[dict]:
     except Exception:  # noqa: BLE001
         rec.update(ok=False, why=traceback.format_exc()[-1500:])
     out.append(rec)
+    # sin/cos over the whole float32 range: the prelude's own reduction (_fl_reduce_large),
+    # not libdevice's, against eager's CUDA sinf/cosf, elementwise
+    torch._dynamo.reset()
+    rec = {"check": "sincos_full_range"}
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        n = 1 << 22
+        mag = torch.exp(torch.rand(n, device="cuda", generator=g) * 88.7)
+        xs = mag * (torch.randint(0, 2, (n,), device="cuda", generator=g) * 2 - 1)
+        xs[:6] = torch.tensor([float("inf"), float("-inf"), float("nan"), 3.4028235e38, 8192.0, 0.0])
+
+        def sc(x, y):
+            return torch.sin(x) ** 2 + torch.cos(x) ** 2, torch.sin(x), torch.cos(x), torch.sin(y) * 2
+
+        c = torch.compile(sc, backend="fuselens")
+        got, ref = c(xs, xs * 0.75), sc(xs, xs * 0.75)
+        errs = [float((a - b).abs().nan_to_num(0.0).max()) for a, b in zip(got, ref)]
+        nan_ok = all(bool((a.isnan() == b.isnan()).all()) for a, b in zip(got, ref))
+        rec.update(ok=max(errs) < 1e-6 and nan_ok, max_abs_err=errs, nan_ok=nan_ok)
+    except Exception:  # noqa: BLE001
+        rec.update(ok=False, why=traceback.format_exc()[-1500:])
+    out.append(rec)
     # autotune on the GPU (real CUDA-event timer)
     torch._dynamo.reset()
     rec = {"check": "autotune"}

@@ -10,6 +10,7 @@
   the device time per call; plus the top of a cProfile of fuselens' steady state.
 * `cold`: cProfile of fuselens' cold compile of the ResNet block (fresh caches), by
   cumulative time, to see where the first call's seconds go.
+* `compile_par`: each graph's Triton compile, kernel by kernel and in threads.
 * `kernels`: device time per kernel of one call, fuselens next to Inductor.
 * `epilogues`: what `torch._addmm_activation` computes on this GPU (tanh- or erf-GELU)
   and what it saves at GPT-2's MLP shape; cuDNN's fused conv+bias+ReLU at ResNet's.
@@ -294,6 +295,73 @@ def kernels(names: list[str]) -> None:
                   flush=True)
 
 
+def compile_par(names: list[str]) -> None:
+    """Where a cold first call's Triton time goes: how long `precompile` took inside
+    it, then each kernel of the graph compiled again with a fresh Triton cache, one by
+    one and all at once in threads (what precompile does). Says whether the threads
+    overlap the compiles or queue on the GIL."""
+    import importlib.util
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fuselens.compiler import triton_runtime as tr
+
+    cases = make_cases()
+    for n in names:
+        c = cases[n]()
+        torch._dynamo.reset()
+        spent: list[tuple[Any, float]] = []
+        orig = tr.precompile
+
+        def timed(lib: Any, options: Any, _orig: Any = orig) -> int:
+            t = time.perf_counter()
+            k = _orig(lib, options)
+            spent.append((lib, time.perf_counter() - t))
+            return k
+
+        tr.precompile = timed
+        try:
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                torch.compile(c["fn"], backend="fuselens")(*c["args"])
+                torch.cuda.synchronize()
+                first = time.perf_counter() - t0
+        finally:
+            tr.precompile = orig
+        print(f"{n}: first call {first:.3f} s, precompile " + ", ".join(f"{len(lib.launchers)} kernels {s:.3f} s"
+                                                                        for lib, s in spent), flush=True)
+        for trial, (lib, _) in enumerate(spent):
+            for mode in ("serial", "threads", "serial"):
+                os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fl_par_")
+                name = f"fl_par_{trial}_{mode}_{time.perf_counter_ns()}"
+                spec = importlib.util.spec_from_file_location(name, lib.path)
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[name] = mod
+                spec.loader.exec_module(mod)
+                jobs = []
+                for la in lib.launchers.values():
+                    ks = la.ks
+                    if ks.symbols or ks.numel_args or not ks.buffer_dtypes:
+                        continue
+                    jobs.append((getattr(mod, ks.name), ks, tr.heuristic_config(ks, int(ks.xnumel), int(ks.rnumel)), la.kind))
+
+                def one(job: tuple) -> tuple[str, float]:
+                    fn, ks, cfg, kind = job
+                    t = time.perf_counter()
+                    fn.warmup(*ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps, **cfg.constexprs(kind))
+                    return ks.name, time.perf_counter() - t
+
+                t0 = time.perf_counter()
+                if mode == "serial":
+                    each = [one(j) for j in jobs]
+                else:
+                    with ThreadPoolExecutor(max_workers=min(8, len(jobs))) as ex:
+                        each = list(ex.map(one, jobs))
+                wall = time.perf_counter() - t0
+                print(f"  {mode:8s} {len(jobs)} kernels: wall {wall:.3f} s, each " +
+                      ", ".join(f"{k[-24:]} {s:.3f}" for k, s in each), flush=True)
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--what", default="cold,inductor_code,variants,host")
@@ -302,6 +370,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--host-cases", default="gpt2_block,resnet_block")
     ap.add_argument("--cold-case", default="resnet_block")
     ap.add_argument("--kernel-cases", default="resnet_block,softmax_bf16")
+    ap.add_argument("--par-cases", default="gpt2_block,resnet_block,sincos")
     a = ap.parse_args(argv)
     what = a.what.split(",")
     steps: list[tuple[str, Callable[[], None]]] = [
@@ -311,6 +380,7 @@ def main(argv: Any = None) -> int:
         ("host", lambda: host(a.host_cases.split(","))),
         ("epilogues", epilogues),
         ("kernels", lambda: kernels(a.kernel_cases.split(","))),
+        ("compile_par", lambda: compile_par(a.par_cases.split(","))),
     ]
     for key, step in steps:
         if key in what:

@@ -174,6 +174,12 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
                     torch.tensor([1e6, -3e4, float("inf"), float("nan"), 2.0] * 300)])
     case("sincos_shared", lambda x: (torch.sin(x) ** 2 + torch.cos(x) ** 2, torch.sin(x), torch.cos(x) * 3), (xt,),
          rtol=1.3e-6, atol=1e-6)
+    # lone sin / cos of float32 (`_fl_sin`/`_fl_cos`), over the whole float range: the
+    # large-argument reduction (|x| up to 3.4e38) against eager's full-range sinf/cosf
+    huge = torch.exp(torch.rand(4096, generator=g) * 88) * (torch.randint(0, 2, (4096,), generator=g) * 2 - 1)
+    huge = torch.cat([huge, torch.tensor([3.4028235e38, -3.4028235e38, 8192.0, 8192.001, 105615.0, 2.0 ** 24])])
+    case("sin_cos_lone_huge_args", lambda x, y: (torch.sin(x) * 2, torch.cos(y) + 1), (huge, huge.flip(0) * 0.5),
+         rtol=1.3e-6, atol=1e-6)
     case("dynamic_shapes", lambda x: torch.softmax(x * 2, -1), (torch.randn(5, 37),), dynamic=True)
     # dynamic: the same compiled function on another size (no recompile needed, symbolic args)
     try:
@@ -280,7 +286,7 @@ def _ok(records: dict, name: str) -> dict:
     "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows", "layernorm_4096_few_rows",
     "column_reduction", "bf16_gelu", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
-    "math_mapping", "sincos_shared", "dynamic_shapes",
+    "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)
@@ -433,6 +439,11 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
         assert 2 <= len(cands) <= 8 and cands[0] == heuristic_config(ks, xn, rn)
 
 
+def test_lone_sin_and_cos_take_the_full_range_reduction_not_libdevice(records: dict) -> None:
+    srcs = "".join(_ok(records, "sin_cos_lone_huge_args")["sources"])
+    assert "_fl_sin(" in srcs and "_fl_cos(" in srcs and "tl.sin(" not in srcs and "tl.cos(" not in srcs, srcs
+
+
 def test_sincos_pairs_only_within_one_block() -> None:
     from fuselens.compiler.codegen.triton_patterns import share_sincos
 
@@ -441,7 +452,7 @@ def test_sincos_pairs_only_within_one_block() -> None:
     out = share_sincos(lines)
     assert out[:2] == ["    tmp1 = tl.load(x)", "    tmp3, tmp2 = _fl_sincos(tmp1)"]
     # the loop body's sin and the cos after the loop stay apart: tmp4 is not visible there
-    assert out[2:] == lines[3:]
+    assert out[2:] == ["    for roffset in range(0, 8, 4):", "        tmp4 = _fl_sin(tmp1)", "    tmp5 = _fl_cos(tmp1)"]
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":

@@ -105,29 +105,83 @@ def _fl_round(x):
 
 @triton.jit
 def _fl_sincos(x):
-    # sin and cos of one float32 value when a kernel needs both (code generator's
-    # share_sincos): one range reduction instead of two. Cody-Waite by pi/2 in three
-    # parts (exact products for |k| < 2^13), then cephes' minimax polynomials on
-    # [-pi/4, pi/4] and the quadrant's swap and signs. A block holding |x| > 8192, inf
-    # or nan takes tl.sin/tl.cos (libdevice's Payne-Hanek path).
-    if tl.max(tl.where(tl.abs(x) <= 8192.0, 0.0, 1.0)) > 0.0:
-        sn = tl.sin(x)
-        cs = tl.cos(x)
-    else:
-        k = tl.floor(x * 0.6366197723675814 + 0.5)
-        r = x - k * 1.5703125
-        r = r - k * 4.837512969970703125e-4
-        r = r - k * 7.54978995489188216e-8
-        z = r * r
-        s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r
-        c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0
-        q = k.to(tl.int32)
-        swap = (q & 1) != 0
-        sn = tl.where(swap, c, s)
-        cs = tl.where(swap, s, c)
-        sn = tl.where((q & 2) != 0, -sn, sn)
-        cs = tl.where(((q + 1) & 2) != 0, -cs, cs)
+    # sin and cos of float32 values, never libdevice's: its sinf/cosf inline a
+    # Payne-Hanek reduction per element and made sin^2+cos^2's kernel the slowest
+    # to compile of the GPU suite (0.3-0.5 s of Triton time). Cody-Waite by pi/2 in
+    # three parts (exact products for |k| < 2^13), then cephes' minimax polynomials on
+    # [-pi/4, pi/4] and the quadrant's swap and signs; <= 1.4 ulp over all floats.
+    # Blocks holding |x| > 8192, inf or nan also take `_fl_reduce_large`.
+    k = tl.floor(x * 0.6366197723675814 + 0.5)
+    r = x - k * 1.5703125
+    r = r - k * 4.837512969970703125e-4
+    r = r - k * 7.54978995489188216e-8
+    q = k.to(tl.int32)
+    a = tl.abs(x)
+    if tl.max(tl.where(a <= 8192.0, 0.0, 1.0)) > 0.0:
+        qb, rb = _fl_reduce_large(a)
+        big = a > 8192.0
+        neg = x < 0.0
+        # x = -(n pi/2 + r) = (-n) pi/2 + (-r)
+        q = tl.where(big, tl.where(neg, -qb, qb), q)
+        r = tl.where(big, tl.where(neg, -rb, rb), r)
+        r = tl.where(a < float("inf"), r, x - x)  # inf and nan give nan
+    z = r * r
+    s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r
+    c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0
+    swap = (q & 1) != 0
+    sn = tl.where(swap, c, s)
+    cs = tl.where(swap, s, c)
+    sn = tl.where((q & 2) != 0, -sn, sn)
+    cs = tl.where(((q + 1) & 2) != 0, -cs, cs)
     return sn, cs
+
+
+@triton.jit
+def _fl_sin(x):
+    sn, cs = _fl_sincos(x)
+    return sn
+
+
+@triton.jit
+def _fl_cos(x):
+    sn, cs = _fl_sincos(x)
+    return cs
+
+
+@triton.jit
+def _fl_reduce_large(a):
+    # |x| = n pi/2 + r for finite float32 |x| >= 2, r in [-pi/4, pi/4]: ARM
+    # optimized-routines' reduce_large (sincosf.h). The 24-bit mantissa times a
+    # 96-bit window of 2/pi's bits (where the exponent says) gives x 2/pi mod 4 in
+    # 2.62 fixed point, exactly; r is accurate to 33 bits. Returns (n, r).
+    # Kernels have no constant arrays: the window (ARM's __inv_pio4 table entries
+    # i, i + 4 and i + 8) is cut from 2/pi's first 192 bits, three uint64 words, by
+    # shifts; a tree of selects over the table took 14 more registers a thread
+    # (occupancy) for the same bits.
+    xi = a.to(tl.uint32, bitcast=True)
+    idx = ((xi >> 26) & 15).to(tl.uint64)
+    m = (((xi & 0xffffff) | 0x800000) << ((xi >> 23) & 7)).to(tl.uint64)
+    z = m * 0  # a uint64 zero of the block's shape: gives the constants their type
+    # hi: 64 bits of 2/pi after the first 152 - 8 idx, from the word pair (hiw, low)
+    t = (z + 152) - idx * 8
+    ge128 = t >= 128
+    ge64 = t >= 64
+    low = tl.where(ge128, z + 0xa2f9836e4e441529, tl.where(ge64, z + 0xfc2757d1f534ddc0, z + 0xdb6295993c439041))
+    hiw = tl.where(ge128, z, tl.where(ge64, z + 0xa2f9836e4e441529, z + 0xfc2757d1f534ddc0))
+    s = t - tl.where(ge128, z + 128, tl.where(ge64, z + 64, z))
+    hi = (low >> s) | ((hiw << 1) << (63 - s))  # two shifts: one by 64 would be undefined
+    # lo: the next 32 bits
+    u = t - 32
+    geu = u >= 64
+    lowu = tl.where(geu, z + 0xfc2757d1f534ddc0, z + 0xdb6295993c439041)
+    hiu = tl.where(geu, z + 0xa2f9836e4e441529, z + 0xfc2757d1f534ddc0)
+    su = u - tl.where(geu, z + 64, z)
+    lo = ((lowu >> su) | ((hiu << 1) << (63 - su))) & 0xffffffff
+    res = m * hi + ((m * lo) >> 32)
+    n = (res + (z + 0x2000000000000000)) >> 62
+    res = res - (n << 62)
+    r = res.to(tl.int64, bitcast=True).to(tl.float64) * 3.4061215800865545e-19  # pi/2 * 2^-62
+    return n.to(tl.int32), r.to(tl.float32)
 
 
 @triton.jit
