@@ -129,11 +129,47 @@ def test_layernorm_is_one_row_kernel():
 
 def test_layernorm_row_pass_accumulates_each_row_sum_once():
     # The decomposition sums the row twice (mean, and inside the variance); the
-    # kernel keeps one double accumulator for it plus one for the squares.
+    # kernel keeps one accumulator for it plus one for the squares.
     x, w, b = torch.randn(32, 100) * 3 + 5, torch.randn(100), torch.randn(100)
     (k,) = cpp_kernels(run(lambda x, w, b: F.layer_norm(x, (100,), w, b), x, w, b))
     first_loop = k.source.split("#pragma omp simd", 2)[1]
     assert first_loop.count(" += ") == 2 and "reduction(+:acc1) reduction(+:acc2)\n" in first_loop
+
+
+def test_layernorm_moments_accumulate_in_float_and_rows_that_would_cancel_are_summed_again_in_double():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 1000, generator=g)
+    x[1] = x[1] * 0.01 + 1000.0  # mean^2 >> var: float E[x^2] - E[x]^2 would cancel
+    x[2] = 1e20 + torch.arange(1000.0) * 1e13  # x^2 overflows float (eager's float Welford gives nan here)
+    x[3] = x[3] * 1e-20  # tiny
+    x[4, 5] = float("nan")
+    x[5, 0] = float("inf")
+    x[6] = 7.0  # constant row: variance exactly 0
+    w, b = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+
+    def f(x, w, b):
+        return F.layer_norm(x, (1000,), w, b)
+
+    with sink.collect() as events:
+        got = torch.compile(f, backend="fuselens")(x, w, b)
+    (k,) = cpp_kernels(events)
+    moments = k.source.split("#pragma omp simd", 2)[1]
+    assert "float acc1 = 0;" in k.source and "double acc1_r = 0" in k.source, k.source
+    assert "static_cast<double>" not in moments.split("acc1 +=")[1]
+    ref = f(x.double(), w.double(), b.double())
+    eager = f(x, w, b)
+    assert torch.equal(got.isnan(), ref.isnan())
+    for i in (0, 1, 3, 6, 7):  # as close to the float64 result as eager is
+        assert (got[i].double() - ref[i]).abs().max() <= 2 * (eager[i].double() - ref[i]).abs().max() + 1e-6, i
+    # the float32 mean itself is 6e12 off at 1e20 (the spread is 3e15): that, not the moments, is the error
+    torch.testing.assert_close(got[2].double(), ref[2], rtol=0, atol=5e-3)
+
+
+def test_a_variance_the_kernel_outputs_keeps_double_moments():
+    # torch.var's own result must stay as accurate as eager's (ATen accumulates in double on CPU)
+    x = torch.randn(64, 500) * 0.1 + 3.0
+    (k,) = cpp_kernels(run(lambda x: torch.var(x, -1), x))
+    assert "double acc" in k.source and "_r = 0" not in k.source
 
 
 def test_identical_reductions_in_one_kernel_share_an_accumulator_and_match_eager():
