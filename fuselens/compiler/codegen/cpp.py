@@ -526,7 +526,6 @@ class CppKernel:
         rn = ir.numel([g.full[d] for d in inner_dims])
         short_rows = g.rflags is not None and rn.is_Integer and int(rn) <= self.FLOAT_SUM_MAX
         body: list[str] = []
-        outer_numel = ir.numel([g.full[d] for d in outer_dims])
         total = ir.numel(g.full)
         threads = self.opt.resolved_threads()
         chunked = g.rflags is None and not outer_dims and inner_dims

@@ -455,7 +455,6 @@ class TritonKernel:
         xn = self._numel_src("x", self.xnumel, head)
         rn = self._numel_src("r", self.rnumel, head) if self.kind != "pointwise" else "1"
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
-        t = self.top
         if self.kind == "pointwise":
             self.line(f"xoffset = {pid} * XBLOCK")
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
