@@ -141,7 +141,7 @@ def test_layernorm_moments_accumulate_in_float_and_rows_that_would_cancel_are_su
     x = torch.randn(12, 1000, generator=g)
     x[1] = x[1] * 0.01 + 1000.0  # mean^2 >> var: float E[x^2] - E[x]^2 would cancel
     x[2] = 1e20 + torch.arange(1000.0) * 1e13  # x^2 overflows float (eager's float Welford gives nan here)
-    x[3] = x[3] * 1e-20  # tiny
+    x[3] = x[3] * 1e-20  # tiny: its squares are subnormal in float
     x[4, 5] = float("nan")
     x[5, 0] = float("inf")
     x[6] = 7.0  # constant row: variance exactly 0

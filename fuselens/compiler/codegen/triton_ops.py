@@ -156,8 +156,8 @@ def _fl_reduce_large(a):
     # 2.62 fixed point, exactly; r is accurate to 33 bits. Returns (n, r).
     # Kernels have no constant arrays: the window (ARM's __inv_pio4 table entries
     # i, i + 4 and i + 8) is cut from 2/pi's first 192 bits, three uint64 words, by
-    # shifts; a tree of selects over the table took 14 more registers a thread
-    # (occupancy) for the same bits.
+    # shifts; a tree of selects over the table took 24 more registers a thread
+    # (occupancy: sin^2+cos^2 0.150 against 0.136 ms on the H200) for the same bits.
     xi = a.to(tl.uint32, bitcast=True)
     idx = ((xi >> 26) & 15).to(tl.uint64)
     m = (((xi & 0xffffff) | 0x800000) << ((xi >> 23) & 7)).to(tl.uint64)
