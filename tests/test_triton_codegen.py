@@ -167,7 +167,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
                                     torch.pow(x.abs() + 0.5, x * 0.3), torch.asinh(x), torch.sinh(x * 0.5),
                                     torch.remainder(x, 1.7)), (xs,), rtol=2e-5, atol=2e-5)
     # sin and cos of one value share one range reduction (_fl_sincos): small and large
-    # arguments (fast path up to 8192), blocks with |x| > 8192, inf and nan (libdevice path)
+    # arguments (fast path up to 8192), blocks with |x| > 8192, inf and nan (_fl_reduce_large)
     g = torch.Generator().manual_seed(1)
     xt = torch.cat([torch.randn(2048, generator=g) * 10, torch.rand(2048, generator=g) * 16384 - 8192,
                     torch.tensor([0.0, -0.0, 1e-30, 3.1415927, 1.5707964, -8192.0] * 4),
