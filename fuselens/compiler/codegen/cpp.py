@@ -20,6 +20,7 @@ g++ 12 vectorizes the simd loops (see `-fopt-info-vec` notes in build.py).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -154,10 +155,24 @@ class CppOps:
                     if op in ("floor", "ceil", "round", "trunc"):
                         return x
                     raise NotImplementedError(f"{op} of {x.dtype}")
+                if op in ("sin", "cos") and x.dtype == torch.float32:
+                    return self._trig(op, x)
                 return self._emit(fmt.format(x=x, one=cconst(1, x.dtype)), x.dtype)
 
             return unary
         raise AttributeError(op)
+
+    def _trig(self, op: str, x: CVal) -> CVal:
+        """float32 sin/cos. In a vectorized loop, the prelude's fast reduction, with
+        the argument noted for the loop's large-argument check (`CppKernel._trig_redo`);
+        anywhere else (once per row) the exact one."""
+        k = self.k
+        if k.trig_args is None:
+            return self._emit(f"fl_{op}_exact({x})", x.dtype)
+        v = self._emit(f"fl_{op}({x})", x.dtype)
+        if x.name not in k.trig_args:
+            k.trig_args.append(x.name)
+        return v
 
     def neg(self, x: CVal) -> CVal:
         return self._emit(f"(-{x})", x.dtype)
@@ -349,6 +364,9 @@ class CppKernel:
         self.store_offsets: dict[str, set[str]] = {}
         self.outer_names: set[str] = set()  # values defined outside the inner loop
         self.widened: dict[str, CVal] = {}  # float64 value -> the float32 value it converts
+        # float32 sin/cos arguments of the vectorized loop being emitted (None: not in one)
+        self.trig_args: Optional[list[str]] = None
+        self.trig_redo = False  # some loop redoes its block for large sin/cos arguments
 
     # -- helpers used by CppOps
     def simplify(self, e: Expr) -> Expr:
@@ -567,6 +585,7 @@ class CppKernel:
             loop_lines: list[str] = []
             saved = self.scope
             self.scope = _Scope(loop_lines, indent=ind + len(inner_dims) + (1 if chunked else 0))
+            self.trig_args = [] if inner_dims else None
             for n in fulls:
                 v = self.compute(n) if n.name not in self.scope.values else self.scope.values[n.name]
                 if n.name in self.scratch:
@@ -595,24 +614,30 @@ class CppKernel:
                     v, acc_dtype = self.widened[v.name], torch.float32
                 decls.append((r, a, acc_dtype))
                 loop_lines.extend(self._accumulate(r, a, v, self.scope.indent))
+            trig, self.trig_args = self.trig_args or [], None
+            flag = f"fl_trig_max{p}" if trig else ""
+            redo_lines = list(loop_lines)  # the loop body before the check is added
+            if flag:
+                # the largest |argument| (a max reduction: one vmaxps a vector, cheaper
+                # than an or-ed compare); NaN never wins it
+                pad = "  " * self.scope.indent
+                for t in trig:
+                    loop_lines.append(f"{pad}{flag} = std::fabs({t}) > {flag} ? std::fabs({t}) : {flag};")
             self.scope = saved
             self._declare_accs(decls, ind)
+            if flag:
+                body.append(f"{'  ' * ind}float {flag} = 0.0f;")
             live = [(r, a) for r, a in zip(reds, accs) if a not in alias]
             clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in live)
             clauses += "".join(f" reduction(|:{a}_nan)" for r, a in live
                                if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point)
-            for k, d in enumerate(inner_dims):
-                pad = "  " * (ind + k)
-                if k == len(inner_dims) - 1:
-                    body.append(f"{pad}#pragma omp simd{simdlen}{clauses}")
-                if chunked:
-                    body.append(f"{pad}for (int64_t {gv[d]} = c0; {gv[d]} < std::min<int64_t>(c0 + {CHUNK}, "
-                                f"{self.cx(g.full[d])}); {gv[d]}++)")
-                else:
-                    body.append(f"{pad}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(g.full[d])}; {gv[d]}++)")
+            clauses += f" reduction(max:{flag})" if flag else ""
+            body.extend(self._loop_headers(inner_dims, chunked, ind, f"#pragma omp simd{simdlen}{clauses}"))
             body.append(f"{'  ' * (ind + len(inner_dims) - 1 if inner_dims else ind)}{{")
             body.extend(loop_lines)
             body.append(f"{'  ' * (ind + len(inner_dims) - 1 if inner_dims else ind)}}}")
+            if flag:
+                self._trig_redo(flag, decls, redo_lines, inner_dims, chunked, ind, body)
             results: dict[str, str] = {}
             if moments is not None:
                 results = self._moments_check(moments, reds, accs, inner_dims, int(rn), ind, body)
@@ -641,6 +666,49 @@ class CppKernel:
         rows, of values that are float32 widened to double."""
         return (short_rows and r.reduction == "sum" and r.acc_dtype == torch.float64 and r.dtype == torch.float32
                 and v.name in self.widened)
+
+    def _loop_headers(self, inner_dims: Sequence[int], chunked: bool, ind: int, pragma: str) -> list[str]:
+        """The `for` lines of a row's inner loops (`pragma` above the innermost; "" for none)."""
+        g, gv = self.g, self.g.gvars()
+        out = []
+        for k, d in enumerate(inner_dims):
+            pad = "  " * (ind + k)
+            if k == len(inner_dims) - 1 and pragma:
+                out.append(f"{pad}{pragma}")
+            if chunked:
+                out.append(f"{pad}for (int64_t {gv[d]} = c0; {gv[d]} < std::min<int64_t>(c0 + {CHUNK}, "
+                           f"{self.cx(g.full[d])}); {gv[d]}++)")
+            else:
+                out.append(f"{pad}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(g.full[d])}; {gv[d]}++)")
+        return out
+
+    def _trig_redo(self, flag: str, decls: Sequence[tuple[ComputeNode, str, torch.dtype]], loop_lines: Sequence[str],
+                   inner_dims: Sequence[int], chunked: bool, ind: int, body: list[str]) -> None:
+        """The prelude's vectorizable sin/cos reduce by pi/2 exactly only below
+        FL_TRIG_FAST_MAX (2^24); past it (up to 3.4e38) the result would be garbage.
+        An exact reduction in every lane doubled sin^2+cos^2's kernel, and a branch in
+        the loop stops g++ vectorizing it, so the loop only notes whether a large
+        argument went by, and a block that had one runs again, scalar, with the exact
+        functions: same stores (the kernel never writes over its inputs, see
+        `_inplace_candidates`), accumulators restarted."""
+        self.trig_redo = True
+        pad = "  " * ind
+        body.append(f"{pad}if ({flag} >= FL_TRIG_FAST_MAX)")
+        body.append(f"{pad}{{")
+        body.extend(self._reset_line(line) for line in self._acc_decl_lines(decls, ind + 1))
+        body.extend("  " + ln for ln in self._loop_headers(inner_dims, chunked, ind, ""))
+        close = "  " * (ind + len(inner_dims) - 1 if inner_dims else ind)
+        body.append(f"  {close}{{")
+        for ln in loop_lines:
+            body.append("  " + re.sub(r"\bfl_(sin|cos)\(", r"fl_\1_exact(", ln))
+        body.append(f"  {close}}}")
+        body.append(f"{pad}}}")
+
+    @staticmethod
+    def _reset_line(decl: str) -> str:
+        """`  T name = init;` -> `  name = init;`"""
+        pad = decl[:len(decl) - len(decl.lstrip())]
+        return pad + decl.strip().split(" ", 1)[1]
 
     def _float_moments(self, reds: Sequence[ComputeNode], accs: Sequence[str], vals: Sequence[CVal],
                        alias: dict[str, str], short_rows: bool) -> Optional[tuple[str, CVal, str]]:
@@ -741,6 +809,11 @@ class CppKernel:
     def _declare_accs(self, decls: Sequence[tuple[ComputeNode, str, torch.dtype]], ind: int) -> None:
         """Declare the accumulators of one row pass, each in the dtype it accumulates in,
         before the loop (the current scope is the outer one)."""
+        self.scope.lines.extend(self._acc_decl_lines(decls, ind))
+
+    @staticmethod
+    def _acc_decl_lines(decls: Sequence[tuple[ComputeNode, str, torch.dtype]], ind: int) -> list[str]:
+        out = []
         for r, a, acc_dtype in decls:
             t = CTYPES[acc_dtype] if r.reduction not in ("any", "all") else "int32_t"
             if r.reduction == "max":
@@ -749,10 +822,11 @@ class CppKernel:
                 init = "std::numeric_limits<%s>::infinity()" % t if acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::max()"
             else:
                 init = _RED_INIT[r.reduction]
-            self.scope.lines.append(f"{'  ' * ind}{t} {a} = {init};")
+            out.append(f"{'  ' * ind}{t} {a} = {init};")
             if r.reduction in ("max", "min") and acc_dtype.is_floating_point:
                 # an int flag, not bool: g++ has no vector type for bool reductions
-                self.scope.lines.append(f"{'  ' * ind}int32_t {a}_nan = 0;")
+                out.append(f"{'  ' * ind}int32_t {a}_nan = 0;")
+        return out
 
     def _accumulate(self, r: ComputeNode, a: str, v: CVal, indent: int) -> list[str]:
         pad = "  " * indent
@@ -795,8 +869,8 @@ class CppKernel:
         dtype and layout): writing the output over such an input is safe, because
         every element is loaded before it is overwritten and no iteration reads
         another's element. Reductions read rows several times: never in place."""
-        if self.g.rflags is not None:
-            return {}
+        if self.g.rflags is not None or self.trig_redo:
+            return {}  # a redone block (large sin/cos arguments) reads its inputs again
         out: dict[str, list[str]] = {}
         for o in self.writes:
             offs = self.store_offsets.get(o, set())

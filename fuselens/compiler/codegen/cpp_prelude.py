@@ -93,6 +93,14 @@ static inline float fl_sin(float x) { return fl_sin_q(x, 0); }
 static inline float fl_cos(float x) { return fl_sin_q(x, 1); }
 static inline double fl_sin(double x) { return std::sin(x); }
 static inline double fl_cos(double x) { return std::cos(x); }
+// fl_sin_q's reduction is exact below 2^24 only (k * pi/2 in two double parts). Kernels
+// note larger arguments in their vectorized loop and redo that block with these (glibc's
+// double sin/cos reduce exactly over the whole range), see cpp.py's _trig_redo.
+#define FL_TRIG_FAST_MAX 16777216.0f
+static inline float fl_sin_exact(float x) { return (float)std::sin((double)x); }
+static inline float fl_cos_exact(float x) { return (float)std::cos((double)x); }
+static inline double fl_sin_exact(double x) { return std::sin(x); }
+static inline double fl_cos_exact(double x) { return std::cos(x); }
 
 static inline float fl_tanh(float x) {
   float a = std::fabs(x);
