@@ -12,7 +12,8 @@
    relative error ||compiled - eager|| / ||eager|| against eager in the same dtype.
 3. The CUDA-only runtime paths: CUDA-event kernel timing (KernelTiming events),
    the CUDA-graph wrapper (replay equals eager; the input-copy kernel is
-   reported), torch's static launcher in use where torch has one, autotuning.
+   reported), torch's static launcher in use where torch has one, sin/cos over
+   the whole float32 range (the prelude's own large-argument reduction), autotuning.
 
 Prints a summary and writes every case to OUT/gpu_check.json.
 """
