@@ -11,6 +11,7 @@
 * `cold`: cProfile of fuselens' cold compile of the ResNet block (fresh caches), by
   cumulative time, to see where the first call's seconds go.
 * `compile_par`: each graph's Triton compile, kernel by kernel and in threads.
+* `layers`: cold compile of six stacked GPT-2 blocks, fuselens and Inductor.
 * `kernels`: device time per kernel of one call, fuselens next to Inductor.
 * `epilogues`: what `torch._addmm_activation` computes on this GPU (tanh- or erf-GELU)
   and what it saves at GPT-2's MLP shape; cuDNN's fused conv+bias+ReLU at ResNet's.
@@ -362,6 +363,44 @@ def compile_par(names: list[str]) -> None:
                       ", ".join(f"{k[-24:]} {s:.3f}" for k, s in each), flush=True)
 
 
+def layers(n: int = 6) -> None:
+    """Cold compile of n stacked GPT-2 blocks (bf16, 16x1024x768), fuselens and Inductor,
+    after each compiled one tiny function: a real model repeats its layers, and
+    identical kernels are defined and compiled once (`alias_source`). Also how many
+    kernels the graph has against how many distinct functions were compiled."""
+    from models import GPT2Block, seeded
+
+    from benchmarks.gpu import cold, warm_compilers
+    from fuselens.compiler import triton_runtime as tr
+
+    warm_compilers()
+    m = torch.nn.Sequential(*[seeded(lambda: GPT2Block(768, 12, max_seq=1024)) for _ in range(n)])
+    m = m.eval().to("cuda", torch.bfloat16)
+    x = torch.randn(16, 1024, 768, device="cuda", dtype=torch.bfloat16)
+    import tempfile
+
+    from fuselens.compiler.codegen import triton as tg
+
+    shared = tg.canonical_source
+    with torch.no_grad():
+        ref = m(x)
+        for impl, kw in (("fuselens, every kernel its own", {"backend": "fuselens"}),
+                         ("fuselens", {"backend": "fuselens"}), ("inductor", {})):
+            torch._dynamo.reset()
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fl_layers_")
+            tg.canonical_source = (lambda ks: ks.name) if "own" in impl else shared  # type: ignore[assignment]
+            f = torch.compile(m, **kw)
+            out, first = cold(f, (x,))
+            _, warm = cold(f, (x,))
+            tg.canonical_source = shared  # type: ignore[assignment]
+            err = float((out.float() - ref.float()).norm() / ref.float().norm())
+            extra = ""
+            if impl.startswith("fuselens") and tr.recent_libraries:
+                lib = tr.recent_libraries[-1]
+                extra = f", {len(lib.launchers)} Triton kernels, {len({id(la.fn) for la in lib.launchers.values()})} compiled"
+            print(f"{n} GPT-2 blocks {impl}: cold compile {first - warm:.3f} s, rel err {err:.1e}{extra}", flush=True)
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--what", default="cold,inductor_code,variants,host")
@@ -381,6 +420,7 @@ def main(argv: Any = None) -> int:
         ("epilogues", epilogues),
         ("kernels", lambda: kernels(a.kernel_cases.split(","))),
         ("compile_par", lambda: compile_par(a.par_cases.split(","))),
+        ("layers", layers),
     ]
     for key, step in steps:
         if key in what:

@@ -195,6 +195,35 @@ def test_a_variance_the_kernel_outputs_keeps_double_moments():
     assert "double acc" in k.source and "_r = 0" not in k.source
 
 
+def test_identical_kernels_of_repeated_layers_are_compiled_once_and_each_still_reported(monkeypatch):
+    from fuselens.compiler import entry
+
+    built = []
+    real_build = entry.build
+
+    def spy(source, options, spans=()):
+        built.append(source)
+        return real_build(source, options, spans)
+
+    monkeypatch.setattr(entry, "build", spy)
+
+    class Block(torch.nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.ln, self.fc = torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+        def forward(self, x):
+            return x + F.gelu(self.fc(self.ln(x)))
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[Block(48) for _ in range(4)]).eval()
+    with torch.no_grad():
+        ks = cpp_kernels(run(m, torch.randn(16, 48)))
+    bodies = built[-1].count("#pragma omp parallel")
+    assert len(ks) >= 4 and bodies < len(ks) - 1, (len(ks), bodies)
+    assert all("#pragma omp parallel" in k.source for k in ks)  # each kernel's event shows its own code
+
+
 def test_identical_reductions_in_one_kernel_share_an_accumulator_and_match_eager():
     def f(x):
         m = x.amax(-1, keepdim=True)

@@ -188,6 +188,38 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         records["dynamic_second_size"] = {"ok": bool(torch.allclose(c(y), torch.relu(y) + 1))}
     except Exception as e:  # noqa: BLE001
         records["dynamic_second_size"] = {"ok": False, "err": repr(e)}
+    # repeated layers: identical kernels are defined once in the module and share one JITFunction
+    try:
+        import re
+
+        from fuselens.compiler import triton_runtime as tr
+
+        class Block(torch.nn.Module):
+            def __init__(self, d: int) -> None:
+                super().__init__()
+                self.ln, self.fc = torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x + torch.nn.functional.gelu(self.fc(self.ln(x)))
+
+        torch.manual_seed(0)
+        blocks = torch.nn.Sequential(*[Block(32) for _ in range(4)]).eval()
+        xb = torch.randn(8, 32)
+        with torch.no_grad():
+            _, out, events = compile_run(blocks, (xb,))
+            ref = blocks(xb)
+        lib = tr.recent_libraries[-1]
+        text = open(lib.path).read()
+        records["repeated_layers"] = {
+            "ok": bool(torch.allclose(out, ref, atol=1e-5, rtol=1e-5)),
+            "kernels": len([e for e in events if isinstance(e, Kernel) and e.kind == "triton"]),
+            "defs": text.count("@triton.jit\ndef triton_fused"),
+            "aliases": len(re.findall(r"^triton_fused\w+ = triton_fused\w+$", text, re.M)),
+            "functions": len({id(la.fn) for la in lib.launchers.values()}),
+            "launchers": len(lib.launchers),
+        }
+    except Exception as e:  # noqa: BLE001
+        records["repeated_layers"] = {"ok": False, "err": repr(e)}
 
     # events: same fusion decisions as the C++ generator on the same graph
     def chain(x, w):
@@ -376,6 +408,13 @@ def test_short_erf_only_where_every_output_is_16_bit(records: dict) -> None:
     for name in ("bf16_gelu", "bf16_erf"):
         assert "_fl_erf_16bit(" in "".join(_ok(records, name)["sources"]), name
     assert "_fl_erf_16bit(" not in "".join(_ok(records, "fp32_gelu")["sources"])  # float32 out: full-precision erf
+
+
+def test_identical_kernels_of_repeated_layers_share_one_definition_and_one_compile(records: dict) -> None:
+    rec = _ok(records, "repeated_layers")
+    assert rec["kernels"] == rec["launchers"] >= 4, rec
+    assert rec["aliases"] >= 2 and rec["defs"] + rec["aliases"] == rec["kernels"], rec
+    assert rec["functions"] == rec["defs"], rec
 
 
 def test_dynamic_sizes_are_kernel_arguments(records: dict) -> None:

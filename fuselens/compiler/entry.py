@@ -20,6 +20,7 @@ ErrorEntry naming the kernel; restart exceptions of Dynamo are never caught.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import threading
@@ -168,24 +169,27 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                 grp.name = grp.name.replace("cpp_fused", "triton_fused", 1)
         kernels = {}
         spans = []
-        parts = []
+        parts = []  # what the library holds: each kernel, or an alias of an identical one
+        first_of: dict[str, Any] = {}
         line = gen.library_source([]).count("\n") + 1
         for grp in sched.groups:
             ks = gen.generate(grp, graph, opts)
             if opts.source_hook is not None:
                 ks.source = opts.source_hook(grp.name, ks.source)
             kernels[grp.name] = ks
-            n = ks.source.count("\n") + 1
+            same = first_of.setdefault(gen.canonical_source(ks), ks)
+            part = ks if same is ks else dataclasses.replace(ks, source=gen.alias_source(ks, same))
+            n = part.source.count("\n") + 1
             spans.append((grp.name, line, line + n))
             line += n
-            parts.append(ks)
+            parts.append(part)
         source = gen.library_source(parts)
         phases.append(("codegen", time.perf_counter() - t))
         t = time.perf_counter()
         if target == "triton":  # Triton target (issue 5): import the module; kernels JIT-compile at first launch
             from fuselens.compiler.triton_runtime import build_module, finalize
 
-            lib = build_module(parts, source, opts) if parts else None
+            lib = build_module(list(kernels.values()), source, opts) if parts else None
             phases.append(("triton_compile", time.perf_counter() - t))
         else:
             lib = build(source, opts, spans).lib if parts else None

@@ -486,6 +486,7 @@ def precompile(lib: TritonLibrary, options: Any) -> int:
     if not torch.cuda.is_available():
         return 0
     jobs = []
+    seen: set[tuple] = set()
     for la in lib.launchers.values():
         ks = la.ks
         if ks.symbols or ks.numel_args or not ks.buffer_dtypes:
@@ -494,7 +495,10 @@ def precompile(lib: TritonLibrary, options: Any) -> int:
         if xn <= 0:
             continue
         cfg = heuristic_config(ks, xn, rn)
-        jobs.append((la, cfg))
+        key = (id(la.fn), cfg, tuple(ks.buffer_dtypes))  # identical kernels share one JITFunction
+        if key not in seen:
+            seen.add(key)
+            jobs.append((la, cfg))
 
     static = launcher_api()
 

@@ -4,6 +4,8 @@ The interface every generator implements (C++ in `cpp.py`, Triton in `triton.py`
 
     generate(group: KernelGroup, graph: GraphIR, options) -> KernelSource
     library_source(kernels: list[KernelSource]) -> str      # one compilation unit per graph
+    canonical_source(ks: KernelSource) -> str               # the kernel with name and buffers renamed
+    alias_source(ks: KernelSource, same: KernelSource) -> str  # ks, defined as the identical `same`
 
 The IR hands a generator everything through `group.nodes` (ComputeNodes with
 bodies written against the `ops` handler contract in `ir.py`), `group.full` /
@@ -13,6 +15,7 @@ bodies written against the `ops` handler contract in `ir.py`), `group.full` /
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,3 +60,13 @@ def resolve_target(target: str, example_inputs: Any) -> str:
     from fuselens.compiler.triton_runtime import resolve_target as _resolve
 
     return _resolve(target, example_inputs)
+
+
+def canonical_text(source: str, name: str, param_pattern: str) -> str:
+    """A kernel's text with its name and its buffer parameters renamed by position.
+    Two kernels with the same canonical text compute the same thing on different
+    buffers (a model's repeated layers): the library defines the body once
+    (`alias_source`), so it is compiled once, as Inductor does."""
+    text = re.sub(rf"\b{re.escape(name)}\b", "K", source)
+    names: dict[str, str] = {}
+    return re.sub(param_pattern, lambda m: names.setdefault(m.group(0), f"p{len(names)}"), text)

@@ -28,7 +28,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource
+from fuselens.compiler.codegen import KernelSource, canonical_text
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
 from fuselens.compiler.scheduler import KernelGroup
 
@@ -897,6 +897,18 @@ def _cname(name: str) -> str:
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> KernelSource:
     """The C++ source of one kernel (a function definition; the prelude is added by `library_source`)."""
     return CppKernel(group, graph, options).generate()
+
+
+def canonical_source(ks: KernelSource) -> str:
+    return canonical_text(ks.source, ks.name, r"\bb_\w+")
+
+
+def alias_source(ks: KernelSource, same: KernelSource) -> str:
+    """`ks` as a call of the identical kernel `same` (canonical_source equal)."""
+    sig = ks.source.split("\n", 1)[0]
+    params = sig[sig.index("(") + 1:sig.rindex(")")]
+    args = [p.split()[-1] for p in params.split(",") if p.strip()]
+    return f"{sig}\n{{\n  {same.name}({', '.join(args)});\n}}\n"
 
 
 def library_source(kernels: Sequence[KernelSource]) -> str:

@@ -43,7 +43,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource
+from fuselens.compiler.codegen import KernelSource, canonical_text
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
 from fuselens.compiler.codegen.triton_patterns import deviation_center, online_softmax_pairs, share_sincos, welford_pairs
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
@@ -753,6 +753,16 @@ def _cname(name: str) -> str:
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:
     """The Triton source of one kernel (a `@triton.jit` function; `library_source` adds the prelude)."""
     return TritonKernel(group, graph, options).generate()
+
+
+def canonical_source(ks: KernelSource) -> str:
+    return canonical_text(ks.source, ks.name, r"\b(?:in|out)_\w+")
+
+
+def alias_source(ks: KernelSource, same: KernelSource) -> str:
+    """`ks` as a second name of the identical kernel `same`: one JITFunction, so one
+    compile per specialization for both."""
+    return f"{ks.name} = {same.name}\n"
 
 
 def library_source(kernels: Sequence[KernelSource]) -> str:
