@@ -1,0 +1,309 @@
+"""The `ops` handler that prints C++ (`CppOps`), and how index expressions,
+constants and dtypes are spelled in C. `CppKernel` (cpp.py) owns the scopes the
+ops emit into; each op emits `const T tN = expr;` there (with CSE) and returns
+the variable as a `CVal`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import sympy
+import torch
+
+from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing
+
+if TYPE_CHECKING:
+    from fuselens.compiler.codegen.cpp import CppKernel
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+
+def cexpr(e: Any) -> str:
+    """A sympy index expression as C (int64 arithmetic, non-negative divisions)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        v = int(e)
+        return f"INT64_C({v})" if abs(v) > 2**31 - 1 else str(v)
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        terms = [cexpr(a) for a in e.args]
+        return "(" + " + ".join(terms) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(cexpr(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([cexpr(e.base)] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({cexpr(e.args[0])} / {cexpr(e.args[1])})"
+    if isinstance(e, ModularIndexing):
+        return f"(({cexpr(e.args[0])} / {cexpr(e.args[1])}) % {cexpr(e.args[2])})"
+    if isinstance(e, sympy.Min):
+        return _fold("std::min<int64_t>", [cexpr(a) for a in e.args])
+    if isinstance(e, sympy.Max):
+        return _fold("std::max<int64_t>", [cexpr(a) for a in e.args])
+    if isinstance(e, sympy.Rational):
+        return f"({e.p} / {e.q})"
+    raise NotImplementedError(f"cannot print index expression {e!r} as C")
+
+
+def _fold(fn: str, args: list[str]) -> str:
+    out = args[0]
+    for a in args[1:]:
+        out = f"{fn}({out}, {a})"
+    return out
+
+
+def cconst(value: Any, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return "NAN" if dtype == torch.float32 else "std::numeric_limits<double>::quiet_NaN()"
+        if math.isinf(v):
+            return ("" if v > 0 else "-") + ("INFINITY" if dtype == torch.float32 else "std::numeric_limits<double>::infinity()")
+        return f"{v!r}f" if dtype == torch.float32 else repr(v)
+    v = int(value)
+    if v == -(2**63):
+        return "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{CTYPES[dtype]}>(INT64_C({v}))"
+
+
+@dataclass
+class CVal:
+    name: str
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_UNARY_FLOAT = {
+    "exp": "fl_exp({x})", "log": "fl_log({x})", "sin": "fl_sin({x})", "cos": "fl_cos({x})",
+    "tanh": "fl_tanh({x})", "erf": "fl_erf({x})", "sigmoid": "fl_sigmoid({x})",
+    "exp2": "std::exp2({x})", "expm1": "std::expm1({x})", "log2": "std::log2({x})", "log10": "std::log10({x})",
+    "log1p": "std::log1p({x})", "sqrt": "std::sqrt({x})", "rsqrt": "({one} / std::sqrt({x}))",
+    "reciprocal": "({one} / {x})", "tan": "std::tan({x})", "asin": "std::asin({x})", "acos": "std::acos({x})",
+    "atan": "std::atan({x})", "sinh": "std::sinh({x})", "cosh": "std::cosh({x})", "asinh": "std::asinh({x})",
+    "acosh": "std::acosh({x})", "atanh": "std::atanh({x})", "erfc": "std::erfc({x})", "floor": "std::floor({x})",
+    "ceil": "std::ceil({x})", "round": "std::nearbyint({x})", "trunc": "std::trunc({x})", "lgamma": "std::lgamma({x})",
+    "frac": "fl_frac({x})",
+}
+
+
+class CppOps:
+    """The `ops` handler that prints C++. Each op emits `const T tN = expr;` into
+    the current scope (with CSE) and returns the variable."""
+
+    def __init__(self, kernel: "CppKernel") -> None:
+        self.k = kernel
+
+    def _emit(self, expr: str, dtype: torch.dtype) -> CVal:
+        return self.k.emit(expr, dtype)
+
+    # -- memory and constants
+    def load(self, name: str, index: Expr) -> CVal:
+        return self.k.load(name, index)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> CVal:
+        return CVal(cconst(value, dtype), dtype)
+
+    def index_expr(self, expr: Expr, dtype: torch.dtype) -> CVal:
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({cexpr(self.k.simplify(expr))})", dtype)
+
+    def to_dtype(self, x: CVal, dtype: torch.dtype) -> CVal:
+        if x.dtype == dtype:
+            return x
+        if dtype == torch.bool:
+            return self._emit(f"({x} != 0)", dtype)
+        v = self._emit(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
+        if x.dtype == torch.float32 and dtype == torch.float64:
+            self.k.widened[v.name] = x  # a float sum may accumulate the float itself
+        return v
+
+    def where(self, c: CVal, a: CVal, b: CVal) -> CVal:
+        return self._emit(f"({c} ? {a} : {b})", a.dtype)
+
+    # -- unary
+    def __getattr__(self, op: str) -> Any:
+        if op in _UNARY_FLOAT:
+            fmt = _UNARY_FLOAT[op]
+
+            def unary(x: CVal) -> CVal:
+                if not x.dtype.is_floating_point:
+                    if op in ("floor", "ceil", "round", "trunc"):
+                        return x
+                    raise NotImplementedError(f"{op} of {x.dtype}")
+                if op in ("sin", "cos") and x.dtype == torch.float32:
+                    return self._trig(op, x)
+                return self._emit(fmt.format(x=x, one=cconst(1, x.dtype)), x.dtype)
+
+            return unary
+        raise AttributeError(op)
+
+    def _trig(self, op: str, x: CVal) -> CVal:
+        """float32 sin/cos. In a vectorized loop, the prelude's fast reduction, with
+        the argument noted for the loop's large-argument check (`CppKernel._trig_redo`);
+        anywhere else (once per row) the exact one."""
+        k = self.k
+        if k.trig_args is None:
+            return self._emit(f"fl_{op}_exact({x})", x.dtype)
+        v = self._emit(f"fl_{op}({x})", x.dtype)
+        if x.name not in k.trig_args:
+            k.trig_args.append(x.name)
+        return v
+
+    def neg(self, x: CVal) -> CVal:
+        return self._emit(f"(-{x})", x.dtype)
+
+    def abs(self, x: CVal) -> CVal:
+        return self._emit(f"fl_abs({x})", x.dtype)
+
+    def sign(self, x: CVal) -> CVal:
+        return self._emit(f"fl_sign({x})", x.dtype)
+
+    def relu(self, x: CVal) -> CVal:
+        return self._emit(f"fl_relu({x})", x.dtype)
+
+    def square(self, x: CVal) -> CVal:
+        return self._emit(f"({x} * {x})", x.dtype)
+
+    def isnan(self, x: CVal) -> CVal:
+        return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", torch.bool)
+
+    def isinf(self, x: CVal) -> CVal:
+        if not x.dtype.is_floating_point:
+            return self._emit("false", torch.bool)
+        return self._emit(f"(std::fabs({x}) == std::numeric_limits<{CTYPES[x.dtype]}>::infinity())", torch.bool)
+
+    def signbit(self, x: CVal) -> CVal:
+        return self._emit(f"std::signbit({x})" if x.dtype.is_floating_point else f"({x} < 0)", torch.bool)
+
+    def logical_not(self, x: CVal) -> CVal:
+        return self._emit(f"(!{x})", torch.bool)
+
+    def bitwise_not(self, x: CVal) -> CVal:
+        if x.dtype == torch.bool:
+            return self._emit(f"(!{x})", torch.bool)
+        return self._emit(f"static_cast<{CTYPES[x.dtype]}>(~{x})", x.dtype)
+
+    # -- binary
+    def _bin(self, a: CVal, b: CVal, fmt: str, dtype: Optional[torch.dtype] = None) -> CVal:
+        dt = dtype or a.dtype
+        expr = fmt.format(a=a, b=b, T=CTYPES[a.dtype])
+        if dt != torch.bool and not dt.is_floating_point and dt not in (torch.int64,):
+            expr = f"static_cast<{CTYPES[dt]}>({expr})"  # C integer promotion
+        return self._emit(expr, dt)
+
+    def add(self, a, b):  # noqa: D102
+        if a.dtype == torch.bool:
+            return self._bin(a, b, "({a} || {b})")
+        return self._bin(a, b, "({a} + {b})")
+
+    def sub(self, a, b):
+        return self._bin(a, b, "({a} - {b})")
+
+    def mul(self, a, b):
+        if a.dtype == torch.bool:
+            return self._bin(a, b, "({a} && {b})")
+        return self._bin(a, b, "({a} * {b})")
+
+    def truediv(self, a, b):
+        k = self.k
+        if (a.dtype.is_floating_point and k.outer_scope is not None and k.scope is not k.outer_scope
+                and b.name in k.outer_names):
+            # The divisor is fixed for the whole inner loop (softmax's row sum): one
+            # reciprocal per row, a multiply per element (vdivps costs ~10x vmulps).
+            # Within 1 ulp of a / b, as ATen's softmax (it multiplies by 1/sum too);
+            # differs only for a subnormal divisor, whose reciprocal overflows.
+            saved, k.scope = k.scope, k.outer_scope
+            r = k.emit(f"({cconst(1, b.dtype)} / {b})", b.dtype)
+            k.scope = saved
+            return self._bin(a, r, "({a} * {b})")
+        return self._bin(a, b, "({a} / {b})")
+
+    def floordiv(self, a, b):
+        return self._bin(a, b, "fl_floordiv<{T}>({a}, {b})")
+
+    def truncdiv(self, a, b):
+        return self._bin(a, b, "fl_truncdiv<{T}>({a}, {b})")
+
+    def remainder(self, a, b):
+        return self._bin(a, b, "fl_remainder<{T}>({a}, {b})")
+
+    def fmod(self, a, b):
+        return self._bin(a, b, "fl_fmod<{T}>({a}, {b})")
+
+    def pow(self, a, b):
+        return self._bin(a, b, "fl_pow<{T}>({a}, {b})")
+
+    def maximum(self, a, b):
+        return self._bin(a, b, "fl_maximum<{T}>({a}, {b})")
+
+    def minimum(self, a, b):
+        return self._bin(a, b, "fl_minimum<{T}>({a}, {b})")
+
+    def fmax(self, a, b):
+        return self._bin(a, b, "std::fmax({a}, {b})")
+
+    def fmin(self, a, b):
+        return self._bin(a, b, "std::fmin({a}, {b})")
+
+    def atan2(self, a, b):
+        return self._bin(a, b, "std::atan2({a}, {b})")
+
+    def hypot(self, a, b):
+        return self._bin(a, b, "std::hypot({a}, {b})")
+
+    def copysign(self, a, b):
+        return self._bin(a, b, "std::copysign({a}, {b})")
+
+    def nextafter(self, a, b):
+        return self._bin(a, b, "std::nextafter({a}, {b})")
+
+    def eq(self, a, b):
+        return self._bin(a, b, "({a} == {b})", torch.bool)
+
+    def ne(self, a, b):
+        return self._bin(a, b, "({a} != {b})", torch.bool)
+
+    def lt(self, a, b):
+        return self._bin(a, b, "({a} < {b})", torch.bool)
+
+    def le(self, a, b):
+        return self._bin(a, b, "({a} <= {b})", torch.bool)
+
+    def gt(self, a, b):
+        return self._bin(a, b, "({a} > {b})", torch.bool)
+
+    def ge(self, a, b):
+        return self._bin(a, b, "({a} >= {b})", torch.bool)
+
+    def logical_and(self, a, b):
+        return self._bin(a, b, "({a} && {b})", torch.bool)
+
+    def logical_or(self, a, b):
+        return self._bin(a, b, "({a} || {b})", torch.bool)
+
+    def logical_xor(self, a, b):
+        return self._bin(a, b, "({a} != {b})", torch.bool)
+
+    def bitwise_and(self, a, b):
+        return self._bin(a, b, "({a} & {b})")
+
+    def bitwise_or(self, a, b):
+        return self._bin(a, b, "({a} | {b})")
+
+    def bitwise_xor(self, a, b):
+        return self._bin(a, b, "({a} ^ {b})")
+
+    def lshift(self, a, b):
+        return self._bin(a, b, "fl_shl<{T}>({a}, {b})")
+
+    def rshift(self, a, b):
+        return self._bin(a, b, "fl_shr<{T}>({a}, {b})")
