@@ -403,7 +403,7 @@ class CppKernel:
         pad = "  " * ind
         body.append(f"{pad}if ({flag} >= FL_TRIG_FAST_MAX)")
         body.append(f"{pad}{{")
-        body.extend(self._reset_line(line) for line in self._acc_decl_lines(decls, ind + 1))
+        body.extend(self._acc_lines(decls, ind + 1, declare=False))
         body.extend("  " + ln for ln in self._loop_headers(inner_dims, chunked, ind, ""))
         close = "  " * (ind + len(inner_dims) - 1 if inner_dims else ind)
         body.append(f"  {close}{{")
@@ -411,12 +411,6 @@ class CppKernel:
             body.append("  " + re.sub(r"\bfl_(sin|cos)\(", r"fl_\1_exact(", ln))
         body.append(f"  {close}}}")
         body.append(f"{pad}}}")
-
-    @staticmethod
-    def _reset_line(decl: str) -> str:
-        """`  T name = init;` -> `  name = init;`"""
-        pad = decl[:len(decl) - len(decl.lstrip())]
-        return pad + decl.strip().split(" ", 1)[1]
 
     def _float_moments(self, reds: Sequence[ComputeNode], accs: Sequence[str], vals: Sequence[CVal],
                        alias: dict[str, str], short_rows: bool) -> Optional[tuple[str, CVal, str]]:
@@ -459,12 +453,7 @@ class CppKernel:
         body.append(f"{pad}{{")
         r_s, r_q = f"{a_s}_r", f"{a_q}_r"
         body.append(f"{pad}  double {r_s} = 0, {r_q} = 0;")
-        gv = self.g.gvars()
-        for k, d in enumerate(inner_dims):
-            kpad = "  " * (ind + 1 + k)
-            if k == len(inner_dims) - 1:
-                body.append(f"{kpad}#pragma omp simd reduction(+:{r_s}) reduction(+:{r_q})")
-            body.append(f"{kpad}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(self.g.full[d])}; {gv[d]}++)")
+        body.extend(self._loop_headers(inner_dims, False, ind + 1, f"#pragma omp simd reduction(+:{r_s}) reduction(+:{r_q})"))
         lpad = "  " * (ind + len(inner_dims))
         body.append(f"{lpad}{{")
         saved = self.scope
@@ -517,10 +506,12 @@ class CppKernel:
     def _declare_accs(self, decls: Sequence[tuple[ComputeNode, str, torch.dtype]], ind: int) -> None:
         """Declare the accumulators of one row pass, each in the dtype it accumulates in,
         before the loop (the current scope is the outer one)."""
-        self.scope.lines.extend(self._acc_decl_lines(decls, ind))
+        self.scope.lines.extend(self._acc_lines(decls, ind, declare=True))
 
     @staticmethod
-    def _acc_decl_lines(decls: Sequence[tuple[ComputeNode, str, torch.dtype]], ind: int) -> list[str]:
+    def _acc_lines(decls: Sequence[tuple[ComputeNode, str, torch.dtype]], ind: int, declare: bool) -> list[str]:
+        """Each accumulator set to its initial value: declared (`T a = init;`) or, for a
+        redone row pass, restarted (`a = init;`)."""
         out = []
         for r, a, acc_dtype in decls:
             t = CTYPES[acc_dtype] if r.reduction not in ("any", "all") else "int32_t"
@@ -530,10 +521,10 @@ class CppKernel:
                 init = "std::numeric_limits<%s>::infinity()" % t if acc_dtype.is_floating_point else f"std::numeric_limits<{t}>::max()"
             else:
                 init = _RED_INIT[r.reduction]
-            out.append(f"{'  ' * ind}{t} {a} = {init};")
+            out.append(f"{'  ' * ind}{t + ' ' if declare else ''}{a} = {init};")
             if r.reduction in ("max", "min") and acc_dtype.is_floating_point:
                 # an int flag, not bool: g++ has no vector type for bool reductions
-                out.append(f"{'  ' * ind}int32_t {a}_nan = 0;")
+                out.append(f"{'  ' * ind}{'int32_t ' if declare else ''}{a}_nan = 0;")
         return out
 
     def _accumulate(self, r: ComputeNode, a: str, v: CVal, indent: int) -> list[str]:
