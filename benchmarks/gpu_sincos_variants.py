@@ -31,8 +31,9 @@ from fuselens.compiler.codegen.triton import library_source
 from fuselens.compiler.options import CompilerOptions
 from fuselens.compiler.triton_runtime import build_module
 
+# the generator's own helpers, from a module of the prelude alone (Triton needs a source file)
 _prelude = build_module([], library_source([]), CompilerOptions()).module
-_fl_sincos = _prelude._fl_sincos
+_fl_sincos, _cody_waite, _poly = _prelude._fl_sincos, _prelude._fl_cody_waite, _prelude._fl_sincos_poly
 
 _TABLE = [(0xA2F9836E4E441529FC2757D1F534DDC0DB6295993C439041 >> (184 - 8 * j)) & 0xFFFFFFFF for j in range(24)]
 
@@ -77,28 +78,6 @@ def reduce_large_table(a):
     res0 = res0 - (n << 62)
     r = res0.to(tl.int64, bitcast=True).to(tl.float64) * 3.4061215800865545e-19
     return n.to(tl.int32), r.to(tl.float32)
-
-
-@triton.jit
-def _poly(q, r):
-    z = r * r
-    s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r
-    c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0
-    swap = (q & 1) != 0
-    sn = tl.where(swap, c, s)
-    cs = tl.where(swap, s, c)
-    sn = tl.where((q & 2) != 0, -sn, sn)
-    cs = tl.where(((q + 1) & 2) != 0, -cs, cs)
-    return sn, cs
-
-
-@triton.jit
-def _cody_waite(x):
-    k = tl.floor(x * 0.6366197723675814 + 0.5)
-    r = x - k * 1.5703125
-    r = r - k * 4.837512969970703125e-4
-    r = r - k * 7.54978995489188216e-8
-    return k.to(tl.int32), r
 
 
 @triton.jit

@@ -107,15 +107,9 @@ def _fl_round(x):
 def _fl_sincos(x):
     # sin and cos of float32 values, never libdevice's: its sinf/cosf inline a
     # Payne-Hanek reduction per element and made sin^2+cos^2's kernel the slowest
-    # to compile of the GPU suite (0.3-0.5 s of Triton time). Cody-Waite by pi/2 in
-    # three parts (exact products for |k| < 2^13), then cephes' minimax polynomials on
-    # [-pi/4, pi/4] and the quadrant's swap and signs; <= 1.4 ulp over all floats.
-    # Blocks holding |x| > 8192, inf or nan also take `_fl_reduce_large`.
-    k = tl.floor(x * 0.6366197723675814 + 0.5)
-    r = x - k * 1.5703125
-    r = r - k * 4.837512969970703125e-4
-    r = r - k * 7.54978995489188216e-8
-    q = k.to(tl.int32)
+    # to compile of the GPU suite (0.3-0.5 s of Triton time); <= 1.4 ulp over all
+    # floats. Blocks holding |x| > 8192, inf or nan also take `_fl_reduce_large`.
+    q, r = _fl_cody_waite(x)
     a = tl.abs(x)
     if tl.max(tl.where(a <= 8192.0, 0.0, 1.0)) > 0.0:
         qb, rb = _fl_reduce_large(a)
@@ -125,6 +119,24 @@ def _fl_sincos(x):
         q = tl.where(big, tl.where(neg, -qb, qb), q)
         r = tl.where(big, tl.where(neg, -rb, rb), r)
         r = tl.where(a < float("inf"), r, x - x)  # inf and nan give nan
+    return _fl_sincos_poly(q, r)
+
+
+@triton.jit
+def _fl_cody_waite(x):
+    # x = q pi/2 + r, r in [-pi/4, pi/4]: Cody-Waite by pi/2 in three parts, exact
+    # products for |q| < 2^13 (|x| <= 8192). Returns (q, r).
+    k = tl.floor(x * 0.6366197723675814 + 0.5)
+    r = x - k * 1.5703125
+    r = r - k * 4.837512969970703125e-4
+    r = r - k * 7.54978995489188216e-8
+    return k.to(tl.int32), r
+
+
+@triton.jit
+def _fl_sincos_poly(q, r):
+    # sin and cos of q pi/2 + r: cephes' minimax polynomials on [-pi/4, pi/4], then
+    # the quadrant's swap and signs
     z = r * r
     s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r
     c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0
