@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -160,31 +160,33 @@ def models() -> list[dict]:
     return out
 
 
-def runtime_paths() -> list[dict]:
-    out = []
+def _check(name: str, body: Callable[[], dict]) -> dict:
+    """One runtime row: `body`'s fields (ok=...), or ok=False with the traceback."""
+    torch._dynamo.reset()
+    rec: dict[str, Any] = {"check": name}
+    try:
+        rec.update(body())
+    except Exception:  # noqa: BLE001
+        rec.update(ok=False, why=traceback.format_exc()[-1500:])
+    return rec
 
+
+def runtime_paths() -> list[dict]:
     def f(x, b):
         return torch.softmax(torch.nn.functional.gelu(x + b), -1) * 2
 
     x, b = torch.randn(512, 1000, device="cuda"), torch.randn(1000, device="cuda")
-    # CUDA-event timing
-    torch._dynamo.reset()
-    rec: dict[str, Any] = {"check": "time_kernels"}
-    try:
+
+    def time_kernels() -> dict:  # CUDA-event timing
         c = torch.compile(f, backend="fuselens", options={"time_kernels": True})
         for _ in range(3):
             c(x, b)
         with sink.collect() as events:
             sink.flush()
         t = [e for e in events if isinstance(e, KernelTiming)]
-        rec.update(ok=bool(t) and all(e.total_time_us > 0 for e in t), timings=[(e.name, e.calls, e.total_time_us) for e in t])
-    except Exception:  # noqa: BLE001
-        rec.update(ok=False, why=traceback.format_exc()[-1500:])
-    out.append(rec)
-    # CUDA graphs
-    torch._dynamo.reset()
-    rec = {"check": "cuda_graphs"}
-    try:
+        return dict(ok=bool(t) and all(e.total_time_us > 0 for e in t), timings=[(e.name, e.calls, e.total_time_us) for e in t])
+
+    def cuda_graphs() -> dict:
         with sink.collect() as events:
             c = torch.compile(f, backend="fuselens", options={"cuda_graphs": True, "time_kernels": True})
             errs = []
@@ -194,14 +196,9 @@ def runtime_paths() -> list[dict]:
             sink.flush()
         copies = [e for e in events if isinstance(e, Kernel) and e.name == "cudagraph_input_copies"]
         t = {e.name for e in events if isinstance(e, KernelTiming)}
-        rec.update(ok=max(errs) < 1e-5 and bool(copies) and "cudagraph_replay" in t, relerr=max(errs), timings=sorted(t))
-    except Exception:  # noqa: BLE001
-        rec.update(ok=False, why=traceback.format_exc()[-1500:])
-    out.append(rec)
-    # torch's static CUDA launcher (static_launch.py) is what launches the kernels, not a silent fallback
-    torch._dynamo.reset()
-    rec = {"check": "static_launch"}
-    try:
+        return dict(ok=max(errs) < 1e-5 and bool(copies) and "cudagraph_replay" in t, relerr=max(errs), timings=sorted(t))
+
+    def static_launch() -> dict:  # torch's static CUDA launcher launches the kernels, not a silent fallback
         from fuselens.compiler import triton_runtime as tr
         from fuselens.compiler.static_launch import launcher_api
 
@@ -209,15 +206,11 @@ def runtime_paths() -> list[dict]:
         err = max(_relerr(c(x, b), f(x, b)) for _ in range(2))
         used = [bool(st) for la in tr.recent_libraries[-1].launchers.values() for _, st in la._statics.values()]
         want = launcher_api() is not None
-        rec.update(ok=err < 1e-5 and bool(used) and all(used) == want, relerr=err, static=used, available=want)
-    except Exception:  # noqa: BLE001
-        rec.update(ok=False, why=traceback.format_exc()[-1500:])
-    out.append(rec)
-    # sin/cos over the whole float32 range: the prelude's own reduction (_fl_reduce_large),
-    # not libdevice's, against eager's CUDA sinf/cosf, elementwise
-    torch._dynamo.reset()
-    rec = {"check": "sincos_full_range"}
-    try:
+        return dict(ok=err < 1e-5 and bool(used) and all(used) == want, relerr=err, static=used, available=want)
+
+    def sincos_full_range() -> dict:
+        # the prelude's own large-argument reduction (_fl_reduce_large), not libdevice's,
+        # against eager's CUDA sinf/cosf, elementwise
         g = torch.Generator(device="cuda").manual_seed(0)
         n = 1 << 22
         mag = torch.exp(torch.rand(n, device="cuda", generator=g) * 88.7)
@@ -231,20 +224,15 @@ def runtime_paths() -> list[dict]:
         got, ref = c(xs, xs * 0.75), sc(xs, xs * 0.75)
         errs = [float((a - b).abs().nan_to_num(0.0).max()) for a, b in zip(got, ref)]
         nan_ok = all(bool((a.isnan() == b.isnan()).all()) for a, b in zip(got, ref))
-        rec.update(ok=max(errs) < 1e-6 and nan_ok, max_abs_err=errs, nan_ok=nan_ok)
-    except Exception:  # noqa: BLE001
-        rec.update(ok=False, why=traceback.format_exc()[-1500:])
-    out.append(rec)
-    # autotune on the GPU (real CUDA-event timer)
-    torch._dynamo.reset()
-    rec = {"check": "autotune"}
-    try:
+        return dict(ok=max(errs) < 1e-6 and nan_ok, max_abs_err=errs, nan_ok=nan_ok)
+
+    def autotune() -> dict:  # the real CUDA-event timer
         c = torch.compile(f, backend="fuselens", options={"autotune": True})
-        rec.update(ok=_relerr(c(x, b), f(x, b)) < 1e-5)
-    except Exception:  # noqa: BLE001
-        rec.update(ok=False, why=traceback.format_exc()[-1500:])
-    out.append(rec)
-    return out
+        return dict(ok=_relerr(c(x, b), f(x, b)) < 1e-5)
+
+    return [_check(name, body) for name, body in (
+        ("time_kernels", time_kernels), ("cuda_graphs", cuda_graphs), ("static_launch", static_launch),
+        ("sincos_full_range", sincos_full_range), ("autotune", autotune))]
 
 
 def main(argv: Any = None) -> int:
