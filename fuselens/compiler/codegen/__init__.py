@@ -70,3 +70,8 @@ def canonical_text(source: str, name: str, param_pattern: str) -> str:
     text = re.sub(rf"\b{re.escape(name)}\b", "K", source)
     names: dict[str, str] = {}
     return re.sub(param_pattern, lambda m: names.setdefault(m.group(0), f"p{len(names)}"), text)
+
+
+def cname(name: str) -> str:
+    """A buffer name as part of a C or Python identifier."""
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)

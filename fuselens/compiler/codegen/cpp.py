@@ -27,7 +27,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource, canonical_text
+from fuselens.compiler.codegen import KernelSource, canonical_text, cname
 from fuselens.compiler.codegen.cpp_ops import CTYPES, CppOps, CVal, cconst, cexpr
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
 from fuselens.compiler.scheduler import KernelGroup
@@ -106,7 +106,7 @@ class CppKernel:
         lst = self.writes if write else self.reads
         if name not in lst:
             lst.append(name)
-        return f"b_{_cname(name)}"
+        return f"b_{cname(name)}"
 
     def load(self, name: str, index: Expr) -> CVal:
         m = self.members.get(name)
@@ -209,7 +209,7 @@ class CppKernel:
     def scratch_ref(self, name: str) -> str:
         """Where scratch row `name` lives at the current iteration."""
         home = self.scratch_home.get(name)
-        return home if home is not None else f"scr_{_cname(name)}[{self.scratch_index()}]"
+        return home if home is not None else f"scr_{cname(name)}[{self.scratch_index()}]"
 
     def scratch_index(self) -> str:
         g = self.g
@@ -276,7 +276,7 @@ class CppKernel:
         for n, size in self.scratch.items():
             if n in self.scratch_home:
                 continue
-            body.append(f"{'  ' * ind}{CTYPES[self.members[n].dtype]} scr_{_cname(n)}[{size}];")
+            body.append(f"{'  ' * ind}{CTYPES[self.members[n].dtype]} scr_{cname(n)}[{size}];")
         outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
         # outer-level values that need no reduction
         self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
@@ -549,9 +549,9 @@ class CppKernel:
         for b in self.reads:
             if b in self.writes:
                 continue
-            params.append(f"const {CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{_cname(b)}")
+            params.append(f"const {CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{cname(b)}")
         for b in self.writes:
-            params.append(f"{CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{_cname(b)}")
+            params.append(f"{CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{cname(b)}")
         syms = sorted(self.symbols, key=lambda s: s.name)
         params += [f"const int64_t {s.name}" for s in syms]
         src = f'extern "C" void {name}({", ".join(params)})\n{{\n' + "\n".join(body) + "\n}\n"
@@ -587,10 +587,6 @@ class CppKernel:
             if cands:
                 out[o] = cands
         return out
-
-
-def _cname(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
 
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> KernelSource:

@@ -43,7 +43,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource, canonical_text
+from fuselens.compiler.codegen import KernelSource, canonical_text, cname
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
 from fuselens.compiler.codegen.triton_patterns import deviation_center, online_softmax_pairs, share_sincos, welford_pairs
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
@@ -292,7 +292,7 @@ class TritonKernel:
         lst = self.writes if write else self.reads
         if name not in lst:
             lst.append(name)
-        return ("out_" if write else "in_") + _cname(name)
+        return ("out_" if write else "in_") + cname(name)
 
     def load(self, name: str, index: Expr) -> TVal:
         m = self.members.get(name)
@@ -718,7 +718,7 @@ class TritonKernel:
     def _finish(self, head: list[str]) -> TritonKernelSource:
         name = self.g.name
         reads = [b for b in self.reads if b not in self.writes]
-        params = [f"in_{_cname(b)}" for b in reads] + [f"out_{_cname(b)}" for b in self.writes]
+        params = [f"in_{cname(b)}" for b in reads] + [f"out_{cname(b)}" for b in self.writes]
         syms = sorted(self.symbols, key=lambda s: s.name)
         params += [s.name for s in syms] + head
         blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
@@ -744,10 +744,6 @@ class TritonKernel:
         if self.int64:
             out.append("int64 indexing")
         return out
-
-
-def _cname(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
 
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:
