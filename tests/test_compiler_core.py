@@ -358,6 +358,76 @@ def test_graph_inputs_and_outputs_are_never_overwritten_in_place(monkeypatch):
     assert not [s.reuse for r in runners for s in r.plan if getattr(s, "reuse", None)]
 
 
+def _capture_wrappers(monkeypatch):
+    from fuselens.compiler import wrapper_codegen
+
+    wrappers = []
+    orig = wrapper_codegen.wrap
+
+    def spy(*a, **k):
+        w = orig(*a, **k)
+        wrappers.append(w)
+        return w
+
+    monkeypatch.setattr(wrapper_codegen, "wrap", spy)
+    return wrappers
+
+
+def _matmul_chain(x, w):
+    a = (x.sin() * 2).relu()
+    c = (a @ w).cos() + 1
+    return ((c @ w).exp() - 1) @ w
+
+
+def test_cpu_graphs_run_as_generated_python_whose_dead_buffers_are_taken_over_by_later_ones(monkeypatch):
+    wrappers = _capture_wrappers(monkeypatch)
+    x, w = torch.randn(64, 64), torch.randn(64, 64) * 0.1
+    cf = torch.compile(_matmul_chain, backend="fuselens")
+    with torch.no_grad():
+        for _ in range(3):  # the taken-over buffer is a new one on every call
+            torch.testing.assert_close(cf(x, w), _matmul_chain(x, w), rtol=1e-4, atol=1e-4)
+    (wr,) = wrappers
+    assert wr is not None, "the plan interpreter ran instead of generated code"
+    assert ".data_ptr()" in wr.source
+    assert "b_relu.as_strided((64, 64, ), (64, 1, ), 0)" in wr.source, wr.source
+
+
+def test_cpu_generated_wrapper_with_dynamic_shapes_pools_dead_buffers_by_byte_size(monkeypatch):
+    wrappers = _capture_wrappers(monkeypatch)
+    cf = torch.compile(_matmul_chain, backend="fuselens", dynamic=True)
+    with torch.no_grad():
+        for n in (8, 13, 40):
+            x, w = torch.randn(n, n), torch.randn(n, n) * 0.1
+            torch.testing.assert_close(cf(x, w), _matmul_chain(x, w), rtol=1e-4, atol=1e-4)
+    (wr,) = wrappers
+    assert "_pool_put(pool, " in wr.source and "_alloc(pool, " in wr.source, wr.source
+
+
+def test_kernel_timing_counts_every_call_through_the_generated_wrapper(monkeypatch):
+    wrappers = _capture_wrappers(monkeypatch)
+    x = torch.randn(256, 128)
+    cf = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="fuselens", options={"time_kernels": True})
+    for _ in range(4):
+        cf(x)
+    (wr,) = wrappers
+    (stats,) = wr.timing.values()
+    assert stats.calls == 4 and stats.seconds > 0
+
+
+def test_layer_norm_over_a_dynamic_last_dimension_is_lowered():
+    def f(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+
+    cf = torch.compile(f, backend="fuselens", dynamic=True)
+    with sink.collect() as events:
+        for n, d in ((5, 24), (9, 40), (17, 72)):
+            x, w, b = torch.randn(n, d), torch.randn(d), torch.randn(d)
+            torch.testing.assert_close(cf(x, w, b), f(x, w, b))
+    assert not [e for e in events if isinstance(e, ErrorEntry)]  # no fallback to eager
+    assert len([e for e in events if isinstance(e, CompiledGraph)]) == 1
+    assert cpp_kernels(events)
+
+
 def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():
     x = torch.randn(2, 3, 7, 2).permute(0, 3, 1, 2)  # channels-last strides
     idx = torch.randint(0, 36, (2, 3, 7, 2)).permute(0, 3, 1, 2)

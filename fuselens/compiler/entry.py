@@ -199,6 +199,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (triton_runtime.py)
             runner, extra_events = finalize(runner, lib, opts, graph_id, example_inputs)
             events.extend(extra_events)
+        else:  # straight-line Python instead of the plan interpreter
+            from fuselens.compiler.wrapper_codegen import wrap
+
+            runner = wrap(runner, fast=False) or runner
     except RESTARTS:
         raise
     except KernelCompileError as e:

@@ -19,6 +19,11 @@ from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, ModularIndexing, FloorDiv, TensorValue
 from fuselens.compiler.lowering import Lowerer, NotLowered
 
+try:
+    from torch.utils._sympy.functions import ToFloat as _ToFloat
+except ImportError:  # pragma: no cover - torch without SymFloat printing functions
+    _ToFloat = None
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 LOWERINGS: dict[Any, Callable[..., Any]] = {}
@@ -66,6 +71,8 @@ def load_as(ops: Any, v: Any, idx: Sequence[Expr], dtype: torch.dtype, size: Seq
         x = broadcast(v, size)(ops, idx)
         return x if v.dtype == dtype else ops.to_dtype(x, dtype)
     if isinstance(v, sympy.Expr) and not v.is_Number:
+        if _ToFloat is not None and isinstance(v, _ToFloat):  # sym_float(n), a mean's divisor: cast n itself
+            v = v.args[0]
         return ops.index_expr(v, dtype)
     if isinstance(v, sympy.Expr):
         v = float(v) if v.is_Float else int(v)

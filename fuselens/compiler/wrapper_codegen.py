@@ -1,16 +1,23 @@
-"""Straight-line Python for a compiled graph on the Triton target (the host path).
+"""Straight-line Python for a compiled graph (the host path), both targets.
 
 `GraphRunner` (runtime.py) interprets the plan: a dict of buffers, an
 `isinstance` chain and `_resolve` over nested argument trees for every step of
 every call. On the GPU that host work, not the kernels, bounded the models
-(GPT-2 and ResNet blocks ran at ~1.5-2.4x their CUDA-graph replay time). Like
+(GPT-2 and ResNet blocks ran at ~1.5-2.4x their CUDA-graph replay time); on the
+CPU it ran with caches a kernel had just flushed, at ~15 us of a 0.7 ms
+layernorm call (measured: the interpreter's 23 us around the kernel against 9
+generated). Like
 Inductor's `call(args)`, `generate_wrapper` prints the plan once as a Python
 function: buffers are locals, sizes of static graphs are literals, externs are
 direct calls with their arguments already spelled out, every buffer is `del`eted
 at its last use (the CUDA caching allocator hands the block to the next
-allocation of that size, which is what runtime.py's reuse pool does by hand for
-malloc), and each Triton kernel is called through `Launcher.fast_launcher`
-(triton_runtime.py), which calls the compiled kernel's launcher directly.
+allocation of that size), and each Triton kernel is called through
+`Launcher.fast_launcher` (triton_runtime.py), which calls the compiled kernel's
+launcher directly. On the CPU a dead buffer instead waits in a local for the
+next allocation of its byte size, which takes it over with `as_strided`: the
+reuse runtime.py's pool does by hand for malloc (large blocks go back to the
+OS, and a fresh one costs a page fault per 4 KiB), resolved here while printing
+when the sizes are static. C++ kernels get data pointers.
 
     def call(args):
         arg0_1, arg1_1 = args
@@ -62,6 +69,9 @@ class _Printer:
         self.globals_by_id: dict[int, str] = {}
         self.empty_fast = False  # allocate with torch._C._dynamo.guards._empty_strided_{cuda,cpu}
         self.device_guard = False
+        self.host_pool = False  # CPU: dead reusable buffers are taken over by later allocations
+        self.pool: dict[tuple, list[str]] = {}  # static shapes: (dtype, nbytes) -> dead locals
+        self.nbytes: dict[str, tuple] = {}  # local -> (dtype, nbytes) of what it was allocated as
 
     # -- names
     def local(self, buf: str) -> str:
@@ -164,12 +174,26 @@ class _Printer:
             self.ns["_empty_fast"] = fast_empty
             self.empty_fast = True
         idx = 0
+        launches = any(isinstance(st, KernelCall) and (st.takes_tensors or getattr(st.fn, "takes_tensors", False))
+                       for st in r.plan)
         if fast and on_cuda:
             self.ns["_stream"] = _stream_getter()
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             self.emit(f"stream = _stream({int(idx)})")
-        else:
+        elif launches:
             self.emit("stream = None")
+        self.host_pool = not on_cuda
+        if self.host_pool and self.static is None:
+            from fuselens.compiler.runtime import _alloc
+
+            self.ns["_alloc"] = _alloc
+            self.ns["_pool_put"] = _pool_put
+            self.emit("pool = {}")
+        if r.timing is not None:
+            import time
+
+            self.ns["_pc"] = time.perf_counter
+            self.ns["_tick"] = _tick_for(r)
         if on_cuda and self.empty_fast:
             self.ns["_guard"] = guard
             self.device_guard = True
@@ -179,9 +203,18 @@ class _Printer:
             elif isinstance(step, ExternCall):
                 self.extern(step)
             elif isinstance(step, Free):
-                dead = [self.names[n] for n in step.names if n in self.names]
+                dead = []
                 for n in step.names:
-                    self.names.pop(n, None)
+                    var = self.names.pop(n, None)
+                    if var is None:
+                        continue
+                    if self.host_pool and n in r.reusable:
+                        if self.static is None:
+                            self.emit(f"_pool_put(pool, {var})")
+                        elif var in self.nbytes:
+                            self.pool.setdefault(self.nbytes[var], []).append(var)
+                            continue  # stays alive in its local until an allocation takes it over
+                    dead.append(var)
                 if dead:
                     self.emit(f"del {', '.join(dead)}")
             else:
@@ -194,24 +227,54 @@ class _Printer:
 
     def kernel(self, step: KernelCall, syms: dict[str, str], fast: bool) -> None:
         la = step.fn
-        if not getattr(la, "takes_tensors", False):
-            raise NotImplementedError("not a Triton launcher")
+        tensors = step.takes_tensors or getattr(la, "takes_tensors", False)
+        if not tensors and self.r.device is not None:
+            raise NotImplementedError("a C++ kernel on a device")
         for name, sz, st, dtype in step.alloc:
             src = step.reuse.get(name) if step.reuse else None
             var = self.local(name)
             if src is not None:  # in place: the input dies at this call (plan.py checked it)
                 self.emit(f"{var} = {self.names[src]}")
+            elif self.host_pool and self.static is None:
+                self.emit(f"{var} = _alloc(pool, {self.slot(sz)}, {self.slot(st)}, {self.glob(dtype, 'dt')})")
+            elif self.host_pool and self._take_pooled(var, sz, st, dtype):
+                pass
             elif self.empty_fast:
                 self.emit(f"{var} = _empty_fast({self.tuple_slot(sz)}, {self.tuple_slot(st)}, {self.glob(dtype, 'dt')})")
             else:
                 self.emit(f"{var} = _empty({self.slot(sz)}, {self.slot(st)}, dtype={self.glob(dtype, 'dt')}, "
                           "device=_dev)")
+        if not tensors:  # a ctypes function of the C++ library
+            call_args = [f"{self.names[b]}.data_ptr()" for b in step.buffers] + [syms[s] for s in step.symbols]
+            call = f"{self.glob(la, 'k')}({', '.join(call_args)})"
+            if self.r.timing is not None:
+                self.emit("_t0 = _pc()")
+                self.emit(call)
+                self.emit(f"_tick({step.name!r}, _pc() - _t0)")
+            else:
+                self.emit(call)
+            return
         call_args = [self.names[b] for b in step.buffers] + [syms[s] for s in step.symbols]
         fn = la.fast_launcher() if fast else None
         if fn is not None:
             self.emit(f"{self.glob(fn, 'k')}(stream, {', '.join(call_args)})")
         else:
             self.emit(f"{self.glob(la, 'k')}({', '.join(call_args)})")
+
+    def _take_pooled(self, var: str, sz: int, st: int, dtype: torch.dtype) -> bool:
+        """Static shapes: allocate `var` by taking over a dead buffer of the same byte size
+        (what runtime._alloc does per call, decided once here). False: allocate fresh."""
+        size, stride = self.static[sz], self.static[st]
+        extent = 0 if any(n == 0 for n in size) else 1 + sum((n - 1) * s for n, s in zip(size, stride) if n > 0)
+        key = (dtype, extent * dtype.itemsize)
+        self.nbytes[var] = key
+        free = self.pool.get(key)
+        if not free:
+            return False
+        old = free.pop()
+        self.emit(f"{var} = {old}.as_strided({self.lit(tuple(size))}, {self.lit(tuple(stride))}, 0)")
+        self.emit(f"del {old}")
+        return True
 
     def extern(self, step: ExternCall) -> None:
         a = ", ".join(self.arg(x) for x in step.args)
@@ -247,6 +310,24 @@ def _direct(target: Any) -> Any:
     return target
 
 
+def _pool_put(pool: dict, t: torch.Tensor) -> None:
+    """Dynamic shapes: a dead buffer waits for the next allocation of its byte size (runtime._alloc)."""
+    pool.setdefault((t.dtype, t.untyped_storage().nbytes()), []).append(t)
+
+
+def _tick_for(runner: Any) -> Any:
+    """Kernel timing on the C++ target: add one call's seconds to the runner's stats."""
+    stats, lock = runner.timing, runner.timing_lock
+
+    def tick(name: str, seconds: float) -> None:
+        with lock:
+            st = stats[name]
+            st.calls += 1
+            st.seconds += seconds
+
+    return tick
+
+
 class GeneratedWrapper:
     """A compiled graph's generated `call(args)` with the GraphRunner's interface."""
 
@@ -272,8 +353,9 @@ def generate_source(runner: Any, fast: bool = True) -> tuple[str, dict]:
 
 
 def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
-    """`runner` (a GraphRunner of the Triton target) as generated straight-line
-    Python; None when its plan has something the printer does not handle."""
+    """`runner` (a GraphRunner) as generated straight-line Python; None when its
+    plan has something the printer does not handle. `fast`: launch Triton
+    kernels through their compiled launchers (CUDA only)."""
     try:
         src, ns = generate_source(runner, fast)
     except (NotImplementedError, KeyError, AttributeError):
