@@ -6,10 +6,12 @@ The package reads top to bottom as the pipeline:
     entry.py       the Dynamo backend: AOTAutograd, decompositions, per-graph driver
     lowering*.py   ATen/prims FX graph -> loop IR (ir.py): pointwise, reductions, views, externs
     scheduler.py   fusion into kernels; every decision (and refusal) with its reason
-    codegen/       cpp.py (C++/OpenMP); the interface in codegen/__init__.py
+    codegen/       cpp.py (C++/OpenMP), triton.py; the interface in codegen/__init__.py
     build.py       g++ into one cached shared library per graph
     plan.py        order, allocations and frees of a compiled graph
-    runtime.py     GraphRunner: runs the plan; kernel timing
+    runtime.py     GraphRunner: interprets the plan; kernel timing
+    wrapper_codegen.py  the plan printed once as straight-line Python (what runs)
+    triton_runtime.py   Triton launchers, autotuning, precompile, CUDA graphs
     explain.py     events for `fuselens report`
 
 Importing this package registers the backend with Dynamo.
