@@ -9,14 +9,13 @@ op runs through ATen.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import Expr, ModularIndexing, FloorDiv, TensorValue
+from fuselens.compiler.ir import Expr, TensorValue
 from fuselens.compiler.lowering import Lowerer, NotLowered
 
 try:

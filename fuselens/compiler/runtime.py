@@ -11,8 +11,6 @@ needs (free: the ATen view op), and drop every buffer right after its last use.
 
 from __future__ import annotations
 
-import ctypes
-import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -190,12 +188,15 @@ class GraphRunner:
         return [_resolve(o, env, slots) for o in self.outputs]
 
 
-def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
-    extent = 1 + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
+def alloc_nbytes(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> int:
+    """Bytes a strided allocation spans (the key buffers are reused by)."""
     if any(s == 0 for s in size):
-        extent = 0
-    nbytes = extent * dtype.itemsize
-    free = pool.get((dtype, nbytes))
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(size, stride))) * dtype.itemsize
+
+
+def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    free = pool.get((dtype, alloc_nbytes(size, stride, dtype)))
     if free:
         t = free.pop()
         return t.as_strided(size, stride, 0)
