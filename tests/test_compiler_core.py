@@ -428,6 +428,16 @@ def test_layer_norm_over_a_dynamic_last_dimension_is_lowered():
     assert cpp_kernels(events)
 
 
+def test_arange_is_lowered_into_the_kernel_that_uses_it():
+    def f(x, i):
+        pos = torch.arange(0.5, 0.5 + x.shape[0] * 0.1, 0.1)[: x.shape[0]]  # float steps: rounded once
+        return x * pos, i + torch.arange(3, 3 + 2 * i.shape[0], 2)
+
+    events = run(f, torch.randn(37), torch.randint(0, 5, (41,)))
+    kernels = cpp_kernels(events)
+    assert len(kernels) == 2 and all("arange" in k.name for k in kernels), [k.name for k in kernels]
+
+
 def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():
     x = torch.randn(2, 3, 7, 2).permute(0, 3, 1, 2)  # channels-last strides
     idx = torch.randint(0, 36, (2, 3, 7, 2)).permute(0, 3, 1, 2)

@@ -324,5 +324,28 @@ def lower_iota(ctx: Lowerer, length: Any, *, start: Any, step: Any, dtype: Any, 
     return ctx.add_compute(body, size, dt)
 
 
+
+@register(*_ov(aten.arange, "start_step"))
+def lower_arange(ctx: Lowerer, start: Any, end: Any, step: Any = 1, **kw: Any) -> TensorValue:
+    """start + i * step. Floating results are computed in double and rounded once, as
+    ATen's scalar arange does (its vectorized path adds the lanes of each vector in the
+    output type, so eager's own values can sit an ulp away from these)."""
+    if any(isinstance(v, TensorValue) for v in (start, end, step)):
+        raise NotLowered("arange with tensor bounds")
+    size = _out_size(ctx)
+    dt = ctx.out_meta().dtype
+    if not dt.is_floating_point:
+        if not all(isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool) for v in (start, step)):
+            raise NotLowered("integer arange with non-integer start or step")
+        return lower_iota(ctx, None, start=start, step=step, dtype=dt, device=None, requires_grad=False)
+    acc = torch.float64
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        i = ops.index_expr(idx[0], acc)
+        v = ops.add(ops.mul(i, load_as(ops, step, idx, acc, size)), load_as(ops, start, idx, acc, size))
+        return ops.to_dtype(v, dt)
+
+    return ctx.add_compute(body, size, dt)
+
 from fuselens.compiler import lowering_views as _views  # noqa: E402,F401  (registers views)
 from fuselens.compiler import lowering_reductions as _reductions  # noqa: E402,F401
