@@ -438,6 +438,26 @@ def test_arange_is_lowered_into_the_kernel_that_uses_it():
     assert len(kernels) == 2 and all("arange" in k.name for k in kernels), [k.name for k in kernels]
 
 
+def test_binary_ops_whose_only_overload_is_default_are_lowered():
+    # maximum/minimum/atan2/hypot/fmax have one `default` overload, no Tensor/Scalar pair
+    def f(x, y):
+        return torch.maximum(x, y) + torch.minimum(x, y) * torch.atan2(x, y) - torch.hypot(x, y) + torch.fmax(x, y)
+
+    events = run(f, torch.randn(8, 16), torch.randn(8, 16))
+    assert not [e for e in events if isinstance(e, ErrorEntry)]
+    assert len(cpp_kernels(events)) == 1
+
+
+def test_shift_operators_follow_eager_past_the_width_and_for_negative_counts():
+    def f(a, b):
+        return a << b, a >> b, 3 << b, a.to(torch.int32) << b.to(torch.int32)
+
+    a = torch.tensor([1, -8, 123456789, -1, 5, 0, 7, 2**40])
+    b = torch.tensor([0, 1, 63, 64, 70, 3, -1, 2])
+    events = run(f, a, b)
+    assert not [e for e in events if isinstance(e, ErrorEntry)]
+
+
 def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():
     x = torch.randn(2, 3, 7, 2).permute(0, 3, 1, 2)  # channels-last strides
     idx = torch.randint(0, 36, (2, 3, 7, 2)).permute(0, 3, 1, 2)

@@ -159,10 +159,10 @@ for _names, _op in [
     (("hypot",), "hypot"), (("copysign",), "copysign"), (("fmod",), "fmod"),
     (("remainder",), "remainder"), (("nextafter",), "nextafter"),
     (("bitwise_and",), "bitwise_and"), (("bitwise_or",), "bitwise_or"), (("bitwise_xor",), "bitwise_xor"),
-    (("bitwise_left_shift",), "lshift"), (("bitwise_right_shift",), "rshift"),
+    (("bitwise_left_shift", "__lshift__"), "lshift"), (("bitwise_right_shift", "__rshift__"), "rshift"),
 ]:
     for _n in _names:
-        register(*_ov(getattr(aten, _n), "Tensor", "Scalar"))(_binary(_op))
+        register(*_ov(getattr(aten, _n), "default", "Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"))(_binary(_op))
 
 
 @register(*_ov(aten.pow, "Tensor_Tensor", "Tensor_Scalar", "Scalar"))
