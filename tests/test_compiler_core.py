@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fuselens.compiler  # noqa: F401  (registers the backend)
 from fuselens import sink
-from fuselens.events import CompiledGraph, ErrorEntry, Kernel
+from fuselens.events import CompiledGraph, ErrorEntry, Kernel, KernelTiming
 
 
 @pytest.fixture(autouse=True)
@@ -407,11 +407,15 @@ def test_kernel_timing_counts_every_call_through_the_generated_wrapper(monkeypat
     wrappers = _capture_wrappers(monkeypatch)
     x = torch.randn(256, 128)
     cf = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="fuselens", options={"time_kernels": True})
-    for _ in range(4):
-        cf(x)
+    with sink.collect() as events:
+        for _ in range(4):
+            cf(x)
+        sink.flush()  # the timing events the report and the TUI read
     (wr,) = wrappers
     (stats,) = wr.timing.values()
     assert stats.calls == 4 and stats.seconds > 0
+    (timing,) = [e for e in events if isinstance(e, KernelTiming)]
+    assert timing.calls == 4
 
 
 def test_layer_norm_over_a_dynamic_last_dimension_is_lowered():
@@ -456,6 +460,42 @@ def test_shift_operators_follow_eager_past_the_width_and_for_negative_counts():
     b = torch.tensor([0, 1, 63, 64, 70, 3, -1, 2])
     events = run(f, a, b)
     assert not [e for e in events if isinstance(e, ErrorEntry)]
+
+
+def _bf16(*shapes, scale=1.0):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(*s, generator=g) * scale).bfloat16() for s in shapes]
+
+
+@pytest.mark.parametrize("fn,shapes", [
+    (lambda x, y: (x * y + 1).relu() * 0.3 - x.sin(), [(64, 100), (64, 100)]),
+    (lambda x: torch.softmax(x, -1), [(32, 300)]),
+    (lambda x: (x.sum(-1), x.amax(-1), x.mean(0), x.var(-1)), [(40, 77)]),
+    (lambda x: ((x.float() * 1.001).bfloat16(), x.float() * 3, x.to(torch.int32)), [(50, 30)]),
+    (lambda x: torch.arange(1000, dtype=torch.bfloat16)[: x.shape[0]] * x, [(1000,)]),
+], ids=["pointwise", "softmax", "reductions", "casts", "arange"])
+def test_bfloat16_kernels_round_every_op_as_eager_does_and_match_it_exactly(fn, shapes):
+    # each op's float result is rounded to bfloat16 where eager rounds it (an op's
+    # output), so these match eager bit for bit; a kernel that kept everything in
+    # float would differ by an ulp in many outputs (arange past 256 by more)
+    args = _bf16(*shapes, scale=3.0)
+    with sink.collect() as events:
+        out = torch.compile(fn, backend="fuselens")(*args)
+    ref = fn(*args)
+    for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+        assert o.dtype == r.dtype and torch.equal(o, r)
+    assert not [e for e in events if isinstance(e, ErrorEntry)]
+    assert cpp_kernels(events) and all("uint16_t" in k.source for k in cpp_kernels(events))
+
+
+def test_bfloat16_layer_norm_and_gelu_are_lowered_and_close_to_eager():
+    x, w, b = _bf16((64, 256), (256,), (256,))
+    run(lambda x, w, b: F.gelu(F.layer_norm(x, (256,), w, b) + b), x, w, b)
+
+
+def test_bfloat16_nan_and_inf_survive_the_16_bit_store():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.0e38, -0.0, 1e-40]).bfloat16()
+    run(lambda x: (x * 2, x.float() * 4, (x.float() * 3).bfloat16()), x)
 
 
 def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():

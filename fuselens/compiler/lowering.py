@@ -206,10 +206,12 @@ class Lowerer:
             flat.extend(v if isinstance(v, (tuple, list)) else [v])
         for v in flat:
             if _is_tensor(v):
-                # Triton target (issue 5): CUDA tensors (target auto/triton) and, with the
-                # Triton generator, bfloat16/float16 are lowered too
+                # bfloat16: computed in float, stored in 16 bits, on both targets; float16 on
+                # Triton only: g++ 12 does not vectorize _Float16 conversions, and c10's software
+                # ones made float16 softmax and layernorm kernels 2-3x slower than eager's
                 triton = self.triton_target(v)
-                if v.dtype not in LOWERED_DTYPES and not (triton and v.dtype in (torch.bfloat16, torch.float16)):
+                half_ok = v.dtype == torch.bfloat16 or (triton and v.dtype == torch.float16)
+                if v.dtype not in LOWERED_DTYPES and not half_ok:
                     return f"dtype {str(v.dtype).replace('torch.', '')} is not lowered"
                 if v.device.type != "cpu" and not (v.device.type == "cuda" and triton):
                     return f"device {v.device.type}: the C++ code generator runs on CPU tensors"

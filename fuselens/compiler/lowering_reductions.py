@@ -122,6 +122,8 @@ def _divide(ctx: Lowerer, total: TensorValue, denom: Any, size: Sequence[Expr], 
             name: Optional[str] = None, stride: Any = None) -> TensorValue:
     tl = total.loader
     tsize = total.size
+    # a bfloat16/float16 mean or variance divides in float and rounds once, as eager does
+    cdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         inner = [i for i, s in zip(idx, size) if s != 1]
@@ -130,9 +132,9 @@ def _divide(ctx: Lowerer, total: TensorValue, denom: Any, size: Sequence[Expr], 
         for s in tsize:
             full.append(ZERO if s == 1 else next(it))
         t = tl(ops, full)
-        t = t if total.dtype == dtype else ops.to_dtype(t, dtype)
-        d = ops.index_expr(denom, dtype) if isinstance(denom, sympy.Expr) and not denom.is_Number else ops.constant(
-            float(denom), dtype)
+        t = t if total.dtype == cdt else ops.to_dtype(t, cdt)
+        d = ops.index_expr(denom, cdt) if isinstance(denom, sympy.Expr) and not denom.is_Number else ops.constant(
+            float(denom), cdt)
         return ops.truediv(t, d)
 
     return ctx.add_compute(body, size, dtype, name=name, stride=stride)

@@ -28,7 +28,7 @@ import torch
 
 from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelSource, canonical_text, cname
-from fuselens.compiler.codegen.cpp_ops import CTYPES, CppOps, CVal, cconst, cexpr
+from fuselens.compiler.codegen.cpp_ops import CTYPES, HALVES, CppOps, CVal, cconst, cexpr, storage_ctype
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
 from fuselens.compiler.scheduler import KernelGroup
 
@@ -72,6 +72,8 @@ class CppKernel:
         self.store_offsets: dict[str, set[str]] = {}
         self.outer_names: set[str] = set()  # values defined outside the inner loop
         self.widened: dict[str, CVal] = {}  # float64 value -> the float32 value it converts
+        self.rounded: set[str] = set()  # bfloat16/float16 values known to be representable
+        self.unrounded: dict[str, CVal] = {}  # rounded value -> the float it rounds
         # float32 sin/cos arguments of the vectorized loop being emitted (None: not in one)
         self.trig_args: Optional[list[str]] = None
         self.trig_redo = False  # some loop redoes its block for large sin/cos arguments
@@ -124,6 +126,10 @@ class CppKernel:
         spec = self.graph.buffers[name]
         off = cexpr(self.simplify(index))
         self.load_offsets.setdefault(name, set()).add(off)
+        if spec.dtype in HALVES:
+            v = self.emit(f"fl_from_{HALVES[spec.dtype]}({self.ptr(name)}[{off}])", spec.dtype)
+            self.rounded.add(v.name)
+            return v
         return self.emit(f"{self.ptr(name)}[{off}]", spec.dtype)
 
     def compute(self, node: ComputeNode) -> CVal:
@@ -132,13 +138,19 @@ class CppKernel:
         v = node.body(self.ops, idx)
         if v.dtype != node.dtype:
             v = self.ops.to_dtype(v, node.dtype)
+        v = self.ops.round_to(v, node.dtype)  # a bfloat16/float16 op's result, rounded as eager's is
         self.scope.values[node.name] = v
         return v
 
     def store(self, node: ComputeNode, v: CVal, idx: Sequence[Expr]) -> None:
         off = cexpr(self.simplify(ir.offset_of(idx, node.stride)))
         self.store_offsets.setdefault(node.name, set()).add(off)
-        self.scope.lines.append(f"{'  ' * self.scope.indent}{self.ptr(node.name, True)}[{off}] = {v};")
+        val = str(v)
+        if node.dtype in HALVES:  # to its 16 bits; a loaded or cast bfloat16 value is its top half
+            src = self.unrounded.get(v.name)
+            exact = node.dtype == torch.bfloat16 and v.name in self.rounded and src is None
+            val = f"fl_bits_bf16({v})" if exact else f"fl_to_{HALVES[node.dtype]}({src or v})"
+        self.scope.lines.append(f"{'  ' * self.scope.indent}{self.ptr(node.name, True)}[{off}] = {val};")
 
     # -- row scratch: values computed in one pass and needed again in a later pass
     EXPENSIVE = ("exp", "log", "sin", "cos", "tan", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "expm1", "log1p")
@@ -189,7 +201,7 @@ class CppKernel:
         for name in list(self.scratch):
             m = self.members[name]
             users = readers.get(name, [])
-            if (m.dtype != o.dtype or self.phase[name] >= last
+            if (m.dtype != o.dtype or o.dtype in HALVES or self.phase[name] >= last
                     or any(self.phase[u.name] > last for u in users)
                     or any(self.phase[u.name] == last and u is not o and not self._feeds_only(u, o, readers) for u in users)):
                 continue
@@ -354,7 +366,7 @@ class CppKernel:
                 res = results.get(a, a)
                 if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
                     res = f"({a}_nan ? {cconst(float('nan'), r.acc_dtype)} : {a})"
-                v = self.emit(f"static_cast<{CTYPES[r.dtype]}>({res})", r.dtype)
+                v = self.ops.round_to(self.emit(f"static_cast<{CTYPES[r.dtype]}>({res})", r.dtype), r.dtype)
                 self.scope.values[r.name] = v
                 if r.name in g.stores:
                     self.store(r, v, g.outer_index(r.size))
@@ -549,9 +561,9 @@ class CppKernel:
         for b in self.reads:
             if b in self.writes:
                 continue
-            params.append(f"const {CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{cname(b)}")
+            params.append(f"const {storage_ctype(self.graph.buffers[b].dtype)}* __restrict__ b_{cname(b)}")
         for b in self.writes:
-            params.append(f"{CTYPES[self.graph.buffers[b].dtype]}* __restrict__ b_{cname(b)}")
+            params.append(f"{storage_ctype(self.graph.buffers[b].dtype)}* __restrict__ b_{cname(b)}")
         syms = sorted(self.symbols, key=lambda s: s.name)
         params += [f"const int64_t {s.name}" for s in syms]
         src = f'extern "C" void {name}({", ".join(params)})\n{{\n' + "\n".join(body) + "\n}\n"

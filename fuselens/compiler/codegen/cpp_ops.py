@@ -17,10 +17,25 @@ from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing
 if TYPE_CHECKING:
     from fuselens.compiler.codegen.cpp import CppKernel
 
+# The C type a value of each dtype is computed in. bfloat16/float16 values are floats
+# (ATen's opmath), rounded where eager rounds them (CppKernel.compute) and stored as
+# their 16 bits (STORAGE).
 CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.bfloat16: "float", torch.float16: "float",
 }
+HALVES = {torch.bfloat16: "bf16", torch.float16: "f16"}  # dtype -> suffix of the prelude's converters
+
+
+def storage_ctype(dtype: torch.dtype) -> str:
+    """The C element type of a buffer (pointer parameters)."""
+    return "uint16_t" if dtype in HALVES else CTYPES[dtype]
+
+
+def is_float(dtype: torch.dtype) -> bool:
+    """Computed as C float (float32, and bfloat16/float16 through opmath)."""
+    return CTYPES.get(dtype) == "float"
 
 
 def cexpr(e: Any) -> str:
@@ -63,11 +78,12 @@ def cconst(value: Any, dtype: torch.dtype) -> str:
         return "true" if value else "false"
     if dtype.is_floating_point:
         v = float(value)
+        single = is_float(dtype)
         if math.isnan(v):
-            return "NAN" if dtype == torch.float32 else "std::numeric_limits<double>::quiet_NaN()"
+            return "NAN" if single else "std::numeric_limits<double>::quiet_NaN()"
         if math.isinf(v):
-            return ("" if v > 0 else "-") + ("INFINITY" if dtype == torch.float32 else "std::numeric_limits<double>::infinity()")
-        return f"{v!r}f" if dtype == torch.float32 else repr(v)
+            return ("" if v > 0 else "-") + ("INFINITY" if single else "std::numeric_limits<double>::infinity()")
+        return f"{v!r}f" if single else repr(v)
     v = int(value)
     if v == -(2**63):
         return "std::numeric_limits<int64_t>::min()"
@@ -114,16 +130,31 @@ class CppOps:
         return CVal(cconst(value, dtype), dtype)
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> CVal:
-        return self._emit(f"static_cast<{CTYPES[dtype]}>({cexpr(self.k.simplify(expr))})", dtype)
+        v = self._emit(f"static_cast<{CTYPES[dtype]}>({cexpr(self.k.simplify(expr))})", dtype)
+        return self.round_to(v, dtype)
 
     def to_dtype(self, x: CVal, dtype: torch.dtype) -> CVal:
         if x.dtype == dtype:
             return x
         if dtype == torch.bool:
             return self._emit(f"({x} != 0)", dtype)
+        if dtype in HALVES:  # a value of the 16-bit type: rounded to it, held as float
+            v = self._emit(f"fl_round_{HALVES[dtype]}(static_cast<float>({x}))", dtype)
+            self.k.rounded.add(v.name)
+            return v
         v = self._emit(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
         if x.dtype == torch.float32 and dtype == torch.float64:
             self.k.widened[v.name] = x  # a float sum may accumulate the float itself
+        return v
+
+    def round_to(self, x: CVal, dtype: torch.dtype) -> CVal:
+        """`x` (a float computed for a bfloat16/float16 result) rounded to that type, as
+        eager rounds every op's result; values already representable pass through."""
+        if dtype not in HALVES or x.name in self.k.rounded:
+            return x
+        v = self._emit(f"fl_round_{HALVES[dtype]}({x})", dtype)
+        self.k.rounded.add(v.name)
+        self.k.unrounded[v.name] = x  # a store converts x itself (the rounding is then dead code)
         return v
 
     def where(self, c: CVal, a: CVal, b: CVal) -> CVal:
@@ -139,7 +170,7 @@ class CppOps:
                     if op in ("floor", "ceil", "round", "trunc"):
                         return x
                     raise NotImplementedError(f"{op} of {x.dtype}")
-                if op in ("sin", "cos") and x.dtype == torch.float32:
+                if op in ("sin", "cos") and is_float(x.dtype):
                     return self._trig(op, x)
                 return self._emit(fmt.format(x=x, one=cconst(1, x.dtype)), x.dtype)
 
