@@ -41,9 +41,6 @@ from benchmarks import opinfo_harness as h  # noqa: E402
 from fuselens import sink  # noqa: E402
 from fuselens.events import ErrorEntry, Kernel, KernelTiming  # noqa: E402
 
-BF16_TOL = h.Tolerance(1.6e-2, 1e-2)
-
-
 def _subset() -> dict[str, str]:
     spec = importlib.util.spec_from_file_location("opinfo_subset", ROOT / "tests" / "test_opinfo_subset.py")
     mod = importlib.util.module_from_spec(spec)
@@ -52,44 +49,7 @@ def _subset() -> dict[str, str]:
 
 
 def opinfo(max_samples: int) -> list[dict]:
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    names = set(_subset())
-    out = []
-    for op in op_db:
-        name = h.full_name(op)
-        if name not in names:
-            continue
-        for dtype in (torch.float32, torch.bfloat16):
-            if not op.supports_dtype(dtype, "cuda"):
-                continue
-            try:
-                samples = list(op.sample_inputs("cuda", dtype, requires_grad=False))
-            except Exception as e:  # noqa: BLE001
-                out.append({"op": name, "dtype": str(dtype), "ok": False, "why": f"samples: {e}"})
-                continue
-            for si, sample in h.pick_samples(samples, max_samples):
-                built = h.build_case(op, sample, "fn")
-                if built is None:
-                    continue
-                fn, tensors = built
-                rec: dict[str, Any] = {"op": name, "dtype": str(dtype).replace("torch.", ""), "sample": si}
-                try:
-                    expected = h._observe(fn, h._clone_all(tensors), None)  # (output, inputs afterwards)
-                except Exception:  # noqa: BLE001 - eager refuses the sample: not a case
-                    continue
-                try:
-                    actual, counting, events = h._compiled_run(fn, h._clone_all(tensors), None, "fuselens", None, None)
-                    tol = h.tolerance_for(name) if dtype == torch.float32 else BF16_TOL
-                    bad = h.compare(expected, actual, tol)
-                    acc = h.account_nodes(events)
-                    rec.update(ok=bad is None, why=" ".join(bad) if bad else "", lowered=acc.lowered, extern=acc.extern,
-                               graph_fallbacks=acc.graph_fallbacks, reasons=acc.fallback_reasons[:2],
-                               triton=sum(1 for e in events if isinstance(e, Kernel) and e.kind == "triton"))
-                except Exception as e:  # noqa: BLE001
-                    rec.update(ok=False, why=f"{type(e).__name__}: {str(e)[:300]}")
-                out.append(rec)
-    return out
+    return h.dtype_cases("cuda", (torch.float32, torch.bfloat16), set(_subset()), max_samples)
 
 
 def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:

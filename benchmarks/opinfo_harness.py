@@ -30,7 +30,7 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -521,3 +521,57 @@ def iter_cases(
         for variant in variants:
             for index, sample in samples:
                 yield op, index, sample, variant
+
+
+BF16_TOL = Tolerance(1.6e-2, 1e-2)  # torch's own bfloat16 defaults
+
+
+def dtype_cases(device: str, dtypes: Sequence[torch.dtype], names: Optional[set], max_samples: Optional[int]) -> list[dict]:
+    """The function variant of every OpInfo op in `names` (None: all), on `device`
+    in each of `dtypes`, compiled with fuselens and compared with eager on the same
+    device and dtype: one record per sample (op, dtype, ok, why, node accounting)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from fuselens.events import Kernel
+
+    out: list[dict] = []
+    for op in op_db:
+        name = full_name(op)
+        if names is not None and name not in names:
+            continue
+        if names is None and skip_reason(op) is not None:
+            continue
+        for dtype in dtypes:
+            if not op.supports_dtype(dtype, device):
+                continue
+            try:
+                samples = list(op.sample_inputs(device, dtype, requires_grad=False))
+            except Exception as e:  # noqa: BLE001
+                out.append({"op": name, "dtype": str(dtype), "ok": False, "why": f"samples: {e}"})
+                continue
+            for si, sample in pick_samples(samples, max_samples):
+                built = build_case(op, sample, "fn")
+                if built is None:
+                    continue
+                fn, tensors = built
+                rec: dict[str, Any] = {"op": name, "dtype": str(dtype).replace("torch.", ""), "sample": si}
+                try:
+                    expected = _observe(fn, _clone_all(tensors), None)  # (output, inputs afterwards)
+                except Exception:  # noqa: BLE001 - eager refuses the sample: not a case
+                    continue
+                try:
+                    actual, counting, events = _compiled_run(fn, _clone_all(tensors), None, "fuselens", None, None)
+                    tol = tolerance_for(name) if dtype == torch.float32 else BF16_TOL
+                    bad = compare(expected, actual, tol, values=not metadata_only(op))
+                    if bad is not None:  # torch's own (Dynamo's graph, AOT) when aot_eager is off too
+                        ref, _, _ = _compiled_run(fn, _clone_all(tensors), None, "aot_eager", None, None)
+                        rec["upstream"] = compare(expected, ref, tol, values=not metadata_only(op)) is not None
+                    acc = account_nodes(events)
+                    rec.update(ok=bad is None, why=" ".join(bad) if bad else "", lowered=acc.lowered, extern=acc.extern,
+                               graph_fallbacks=acc.graph_fallbacks, reasons=acc.fallback_reasons[:2],
+                               kernels=sum(1 for e in events if isinstance(e, Kernel)),
+                               triton=sum(1 for e in events if isinstance(e, Kernel) and e.kind == "triton"))
+                except Exception as e:  # noqa: BLE001
+                    rec.update(ok=False, why=f"{type(e).__name__}: {str(e)[:300]}")
+                out.append(rec)
+    return out

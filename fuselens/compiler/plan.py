@@ -129,7 +129,9 @@ class Planner:
             outs: Any = [x.source if isinstance(x, TensorValue) else None for x in v]
         else:
             outs = node.name
-        self.plan.append(ExternCall(node.name, node.target, args, kwargs, outs))
+        dtypes = {o: self.g.buffers[o].dtype for o in (outs if isinstance(outs, list) else [outs])
+                  if o is not None and o in self.g.buffers}
+        self.plan.append(ExternCall(node.name, node.target, args, kwargs, outs, dtypes))
         if not _fresh_outputs(node.target):
             for o in outs if isinstance(outs, list) else [outs]:
                 if o is not None:

@@ -95,6 +95,9 @@ class ExternCall:
     args: Any  # with ("buf", name) / ("sym", slot) leaves
     kwargs: Any
     outputs: Any  # name or list of names (tuple results)
+    # output -> the dtype the kernels expect: torch's meta function and ATen can disagree
+    # (_batch_norm_with_update_functional's bfloat16 running stats are float32 in meta)
+    dtypes: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -180,6 +183,9 @@ class GraphRunner:
                             env[n] = v
                 else:
                     env[step.outputs] = out
+                for n, dt in step.dtypes.items():
+                    if env[n].dtype != dt:
+                        env[n] = env[n].to(dt)
             else:
                 for n in step.names:
                     t = env.pop(n, None)

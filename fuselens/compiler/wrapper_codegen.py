@@ -72,6 +72,7 @@ class _Printer:
         self.host_pool = False  # CPU: dead reusable buffers are taken over by later allocations
         self.pool: dict[tuple, list[str]] = {}  # static shapes: (dtype, nbytes) -> dead locals
         self.nbytes: dict[str, tuple] = {}  # local -> (dtype, nbytes) of what it was allocated as
+        self.kernel_reads = {b for st in runner.plan if isinstance(st, KernelCall) for b in st.buffers}
 
     # -- names
     def local(self, buf: str) -> str:
@@ -287,6 +288,10 @@ class _Printer:
             self.emit(f"del {tmp}")
         else:
             self.emit(f"{self.local(step.outputs)} = {call}")
+        for n, dt in step.dtypes.items():  # where kernels read it, in the dtype they were generated for
+            if n in self.kernel_reads:
+                var, d = self.names[n], self.glob(dt, "dt")
+                self.emit(f"if {var}.dtype is not {d}: {var} = {var}.to({d})")
 
 
 # Library calls whose torch.* binding takes exactly the ATen schema's arguments: calling it
