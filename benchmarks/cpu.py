@@ -2,6 +2,7 @@
 
     python -m benchmarks.cpu                       # all cases, all backends, markdown table
     python -m benchmarks.cpu --cases softmax --backends eager,fuselens --no-memory
+    python -m benchmarks.cpu --dtype bfloat16      # every input in bfloat16
 
 What is measured, and how:
 - run time: median over many timed rounds after warm-up. Backends are
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 # Inductor reads its cache dir from the environment: set before torch loads.
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
@@ -74,10 +75,13 @@ def _mlp_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Te
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
 
 
+DTYPE = torch.float32  # of every input (--dtype)
+
+
 def _seeded(*shapes: tuple[int, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
     def make() -> tuple[torch.Tensor, ...]:
         g = torch.Generator().manual_seed(0)
-        return tuple(torch.randn(*s, generator=g) for s in shapes)
+        return tuple(torch.randn(*s, generator=g).to(DTYPE) for s in shapes)
 
     return make
 
@@ -209,7 +213,7 @@ def measure_memory(backend: str, case_names: list[str], threads: int) -> dict[st
     env = dict(os.environ, **MEMORY_ENV)
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.cpu", "--memory-worker", backend, "--cases", ",".join(case_names),
-         "--threads", str(threads)],
+         "--threads", str(threads), "--dtype", str(DTYPE).replace("torch.", "")],
         capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
     for line in proc.stdout.splitlines():
@@ -277,8 +281,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="torch.set_num_threads for every backend (0 = torch's default); both compilers "
                          "read it at compile time")
     ap.add_argument("--json", default="", help="write the raw numbers here")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of every input")
     ap.add_argument("--memory-worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global DTYPE
+    DTYPE = getattr(torch, args.dtype)
+    if DTYPE != torch.float32:  # compared with eager in the same dtype, at torch's bfloat16 tolerances
+        for c in CASES:
+            c.rtol, c.atol = 1.6e-2, 1e-2
     case_names = args.cases.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -310,7 +320,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 results[name].peak_mb[backend] = mb
 
     print()
-    print(f"Machine: {machine_line()}; date {time.strftime('%Y-%m-%d')}")
+    print(f"Machine: {machine_line()}; inputs {str(DTYPE).replace('torch.', '')}; date {time.strftime('%Y-%m-%d')}")
     print("First compile in the process (imports, one-time setup; not in the table): "
           + ", ".join(f"{b} {s:.1f} s" for b, s in first.items()))
     print()

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from fuselens.compiler.codegen.cpp import CppKernel
 
 # The C type a value of each dtype is computed in. bfloat16/float16 values are floats
-# (ATen's opmath), rounded where eager rounds them (CppKernel.compute) and stored as
-# their 16 bits (STORAGE).
+# (ATen's opmath), rounded where eager rounds them (CppOps.round_to) and stored as
+# their 16 bits (storage_ctype).
 CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
