@@ -498,6 +498,16 @@ def test_bfloat16_nan_and_inf_survive_the_16_bit_store():
     run(lambda x: (x * 2, x.float() * 4, (x.float() * 3).bfloat16()), x)
 
 
+def test_flip_is_an_index_map_fused_into_its_consumer_and_a_copy_when_returned():
+    def f(x):
+        return (x.flip(0, -1) * 2).sin(), x.flip(1)
+
+    events = run(f, torch.randn(5, 6, 7))
+    assert not [e for e in events if isinstance(e, ErrorEntry)]
+    (k,) = cpp_kernels(events)  # the flipped read is the kernel's index: x[4 - i, j, 6 - k]
+    assert "(-42 * g0)" in k.source and "(-1 * g2)" in k.source, k.source
+
+
 def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():
     x = torch.randn(2, 3, 7, 2).permute(0, 3, 1, 2)  # channels-last strides
     idx = torch.randint(0, 36, (2, 3, 7, 2)).permute(0, 3, 1, 2)

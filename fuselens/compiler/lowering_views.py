@@ -178,6 +178,18 @@ def lower_slice(ctx: Lowerer, x: TensorValue, dim: int = 0, start: Any = None, e
     return view_of(x, size, reindex)
 
 
+@register(aten.flip.default)
+def lower_flip(ctx: Lowerer, x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    """An index map (n - 1 - i on each flipped dim); where its result must exist as a
+    tensor, ATen's flip makes it (a copy, as eager's)."""
+    flipped = {_norm_dim(d, len(x.size)) for d in dims}
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        return [x.size[d] - 1 - i if d in flipped else i for d, i in enumerate(idx)]
+
+    return view_of(x, list(x.size), reindex)
+
+
 @register(aten.select.int)
 def lower_select(ctx: Lowerer, x: TensorValue, dim: int, index: Any) -> TensorValue:
     dim = _norm_dim(dim, len(x.size))
