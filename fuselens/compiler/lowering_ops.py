@@ -324,7 +324,6 @@ def lower_iota(ctx: Lowerer, length: Any, *, start: Any, step: Any, dtype: Any, 
     return ctx.add_compute(body, size, dt)
 
 
-
 @register(*_ov(aten.arange, "start_step"))
 def lower_arange(ctx: Lowerer, start: Any, end: Any, step: Any = 1, **kw: Any) -> TensorValue:
     """start + i * step. Floating results are computed in double and rounded once, as

@@ -72,7 +72,7 @@ class CppKernel:
         self.store_offsets: dict[str, set[str]] = {}
         self.outer_names: set[str] = set()  # values defined outside the inner loop
         self.widened: dict[str, CVal] = {}  # float64 value -> the float32 value it converts
-        self.rounded: set[str] = set()  # bfloat16/float16 values known to be representable
+        self.rounded: set[str] = set()  # bfloat16 values known to be representable
         self.unrounded: dict[str, CVal] = {}  # rounded value -> the float it rounds
         # float32 sin/cos arguments of the vectorized loop being emitted (None: not in one)
         self.trig_args: Optional[list[str]] = None
@@ -138,7 +138,7 @@ class CppKernel:
         v = node.body(self.ops, idx)
         if v.dtype != node.dtype:
             v = self.ops.to_dtype(v, node.dtype)
-        v = self.ops.round_to(v, node.dtype)  # a bfloat16/float16 op's result, rounded as eager's is
+        v = self.ops.round_to(v, node.dtype)  # a bfloat16 op's result, rounded as eager's is
         self.scope.values[node.name] = v
         return v
 
@@ -148,8 +148,8 @@ class CppKernel:
         val = str(v)
         if node.dtype in HALVES:  # to its 16 bits; a loaded or cast bfloat16 value is its top half
             src = self.unrounded.get(v.name)
-            exact = node.dtype == torch.bfloat16 and v.name in self.rounded and src is None
-            val = f"fl_bits_bf16({v})" if exact else f"fl_to_{HALVES[node.dtype]}({src or v})"
+            exact = v.name in self.rounded and src is None
+            val = f"fl_bits_{HALVES[node.dtype]}({v})" if exact else f"fl_to_{HALVES[node.dtype]}({src or v})"
         self.scope.lines.append(f"{'  ' * self.scope.indent}{self.ptr(node.name, True)}[{off}] = {val};")
 
     # -- row scratch: values computed in one pass and needed again in a later pass

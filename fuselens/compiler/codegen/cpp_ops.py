@@ -17,15 +17,15 @@ from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing
 if TYPE_CHECKING:
     from fuselens.compiler.codegen.cpp import CppKernel
 
-# The C type a value of each dtype is computed in. bfloat16/float16 values are floats
-# (ATen's opmath), rounded where eager rounds them (CppOps.round_to) and stored as
-# their 16 bits (storage_ctype).
+# The C type a value of each dtype is computed in. bfloat16 values are floats (ATen's
+# opmath), rounded where eager rounds them (CppOps.round_to) and stored as their 16 bits
+# (storage_ctype).
 CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
-    torch.bfloat16: "float", torch.float16: "float",
+    torch.bfloat16: "float",
 }
-HALVES = {torch.bfloat16: "bf16", torch.float16: "f16"}  # dtype -> suffix of the prelude's converters
+HALVES = {torch.bfloat16: "bf16"}  # 16-bit float dtype -> suffix of the prelude's converters
 
 
 def storage_ctype(dtype: torch.dtype) -> str:
@@ -34,7 +34,7 @@ def storage_ctype(dtype: torch.dtype) -> str:
 
 
 def is_float(dtype: torch.dtype) -> bool:
-    """Computed as C float (float32, and bfloat16/float16 through opmath)."""
+    """Computed as C float (float32, and bfloat16 through opmath)."""
     return CTYPES.get(dtype) == "float"
 
 
@@ -148,7 +148,7 @@ class CppOps:
         return v
 
     def round_to(self, x: CVal, dtype: torch.dtype) -> CVal:
-        """`x` (a float computed for a bfloat16/float16 result) rounded to that type, as
+        """`x` (a float computed for a bfloat16 result) rounded to that type, as
         eager rounds every op's result; values already representable pass through."""
         if dtype not in HALVES or x.name in self.k.rounded:
             return x

@@ -22,9 +22,10 @@ PRELUDE = r"""
 static inline float fl_i2f(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int32_t fl_f2i(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
 
-// bfloat16 and float16 are stored as their 16 bits and computed on as float (ATen's
-// opmath). The conversions are c10's own (round to nearest even, NaN kept quiet, float16
-// subnormals), branch-free so that g++ vectorizes the loops around them.
+// bfloat16 is stored as its 16 bits and computed on as float (ATen's opmath). The
+// conversions are c10's own (round to nearest even, NaN made quiet), branch-free so that
+// g++ vectorizes the loops around them. (float16 stays in ATen on this target: g++ 12 does
+// not vectorize _Float16 conversions; tests/compiler_failures.md P4.)
 static inline float fl_from_bf16(uint16_t h) { return fl_i2f((int32_t)((uint32_t)h << 16)); }
 static inline uint16_t fl_to_bf16(float f) {
   uint32_t u = (uint32_t)fl_f2i(f);
@@ -33,24 +34,6 @@ static inline uint16_t fl_to_bf16(float f) {
 }
 static inline float fl_round_bf16(float f) { return fl_from_bf16(fl_to_bf16(f)); }
 static inline uint16_t fl_bits_bf16(float f) { return (uint16_t)((uint32_t)fl_f2i(f) >> 16); }  // f representable
-static inline float fl_from_f16(uint16_t h) {
-  uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
-  float normalized = fl_i2f((int32_t)((two_w >> 4) + (0xE0u << 23))) * 0x1.0p-112f;
-  float denormalized = fl_i2f((int32_t)((two_w >> 17) | (126u << 23))) - 0.5f;
-  uint32_t bits = two_w < (1u << 27) ? (uint32_t)fl_f2i(denormalized) : (uint32_t)fl_f2i(normalized);
-  return fl_i2f((int32_t)(sign | bits));
-}
-static inline uint16_t fl_to_f16(float f) {
-  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
-  uint32_t w = (uint32_t)fl_f2i(f), shl1_w = w + w, sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
-  base = fl_i2f((int32_t)((bias >> 1) + 0x07800000u)) + base;
-  uint32_t bits = (uint32_t)fl_f2i(base);
-  uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-  return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-static inline float fl_round_f16(float f) { return fl_from_f16(fl_to_f16(f)); }
 
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define FL_FMAF(a, b, c) std::fma((a), (b), (c))
