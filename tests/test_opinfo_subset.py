@@ -3,7 +3,8 @@ compiler backend, 2 samples each, compared to eager (values, dtypes, shapes,
 strides, and inputs mutated exactly as eager mutates them).
 
 A wrong result fails its op's test; ops the compiler hands to ATen pass as
-long as the result is right. The full run over every OpInfo op is
+long as the result is right. The same ops run once more in bfloat16 on the C++
+target (benchmarks/opinfo_bf16.py), at torch's bfloat16 tolerances. The full run over every OpInfo op is
 `python -m benchmarks.opinfo` (see benchmarks/opinfo.py).
 
 The cases run in one worker subprocess (benchmarks/opinfo.py) so a crash in
@@ -182,3 +183,19 @@ def test_node_accounting_splits_generated_extern_and_viewonly_nodes() -> None:
     # A graph whose compile failed ran eagerly: all its nodes count as extern.
     acc = h.account_nodes(events + [ErrorEntry("compile", "g++ failed", compile_id="0/0")])
     assert (acc.lowered, acc.extern, acc.graph_fallbacks) == (0, 3, 1)
+
+
+def test_bfloat16_subset_on_the_cpp_target_matches_eager(tmp_path: Path) -> None:
+    # The same ops in bfloat16 (benchmarks/opinfo_bf16.py), in a subprocess so that a crash
+    # in generated code fails this test instead of killing pytest.
+    import json
+    import subprocess
+
+    out = tmp_path / "bf16.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.opinfo_bf16", "--json", str(out)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    assert out.exists(), proc.stderr[-2000:]
+    cases = json.loads(out.read_text())
+    bad = [c for c in cases if not c["ok"] and not c.get("upstream")]
+    assert len(cases) > 60 and not bad, bad[:3]
+    assert sum(c.get("lowered", 0) for c in cases) > 200  # the bfloat16 ops ran in kernels, not ATen
