@@ -564,8 +564,11 @@ def dtype_cases(device: str, dtypes: Sequence[torch.dtype], names: Optional[set]
                     tol = tolerance_for(name) if dtype == torch.float32 else BF16_TOL
                     bad = compare(expected, actual, tol, values=not metadata_only(op))
                     if bad is not None:  # torch's own (Dynamo's graph, AOT) when aot_eager is off too
-                        ref, _, _ = _compiled_run(fn, _clone_all(tensors), None, "aot_eager", None, None)
-                        rec["upstream"] = compare(expected, ref, tol, values=not metadata_only(op)) is not None
+                        try:
+                            ref, _, _ = _compiled_run(fn, _clone_all(tensors), None, "aot_eager", None, None)
+                            rec["upstream"] = compare(expected, ref, tol, values=not metadata_only(op)) is not None
+                        except Exception:  # noqa: BLE001 - no reference: count it as ours
+                            rec["upstream"] = False
                     acc = account_nodes(events)
                     rec.update(ok=bad is None, why=" ".join(bad) if bad else "", lowered=acc.lowered, extern=acc.extern,
                                graph_fallbacks=acc.graph_fallbacks, reasons=acc.fallback_reasons[:2],
