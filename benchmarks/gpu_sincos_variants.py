@@ -34,6 +34,7 @@ from fuselens.compiler.triton_runtime import build_module
 # the generator's own helpers, from a module of the prelude alone (Triton needs a source file)
 _prelude = build_module([], library_source([]), CompilerOptions()).module
 _fl_sincos, _cody_waite, _poly = _prelude._fl_sincos, _prelude._fl_cody_waite, _prelude._fl_sincos_poly
+_fl_take_large = _prelude._fl_take_large
 
 _TABLE = [(0xA2F9836E4E441529FC2757D1F534DDC0DB6295993C439041 >> (184 - 8 * j)) & 0xFFFFFFFF for j in range(24)]
 
@@ -97,11 +98,7 @@ def sincos_variant(x, MODE: tl.constexpr):
         a = tl.abs(x)
         if tl.max(tl.where(a <= 8192.0, 0.0, 1.0)) > 0.0:
             qb, rb = reduce_large_table(a)
-            big = a > 8192.0
-            neg = x < 0.0
-            q = tl.where(big, tl.where(neg, -qb, qb), q)
-            r = tl.where(big, tl.where(neg, -rb, rb), r)
-            r = tl.where(a < float("inf"), r, x - x)
+            q, r = _fl_take_large(x, a, q, r, qb, rb)
         sn, cs = _poly(q, r)
     elif MODE == 3:
         sn, cs = _fl_sincos(x)

@@ -316,19 +316,24 @@ def test_unlowered_op_falls_back_to_aten_and_says_why():
     assert fb and "cumsum" in fb[0].message
 
 
-def _capture_runners(monkeypatch):
-    from fuselens.compiler import plan
-
-    runners = []
-    orig = plan.make_runner
+def _capture_results(monkeypatch, module, name):
+    """Every value `module.name(...)` returns from now on, in a list."""
+    results = []
+    orig = getattr(module, name)
 
     def spy(*a, **k):
         r = orig(*a, **k)
-        runners.append(r)
+        results.append(r)
         return r
 
-    monkeypatch.setattr(plan, "make_runner", spy)
-    return runners
+    monkeypatch.setattr(module, name, spy)
+    return results
+
+
+def _capture_runners(monkeypatch):
+    from fuselens.compiler import plan
+
+    return _capture_results(monkeypatch, plan, "make_runner")
 
 
 def test_pointwise_epilogue_of_matmul_runs_in_the_dying_matmul_buffer(monkeypatch):
@@ -361,16 +366,7 @@ def test_graph_inputs_and_outputs_are_never_overwritten_in_place(monkeypatch):
 def _capture_wrappers(monkeypatch):
     from fuselens.compiler import wrapper_codegen
 
-    wrappers = []
-    orig = wrapper_codegen.wrap
-
-    def spy(*a, **k):
-        w = orig(*a, **k)
-        wrappers.append(w)
-        return w
-
-    monkeypatch.setattr(wrapper_codegen, "wrap", spy)
-    return wrappers
+    return _capture_results(monkeypatch, wrapper_codegen, "wrap")
 
 
 def _matmul_chain(x, w):

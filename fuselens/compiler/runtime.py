@@ -166,11 +166,7 @@ class GraphRunner:
                 if self.timing is not None:
                     t0 = time.perf_counter()
                     step.fn(*ptrs, *sargs)
-                    dt = time.perf_counter() - t0
-                    with self.timing_lock:
-                        st_ = self.timing[step.name]
-                        st_.calls += 1
-                        st_.seconds += dt
+                    self.record_time(step.name, time.perf_counter() - t0)
                 else:
                     step.fn(*ptrs, *sargs)
             elif isinstance(step, ExternCall):
@@ -190,8 +186,15 @@ class GraphRunner:
                 for n in step.names:
                     t = env.pop(n, None)
                     if n in self.reusable and t is not None:
-                        pool.setdefault((t.dtype, t.untyped_storage().nbytes()), []).append(t)
+                        pool_put(pool, t)
         return [_resolve(o, env, slots) for o in self.outputs]
+
+    def record_time(self, kernel: str, seconds: float) -> None:
+        """One timed call of a kernel (option time_kernels), from any thread."""
+        with self.timing_lock:
+            st = self.timing[kernel]
+            st.calls += 1
+            st.seconds += seconds
 
 
 def alloc_nbytes(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> int:
@@ -199,6 +202,11 @@ def alloc_nbytes(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype)
     if any(s == 0 for s in size):
         return 0
     return (1 + sum((s - 1) * st for s, st in zip(size, stride))) * dtype.itemsize
+
+
+def pool_put(pool: dict, t: torch.Tensor) -> None:
+    """A dead buffer waits in `pool` for the next allocation of its byte size (`_alloc`)."""
+    pool.setdefault((t.dtype, t.untyped_storage().nbytes()), []).append(t)
 
 
 def _alloc(pool: dict, size: list, stride: list, dtype: torch.dtype, device: Any = None) -> torch.Tensor:

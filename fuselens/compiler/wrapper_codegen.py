@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import torch
 
-from fuselens.compiler.runtime import ExternCall, Free, KernelCall, alloc_nbytes
+from fuselens.compiler.runtime import ExternCall, Free, KernelCall, alloc_nbytes, pool_put
 
 _ids = iter(range(1 << 62))
 
@@ -188,13 +188,13 @@ class _Printer:
             from fuselens.compiler.runtime import _alloc
 
             self.ns["_alloc"] = _alloc
-            self.ns["_pool_put"] = _pool_put
+            self.ns["_pool_put"] = pool_put
             self.emit("pool = {}")
         if r.timing is not None:
             import time
 
             self.ns["_pc"] = time.perf_counter
-            self.ns["_tick"] = _tick_for(r)
+            self.ns["_tick"] = r.record_time
         if on_cuda and self.empty_fast:
             self.ns["_guard"] = guard
             self.device_guard = True
@@ -311,24 +311,6 @@ def _direct(target: Any) -> Any:
         if op is not None and target is op:
             return getattr(torch, name, target)
     return target
-
-
-def _pool_put(pool: dict, t: torch.Tensor) -> None:
-    """Dynamic shapes: a dead buffer waits for the next allocation of its byte size (runtime._alloc)."""
-    pool.setdefault((t.dtype, t.untyped_storage().nbytes()), []).append(t)
-
-
-def _tick_for(runner: Any) -> Any:
-    """Kernel timing on the C++ target: add one call's seconds to the runner's stats."""
-    stats, lock = runner.timing, runner.timing_lock
-
-    def tick(name: str, seconds: float) -> None:
-        with lock:
-            st = stats[name]
-            st.calls += 1
-            st.seconds += seconds
-
-    return tick
 
 
 class GeneratedWrapper:

@@ -113,13 +113,20 @@ def _fl_sincos(x):
     a = tl.abs(x)
     if tl.max(tl.where(a <= 8192.0, 0.0, 1.0)) > 0.0:
         qb, rb = _fl_reduce_large(a)
-        big = a > 8192.0
-        neg = x < 0.0
-        # x = -(n pi/2 + r) = (-n) pi/2 + (-r)
-        q = tl.where(big, tl.where(neg, -qb, qb), q)
-        r = tl.where(big, tl.where(neg, -rb, rb), r)
-        r = tl.where(a < float("inf"), r, x - x)  # inf and nan give nan
+        q, r = _fl_take_large(x, a, q, r, qb, rb)
     return _fl_sincos_poly(q, r)
+
+
+@triton.jit
+def _fl_take_large(x, a, q, r, qb, rb):
+    # where |x| > 8192, the reduction (qb, rb) of a = |x| in place of Cody-Waite's (q, r),
+    # with x's sign: x = -(n pi/2 + r) = (-n) pi/2 + (-r). inf and nan give a nan r.
+    big = a > 8192.0
+    neg = x < 0.0
+    q = tl.where(big, tl.where(neg, -qb, qb), q)
+    r = tl.where(big, tl.where(neg, -rb, rb), r)
+    r = tl.where(a < float("inf"), r, x - x)
+    return q, r
 
 
 @triton.jit
