@@ -11,6 +11,7 @@
 * `cold`: cProfile of fuselens' cold compile of the ResNet block (fresh caches), by
   cumulative time, to see where the first call's seconds go.
 * `compile_par`: each graph's Triton compile, kernel by kernel and in threads.
+* `pool`: cold first call with the compile workers and without (threads).
 * `layers`: cold compile of six stacked GPT-2 blocks, fuselens and Inductor.
 * `kernels`: device time per kernel of one call, fuselens next to Inductor.
 * `epilogues`: what `torch._addmm_activation` computes on this GPU (tanh- or erf-GELU)
@@ -314,9 +315,9 @@ def compile_par(names: list[str]) -> None:
         spent: list[tuple[Any, float]] = []
         orig = tr.precompile
 
-        def timed(lib: Any, options: Any, _orig: Any = orig) -> int:
+        def timed(lib: Any, options: Any, *rest: Any, _orig: Any = orig) -> int:
             t = time.perf_counter()
-            k = _orig(lib, options)
+            k = _orig(lib, options, *rest)
             spent.append((lib, time.perf_counter() - t))
             return k
 
@@ -361,6 +362,45 @@ def compile_par(names: list[str]) -> None:
                 wall = time.perf_counter() - t0
                 print(f"  {mode:8s} {len(jobs)} kernels: wall {wall:.3f} s, each " +
                       ", ".join(f"{k[-24:]} {s:.3f}" for k, s in each), flush=True)
+
+
+def pool(names: list[str]) -> None:
+    """Cold first call of each case with the compile workers (the default) and
+    without (`compile_workers: 0`, threads), alternating, a fresh Triton cache each;
+    the workers are started and ready before the first."""
+    import tempfile
+
+    from fuselens import sink
+    from fuselens.compiler import compile_pool
+    from fuselens.events import PhaseTime
+
+    x = torch.randn(1024, device="cuda")
+    torch._dynamo.reset()
+    torch.compile(lambda x: torch.relu(x) * 2 + 1, backend="fuselens")(x)  # starts the workers
+    p = compile_pool.get_pool(compile_pool.auto_workers())
+    t = time.perf_counter()
+    while p is not None and p.ready_count() < len(p.workers) and time.perf_counter() - t < 60:
+        time.sleep(0.05)
+    print(f"{len(p.workers) if p else 0} workers ready after {time.perf_counter() - t:.2f} s more", flush=True)
+    cases = make_cases()
+    for n in names:
+        c = cases[n]()
+        for workers in (-1, 0, -1, 0):
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fl_pool_")
+            torch._dynamo.reset()
+            fn = torch.compile(c["fn"], backend="fuselens", options={"compile_workers": workers})
+            with torch.no_grad(), sink.collect() as events:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(*c["args"])
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+            ph: dict[str, float] = {}
+            for e in events:
+                if isinstance(e, PhaseTime):
+                    ph[e.phase] = ph.get(e.phase, 0.0) + e.seconds
+            print(f"{n} workers={'auto' if workers < 0 else workers}: cold {wall:.3f} s; "
+                  + " ".join(f"{k}={v * 1e3:.0f}ms" for k, v in ph.items()), flush=True)
 
 
 def layers(n: int = 6) -> None:
@@ -420,6 +460,7 @@ def main(argv: Any = None) -> int:
         ("epilogues", epilogues),
         ("kernels", lambda: kernels(a.kernel_cases.split(","))),
         ("compile_par", lambda: compile_par(a.par_cases.split(","))),
+        ("pool", lambda: pool(a.par_cases.split(","))),
         ("layers", layers),
     ]
     for key, step in steps:

@@ -152,6 +152,11 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     xe = torch.cat([torch.linspace(-7, 7, 997), torch.tensor([0.0, -0.0, 1e-30, 30.0, -30.0, float("inf"),
                                                               float("-inf"), float("nan")])]).to(torch.bfloat16)
     case("bf16_erf", lambda x: torch.erf(x), (xe,), rtol=0, atol=4e-3)
+    # ... and GELU's decomposition there becomes one _fl_gelu_16bit call (no +inf: eager's
+    # CPU GELU gives nan there, CUDA's x * normcdf(x) and ours inf)
+    xg = torch.cat([torch.linspace(-12, 12, 1999), torch.tensor([0.0, -0.0, 1e-30, 30.0, -30.0, float("-inf"),
+                                                                 float("nan")])]).to(torch.bfloat16)
+    case("bf16_gelu_range", lambda x: F.gelu(x), (xg,), rtol=1.6e-2, atol=1e-5)
     case("fp32_gelu", lambda x: F.gelu(x), (torch.randn(64, 33),))
     case("bf16_softmax", lambda x: torch.softmax(x, -1), (torch.randn(8, 96, dtype=torch.bfloat16),), rtol=1.6e-2, atol=1e-2)
     xm = torch.randn(4, 33)
@@ -316,7 +321,7 @@ def _ok(records: dict, name: str) -> dict:
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar",
     "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows", "layernorm_4096_few_rows",
-    "column_reduction", "bf16_gelu", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
+    "column_reduction", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "dynamic_shapes",
 ])
@@ -405,9 +410,24 @@ def test_sin_and_cos_of_one_value_share_one_range_reduction(records: dict) -> No
 
 
 def test_short_erf_only_where_every_output_is_16_bit(records: dict) -> None:
-    for name in ("bf16_gelu", "bf16_erf"):
-        assert "_fl_erf_16bit(" in "".join(_ok(records, name)["sources"]), name
+    assert "_fl_erf_16bit(" in "".join(_ok(records, "bf16_erf")["sources"])
     assert "_fl_erf_16bit(" not in "".join(_ok(records, "fp32_gelu")["sources"])  # float32 out: full-precision erf
+    assert "_fl_gelu_16bit(" not in "".join(_ok(records, "fp32_gelu")["sources"])
+
+
+def test_16_bit_gelu_is_one_helper_call_with_its_decomposition_dropped(records: dict) -> None:
+    for name in ("bf16_gelu", "bf16_gelu_range"):
+        src = "".join(_ok(records, name)["sources"])
+        assert src.count("_fl_gelu_16bit(") == 1, src
+        assert "_fl_erf_16bit(" not in src and "0.7071067811865476" not in src, src
+
+
+def test_drop_dead_removes_unread_temporaries_transitively_and_keeps_stores() -> None:
+    from fuselens.compiler.codegen.triton import drop_dead
+
+    lines = ["    tmp1 = tl.load(a + x)", "    tmp2 = (tmp1 * 2.0)", "    tmp3 = _f(tmp2)", "    tmp11 = (tmp1 + 1.0)",
+             "    tl.store(b + x, tmp11)"]
+    assert drop_dead(lines) == [lines[0], lines[3], lines[4]]
 
 
 def test_identical_kernels_of_repeated_layers_share_one_definition_and_one_compile(records: dict) -> None:

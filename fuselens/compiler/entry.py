@@ -189,7 +189,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         if target == "triton":  # Triton target (issue 5): import the module; kernels JIT-compile at first launch
             from fuselens.compiler.triton_runtime import build_module, finalize
 
-            lib = build_module(list(kernels.values()), source, opts) if parts else None
+            lib = build_module(list(kernels.values()), source, opts, compile_id) if parts else None
             phases.append(("triton_compile", time.perf_counter() - t))
         else:
             lib = build(source, opts, spans).lib if parts else None

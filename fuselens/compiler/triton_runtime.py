@@ -34,6 +34,7 @@ import collections
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -212,6 +213,7 @@ class Launcher:
         self._statics: dict[int, tuple] = {}  # id(compiled kernel) -> (kernel, StaticKernel or False where it cannot be used)
         self._static_api: Any = None
         self._fast: Optional[Callable] = None
+        self.compiling: Optional[PendingCompile] = None  # set by precompile when a worker compiles this kernel
         if self.autotune:
             self._load_tuned()
 
@@ -379,6 +381,9 @@ class Launcher:
 
     # -- the call the runtime makes
     def __call__(self, *args: Any) -> None:
+        if self.compiling is not None:
+            self.compiling.wait()
+            self.compiling = None
         xn, rn = self._numels(*args[self.nbuf:])
         xn, rn = int(xn), int(rn)
         if xn <= 0 or (self.kind == "pointwise2d" and rn <= 0):
@@ -448,7 +453,7 @@ def module_path(source: str, options: Any) -> str:
     return os.path.join(options.resolved_cache_dir(), "triton", f"fl_{key[:40]}.py")
 
 
-def build_module(kernels: Sequence[Any], source: str, options: Any) -> TritonLibrary:
+def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: str = "") -> TritonLibrary:
     """Write (once, atomically) and import a graph's Triton module."""
     path = module_path(source, options)
     with _lock:
@@ -471,16 +476,18 @@ def build_module(kernels: Sequence[Any], source: str, options: Any) -> TritonLib
         launchers[ks.name] = Launcher(ks, getattr(mod, ks.name), options, ks.source)
     lib = TritonLibrary(mod, launchers, path)
     recent_libraries.append(lib)
-    precompile(lib, options)
+    precompile(lib, options, compile_id)
     return lib
 
 
-def precompile(lib: TritonLibrary, options: Any) -> int:
-    """Compile the static-shape kernels of a graph now, in parallel threads
-    (ptxas runs as a subprocess, so threads overlap), instead of one by one at
-    their first launch. Uses the heuristic configuration the first launch will
-    pick (kernels with size arguments or under autotuning compile at launch).
-    Returns the number of kernels compiled."""
+def precompile(lib: TritonLibrary, options: Any, compile_id: str = "") -> int:
+    """Compile the static-shape kernels of a graph before their first launch, with
+    the heuristic configuration that launch will pick (kernels with size arguments
+    or under autotuning compile at launch): in the compile workers
+    (compile_pool.py) in the background when they are up, each launcher then
+    waiting for its own kernel at its first launch; else now, in parallel threads
+    (ptxas runs as a subprocess, so threads overlap). Returns the number of
+    kernels sent or compiled."""
     if os.environ.get("TRITON_INTERPRET") == "1" or getattr(options, "autotune", False):
         return 0
     if not torch.cuda.is_available():
@@ -501,6 +508,8 @@ def precompile(lib: TritonLibrary, options: Any) -> int:
             jobs.append((la, cfg))
 
     static = launcher_api()
+    if static is not None and jobs and _send_to_workers(lib, jobs, options, compile_id):
+        return len(jobs)
 
     def one(job: tuple) -> None:
         la, cfg = job
@@ -519,6 +528,63 @@ def precompile(lib: TritonLibrary, options: Any) -> int:
     elif jobs:
         one(jobs[0])
     return len(jobs)
+
+
+def _send_to_workers(lib: TritonLibrary, jobs: list, options: Any, compile_id: str) -> bool:
+    """Hand every job to the compile workers (all or none: a graph whose kernels
+    compile partly here would wait for the slowest twice). False when the pool is
+    off or not ready yet; it is started here for the next graph."""
+    from fuselens.compiler import compile_pool
+
+    workers = getattr(options, "compile_workers", -1)
+    pool = compile_pool.get_pool(compile_pool.auto_workers() if workers < 0 else workers)
+    if pool is None or pool.ready_count() == 0:
+        return False
+    specs = []
+    for la, cfg in jobs:
+        spec = compile_pool.specialization(la.fn, *la.ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps,
+                                           **cfg.constexprs(la.kind))
+        if spec is not None:
+            specs.append((la.fn, spec))
+    cache_dir = compile_pool.triton_cache_dir()
+    pending: dict[int, PendingCompile] = {}
+    for fn, spec in specs:
+        fut = pool.submit(lib.path, fn.__name__, spec, cache_dir)
+        if fut is None:  # a worker died since: what is sent stays sent, the rest compiles at first launch
+            break
+        pending[id(fn)] = PendingCompile(fut, compile_id)
+    for la in lib.launchers.values():
+        la.compiling = pending.get(id(la.fn))
+    return True
+
+
+_log = logging.getLogger("fuselens.compiler")
+
+
+@dataclass
+class PendingCompile:
+    """A kernel being compiled by a worker; its first launch waits for it once."""
+
+    future: Any
+    compile_id: str
+    waited: bool = False
+
+    def wait(self) -> None:
+        if self.waited:
+            return
+        self.waited = True
+        t = time.perf_counter()
+        try:
+            res = self.future.result(timeout=600)
+            if not res.get("ok"):  # the launch compiles in-process and reports any real error
+                _log.debug("compile worker failed: %s", res.get("error"))
+        except Exception as e:  # noqa: BLE001 - as above
+            _log.debug("compile worker gave no answer: %s", e)
+        from fuselens import sink
+        from fuselens.events import PhaseTime
+
+        # the part of the workers' compile that the first call did not overlap
+        sink.emit(PhaseTime(phase="triton_compile_wait", seconds=time.perf_counter() - t, compile_id=self.compile_id))
 
 
 def _build_launcher(kernel: Any) -> None:

@@ -36,6 +36,7 @@ int32 unless a buffer or the iteration space needs int64.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -724,7 +725,8 @@ class TritonKernel:
         blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
         params += [f"{b}: tl.constexpr" for b in blocks]
         doc = f'    """{self.kind}: {" ".join(self._describe())}"""'
-        lines = self.top.lines if not self.demote_fp64 else share_sincos(self.top.lines)
+        lines = drop_dead(self.top.lines)
+        lines = lines if not self.demote_fp64 else share_sincos(lines)
         src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
         buffers = reads + list(self.writes)
         nbytes = 0
@@ -744,6 +746,37 @@ class TritonKernel:
         if self.int64:
             out.append("int64 indexing")
         return out
+
+
+_TMP_DEF = re.compile(r"^\s*(tmp\d+) = ")
+_TMP_USE = re.compile(r"\btmp\d+\b")
+
+
+def drop_dead(lines: list[str]) -> list[str]:
+    """Without the `tmpN = ...` lines nothing reads (every such line is a pure
+    expression): what a rewrite such as the 16-bit GELU leaves behind, so the source
+    a user reads shows only what runs."""
+    uses: dict[str, int] = {}
+    defs: dict[int, str] = {}
+    for i, ln in enumerate(lines):
+        m = _TMP_DEF.match(ln)
+        body = ln[m.end():] if m else ln
+        if m:
+            defs[i] = m.group(1)
+        for u in _TMP_USE.findall(body):
+            uses[u] = uses.get(u, 0) + 1
+    dead: set[int] = set()
+    work = [i for i, n in defs.items() if not uses.get(n)]
+    while work:
+        i = work.pop()
+        if i in dead:
+            continue
+        dead.add(i)
+        for u in _TMP_USE.findall(lines[i][_TMP_DEF.match(lines[i]).end():]):
+            uses[u] -= 1
+            if not uses[u]:
+                work.extend(j for j, n in defs.items() if n == u)
+    return [ln for i, ln in enumerate(lines) if i not in dead]
 
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:

@@ -36,6 +36,7 @@ PRELUDE = '''
 import triton
 import triton.language as tl
 {libdevice_import}
+{approx_helpers}
 
 @triton.jit
 def _fl_maximum(a, b):
@@ -211,15 +212,37 @@ def _fl_erf_16bit(x):
     # H200 against float64). Fewer instructions than libdevice's two-branch erf: gelu(x+b)
     # bf16 16384x4096 0.099 -> 0.087 ms; 0.11% of its outputs land one bfloat16 ulp off the
     # correctly rounded float32 result (libdevice 0.07%; A&S 7.1.28, 0.081 ms, 0.37%:
-    # benchmarks/gpu_erf_variants.py). nan stays nan, +-inf gives +-1.
+    # benchmarks/gpu_erf_variants.py); with the approximate rcp and ex2 below, 0.073 ms.
+    # nan stays nan, +-inf gives +-1.
     a = tl.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
+    t = _fl_rcp_approx(1.0 + 0.3275911 * a)
     p = 1.061405429 * t - 1.453152027
     p = p * t + 1.421413741
     p = p * t - 0.284496736
     p = p * t + 0.254829592
-    r = 1.0 - p * t * tl.exp(-a * a)
+    r = 1.0 - p * t * _fl_ex2_approx(a * (a * -1.4426950408889634))
     return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _fl_gelu_16bit(x):
+    # gelu(x) = x Phi(x) (erf-GELU) for kernels whose every output is rounded to 16 bits,
+    # what `TritonOps.mul` prints for the decomposition x*0.5*(1 + erf(x/sqrt2)). Phi from
+    # the same A&S 7.1.26 as _fl_erf_16bit, written as x (1 - h) for x >= 0 and x h below,
+    # h = 0.5 erfc(|x|/sqrt2) = P(t) t exp(-x^2/2) with P's coefficients halved: no
+    # cancellation in 1 + erf for negative x, so more outputs round as the exact GELU
+    # would (0.099% one bfloat16 ulp off against 0.146%). With the approximate rcp and ex2
+    # it is 17 instructions an element: gelu(x+b) bf16 16384x4096 0.086 -> 0.068 ms on
+    # the H200, the speed of a copy (benchmarks/gpu_erf_variants.py). Like CUDA's eager
+    # x * normcdf(x): gelu(inf) = inf, gelu(-inf) = nan, nan stays nan.
+    a = tl.abs(x)
+    t = _fl_rcp_approx(1.0 + 0.23164188450029695 * a)  # 0.3275911 / sqrt(2)
+    p = 0.5307027145 * t - 0.7265760135
+    p = p * t + 0.7107068705
+    p = p * t - 0.142248368
+    p = p * t + 0.127414796
+    h = p * t * _fl_ex2_approx(a * (a * -0.7213475204444817))  # exp(-x^2/2) = 2^(-x^2 log2(e)/2)
+    return x * tl.where(x >= 0.0, 1.0 - h, h)
 
 
 @triton.jit
@@ -394,6 +417,34 @@ class MathUnsupported(NotImplementedError):
     """An op this target cannot print (the graph then runs eagerly, reported)."""
 
 
+# 1/x and 2^x to about an ulp in one special-function instruction each, for the
+# 16-bit-output math above (_fl_erf_16bit, _fl_gelu_16bit). On NVIDIA GPUs they are
+# PTX's approximate forms with denormals flushed to zero: Triton's `/` and `tl.exp2`
+# add range checks and rescaling around the same instruction (gelu(x+b) bf16: 0.078
+# -> 0.068 ms). The interpreter has no inline assembly, and ROCm no PTX: there they
+# are the plain tl.* ops.
+APPROX_PTX = '''
+@triton.jit
+def _fl_rcp_approx(x):
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _fl_ex2_approx(x):
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+'''
+APPROX_TL = '''
+@triton.jit
+def _fl_rcp_approx(x):
+    return 1.0 / x
+
+
+@triton.jit
+def _fl_ex2_approx(x):
+    return tl.exp2(x)
+'''
+
+
 @dataclass
 class MathMode:
     """Which form of the math table to print: the interpreter's or the GPU's."""
@@ -420,7 +471,8 @@ class MathMode:
 
     def prelude(self) -> str:
         imp = "" if self.interpret else "from triton.language.extra import libdevice"
-        return PRELUDE.format(libdevice_import=imp)
+        ptx = not self.interpret and torch.version.hip is None
+        return PRELUDE.format(libdevice_import=imp, approx_helpers=APPROX_PTX if ptx else APPROX_TL)
 
 
 @dataclass
@@ -457,6 +509,8 @@ class TritonOps:
     def __init__(self, kernel: Any) -> None:
         self.k = kernel
         self.math = kernel.math
+        # how the values that a 16-bit GELU is made of were computed: name -> (op, operands)
+        self._origin: dict[str, tuple] = {}
 
     # -- dtypes
     def rep(self, dtype: torch.dtype) -> torch.dtype:
@@ -522,10 +576,41 @@ class TritonOps:
     def erf(self, x: TVal) -> TVal:
         if not x.dtype.is_floating_point:
             x = self.to_dtype(x, torch.float32)
-        if getattr(self.k, "out16", False) and self.rep(x.dtype) == torch.float32:
+        if self._short_math(x):
             # every value this kernel writes is rounded to 16 bits: the short erf is exact enough
-            return self._emit(f"_fl_erf_16bit({x})", x.dtype)
+            return self._note(self._emit(f"_fl_erf_16bit({x})", x.dtype), "erf", x)
         return self._emit(self.math.unary("erf").format(x=x), x.dtype)
+
+    def _short_math(self, x: TVal) -> bool:
+        return getattr(self.k, "out16", False) and self.rep(x.dtype) == torch.float32
+
+    def _note(self, v: TVal, op: str, *args: TVal) -> TVal:
+        self._origin[v.name] = (op, args)
+        return v
+
+    def _const_operand(self, name: str, op: str, value: float) -> Optional[TVal]:
+        """x when `name` was computed as op(x, value) or op(value, x), else None."""
+        op_, args = self._origin.get(name, (None, ()))
+        if op_ != op:
+            return None
+        a, b = args
+        if b.const is not None and b.const == value and a.const is None:
+            return a
+        if a.const is not None and a.const == value and b.const is None:
+            return b
+        return None
+
+    def _gelu_of(self, a: TVal, b: TVal) -> Optional[TVal]:
+        """x when a * b is GELU's decomposition (x*0.5) * (erf(x*M_SQRT1_2) + 1)."""
+        for half, one_plus in ((a, b), (b, a)):
+            x = self._const_operand(half.name, "mul", 0.5)
+            e = self._const_operand(one_plus.name, "add", 1.0)
+            if x is None or e is None:
+                continue
+            op, args = self._origin.get(e.name, (None, ()))
+            if op == "erf" and self._const_operand(args[0].name, "mul", math.sqrt(0.5)) is x:
+                return x
+        return None
 
     def neg(self, x: TVal) -> TVal:
         return self._emit(f"(-{x})", x.dtype)
@@ -577,13 +662,23 @@ class TritonOps:
         return self._emit(fmt.format(a=a, b=b), dtype or a.dtype)
 
     def add(self, a, b):  # noqa: D102 - the IR contract
-        return self._bin("({a} | {b})" if a.dtype == torch.bool else "({a} + {b})", a, b)
+        if a.dtype == torch.bool:
+            return self._bin("({a} | {b})", a, b)
+        v = self._bin("({a} + {b})", a, b)
+        return self._note(v, "add", a, b) if self._short_math(a) else v
 
     def sub(self, a, b):
         return self._bin("({a} - {b})", a, b)
 
     def mul(self, a, b):
-        return self._bin("({a} & {b})" if a.dtype == torch.bool else "({a} * {b})", a, b)
+        if a.dtype == torch.bool:
+            return self._bin("({a} & {b})", a, b)
+        if self._short_math(a):
+            x = self._gelu_of(a, b)
+            if x is not None:  # the ops of x*0.5 etc. stay printed, dead: Triton drops them
+                return self._emit(f"_fl_gelu_16bit({x})", a.dtype)
+            return self._note(self._bin("({a} * {b})", a, b), "mul", a, b)
+        return self._bin("({a} * {b})", a, b)
 
     def truediv(self, a, b):
         if not a.dtype.is_floating_point:

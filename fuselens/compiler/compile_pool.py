@@ -1,0 +1,186 @@
+"""Triton compiles in worker processes, in the background.
+
+Triton's compile of a kernel (Python front end, MLIR, LLVM, ptxas) holds the GIL
+for most of its work, so the precompile threads of `triton_runtime.precompile`
+overlapped little: a GPT-2 block's three kernels took 0.274 s one after another and
+0.230 s in threads on the H200. Here each kernel goes to its own process
+(`compile_worker.py`), and the parent does not wait at all until a kernel's first
+launch, so the compiles also overlap what Dynamo does after our backend returns
+(guards, bytecode). A worker's compile leaves the binary in Triton's on-disk cache;
+the parent's own compile at the first launch then finds it there (a few ms).
+
+The parent learns what to send by letting Triton specialize the kernel as the first
+launch will (`JITFunction.warmup` with the launch's argument types and constexprs)
+and taking the serialized specialization from `knobs.runtime.jit_cache_hook`,
+which skips the compile. Workers are started at the first Triton compile on CUDA
+and take jobs once ready (imported, one tiny compile done); until then, and where
+anything is missing (Triton < 3.4, no CUDA), kernels compile in-process as before.
+Workers are plain subprocesses (not multiprocessing), so a user's script is never
+re-imported in them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Any, Optional
+
+_hook_lock = threading.Lock()
+
+
+def auto_workers() -> int:
+    """Workers when the option says -1: a quarter of the CPUs, at most 4 (a block's
+    distinct kernels; each worker holds torch and Triton, ~0.4 GB)."""
+    return min(4, (os.cpu_count() or 1) // 4)
+
+
+WORKER_ARGV = [sys.executable, "-m", "fuselens.compiler.compile_worker"]
+
+
+class _Worker:
+    def __init__(self, pool: "CompilePool", argv: list[str]) -> None:
+        self.pool = pool
+        self.ready = threading.Event()
+        self.dead = False
+        self.outstanding: dict[int, Future] = {}
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+            bufsize=1, close_fds=True,
+        )
+        self.reader = threading.Thread(target=self._read, name="fuselens-compile-pool", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "ready" in msg:
+                if msg["ready"]:
+                    self.ready.set()
+                else:
+                    break
+                continue
+            with self.pool.lock:
+                fut = self.outstanding.pop(msg.get("id"), None)
+            if fut is not None:
+                fut.set_result(msg)
+        with self.pool.lock:
+            self.dead = True
+            self.ready.clear()
+            lost, self.outstanding = self.outstanding, {}
+        for fut in lost.values():
+            fut.set_result({"ok": False, "error": "the compile worker exited"})
+
+    def send(self, job: dict, fut: Future) -> bool:
+        with self.pool.lock:
+            if self.dead:
+                return False
+            self.outstanding[job["id"]] = fut
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            with self.pool.lock:
+                self.outstanding.pop(job["id"], None)
+            return False
+        return True
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class CompilePool:
+    """`n` compile workers; `submit` hands a job to the ready one with the fewest
+    jobs, or returns None when none is ready (the caller compiles itself)."""
+
+    def __init__(self, n: int, argv: Optional[list[str]] = None) -> None:
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.workers = [_Worker(self, argv or WORKER_ARGV) for _ in range(n)]
+
+    def ready_count(self) -> int:
+        return sum(1 for w in self.workers if w.ready.is_set() and not w.dead)
+
+    def submit(self, module: str, name: str, spec: str, cache_dir: str) -> Optional[Future]:
+        ready = [w for w in self.workers if w.ready.is_set() and not w.dead]
+        if not ready:
+            return None
+        w = min(ready, key=lambda w: len(w.outstanding))
+        env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+        job = {"id": next(self._ids), "module": module, "name": name, "spec": spec, "cache_dir": cache_dir, "env": env}
+        fut: Future = Future()
+        return fut if w.send(job, fut) else None
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+_pool: Optional[CompilePool] = None
+_pool_lock = threading.Lock()
+
+
+def get_pool(workers: int) -> Optional[CompilePool]:
+    """The process's pool, started at the first call with workers > 0."""
+    global _pool
+    if workers <= 0:
+        return _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = CompilePool(workers)
+            atexit.register(_pool.close)
+        return _pool
+
+
+def specialization(fn: Any, *args: Any, **kwargs: Any) -> Optional[str]:
+    """What Triton would compile for `fn.warmup(*args, **kwargs)`, serialized
+    (`JITFunction.preload`'s input), without compiling it; None when this process
+    already has that kernel or this Triton has no cache hook."""
+    try:
+        from triton import knobs
+
+        knobs.runtime.jit_cache_hook  # noqa: B018 - Triton >= 3.4
+    except (ImportError, AttributeError):
+        return None
+    captured: dict[str, str] = {}
+
+    with _hook_lock:
+        prev = knobs.runtime.jit_cache_hook
+
+        def hook(*a: Any, **kw: Any) -> Any:
+            info = kw.get("fn")
+            if getattr(info, "jit_function", None) is fn:
+                captured["spec"] = kw["compile"]["specialization_data"]
+                return True  # skip the compile
+            return prev(*a, **kw) if prev is not None else None
+
+        knobs.runtime.jit_cache_hook = hook
+        try:
+            fn.warmup(*args, **kwargs)
+        finally:
+            knobs.runtime.jit_cache_hook = prev
+    return captured.get("spec")
+
+
+def triton_cache_dir() -> str:
+    from triton import knobs
+
+    return knobs.cache.dir

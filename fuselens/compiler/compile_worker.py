@@ -1,0 +1,108 @@
+"""One Triton compile process of `compile_pool.py` (`python -m fuselens.compiler.compile_worker`).
+
+Reads one JSON job a line on stdin: a generated module's path, a kernel's name and
+the specialization Triton serialized for it in the parent (`JITFunction.preload`'s
+input). Compiling it leaves the binary in Triton's on-disk cache, where the parent's
+own compile of the same specialization finds it. Answers one JSON line a job on its
+protocol channel (the original stdout; anything else the process prints goes to
+stderr). The first line it writes says whether it is ready: imports and one tiny
+compile are done before that, so a job never waits for them. It exits at the end of
+its input, that is when the parent closes the pipe or exits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fl_warm(x, y, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y + i, tl.load(x + i) * 2.0)
+
+
+def _protocol_channel() -> TextIO:
+    # fd 1 becomes stderr: a C library or a compiler that prints must not corrupt the protocol
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(fd, "w", buffering=1)
+
+
+def _warm() -> None:
+    # the driver's device query and Triton's first compile in a process (pass
+    # registration, LLVM's start) cost ~0.1 s: paid here, before any job
+    import torch
+    from triton.runtime import driver
+
+    driver.active.get_current_target()
+    _fl_warm.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128)
+
+
+def _module(path: str, modules: dict[str, Any]) -> Any:
+    mod = modules.get(path)
+    if mod is None:
+        name = os.path.basename(path)[:-3]  # the parent's name for it: part of the kernel's identity
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        modules[path] = mod
+    return mod
+
+
+def _use_env(env: Any) -> None:
+    """The parent's TRITON_* variables as they are now: they can change after this
+    process started (Inductor points TRITON_PTXAS_PATH at torch's ptxas at its first
+    compile), and the compiler's version is part of the binary's cache key."""
+    if env is None:
+        return
+    for k in [k for k in os.environ if k.startswith("TRITON_") and k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+
+
+def serve(jobs: TextIO, out: TextIO) -> None:
+    from triton import knobs
+
+    modules: dict[str, Any] = {}
+    for line in jobs:
+        if not line.strip():
+            continue
+        t = time.perf_counter()
+        job = json.loads(line)
+        try:
+            _use_env(job.get("env"))
+            if job.get("cache_dir"):
+                knobs.cache.dir = job["cache_dir"]
+            fn = getattr(_module(job["module"], modules), job["name"])
+            fn.preload(job["spec"])
+            res: dict[str, Any] = {"id": job["id"], "ok": True}
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which then compiles itself
+            res = {"id": job["id"], "ok": False, "error": f"{type(e).__name__}: {e}"[:1000]}
+        res["secs"] = time.perf_counter() - t
+        out.write(json.dumps(res) + "\n")
+
+
+def main() -> int:
+    out = _protocol_channel()
+    try:
+        _warm()
+    except Exception as e:  # noqa: BLE001 - the parent compiles in-process instead
+        out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:1000]}) + "\n")
+        return 1
+    out.write(json.dumps({"ready": True}) + "\n")
+    serve(sys.stdin, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The Triton compile workers (fuselens/compiler/compile_pool.py) on CI's CPUs.
+
+What a GPU would launch cannot run here, so the parent and the workers use a fake
+driver that reports an sm_90 target (tests/fake_cuda_driver.py); the compiles are
+real (Triton's CUDA backend and ptxas). Each scenario runs in a subprocess: the fake
+driver must not leak into other tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _twice(x):
+    return x * 2.0
+
+
+@triton.jit
+def fl_pool_kernel(x, y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + i, _twice(tl.load(x + i, mask=i < n)), mask=i < n)
+'''
+
+PARENT = '''
+import importlib.util, os, sys, time
+sys.path.insert(0, {tests!r})
+import fake_cuda_driver
+fake_cuda_driver.install()
+import torch
+from triton import knobs
+from triton.compiler import compiler as tc
+from fuselens.compiler.compile_pool import CompilePool, specialization, triton_cache_dir
+
+root = {root!r}
+knobs.cache.dir = os.path.join(root, "triton")
+path = os.path.join(root, "fl_pool_mod.py")
+open(path, "w").write({kernel!r})
+spec_ = importlib.util.spec_from_file_location("fl_pool_mod", path)
+mod = importlib.util.module_from_spec(spec_); sys.modules["fl_pool_mod"] = mod; spec_.loader.exec_module(mod)
+
+argv = [sys.executable, "-c", "import sys; sys.path.insert(0, {tests!r}); import fake_cuda_driver; "
+        "fake_cuda_driver.install(); from fuselens.compiler import compile_worker as w; sys.exit(w.main())"]
+pool = CompilePool(2, argv)
+t = time.time()
+while pool.ready_count() < 2 and time.time() - t < 120:
+    time.sleep(0.05)
+assert pool.ready_count() == 2, "workers not ready"
+
+args = (torch.float32, torch.float32, 1000)
+kw = dict(grid=(1,), num_warps=4, BLOCK=256)
+spec = specialization(mod.fl_pool_kernel, *args, **kw)
+assert spec is not None
+def compiled_files():
+    return [f for _, _, fs in os.walk(knobs.cache.dir) for f in fs if f.startswith("fl_pool_kernel.") and f.endswith("cubin")]
+assert not compiled_files(), "specialization compiled"
+fut = pool.submit(path, "fl_pool_kernel", spec, triton_cache_dir())
+res = fut.result(timeout=300)
+assert res["ok"], res
+
+def no_compile(*a, **k):
+    raise AssertionError("the parent compiled: the worker's binary was not found under the same key")
+tc.ASTSource.make_ir = no_compile
+k = mod.fl_pool_kernel.warmup(*args, **kw)
+assert k is not None and len(k.asm["cubin"]) > 0 and len(compiled_files()) == 1
+print("WORKER-COMPILED-PARENT-LOADED", round(res["secs"], 3))
+pool.close()
+'''
+
+DEAD = '''
+import sys, time
+from fuselens.compiler.compile_pool import CompilePool
+pool = CompilePool(1)  # the real worker: no CUDA driver here, so it reports not ready and exits
+w = pool.workers[0]
+w.reader.join(timeout=120)
+assert w.dead and pool.ready_count() == 0
+assert pool.submit("m.py", "k", "{{}}", "/tmp") is None
+print("NOT-READY-NO-JOBS")
+'''
+
+
+def _run(src: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=600)
+
+
+def test_a_worker_compiles_a_kernel_the_parent_then_loads_from_the_cache_without_compiling(tmp_path: Path) -> None:
+    src = PARENT.format(tests=str(TESTS), root=str(tmp_path), kernel=KERNEL)
+    r = _run(src)
+    assert "WORKER-COMPILED-PARENT-LOADED" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine's workers start")
+def test_workers_that_cannot_start_take_no_jobs_so_compiles_stay_in_process() -> None:
+    r = _run(textwrap.dedent(DEAD).replace("{{}}", "{}"))
+    assert "NOT-READY-NO-JOBS" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_a_job_brings_the_parents_current_triton_variables_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inductor sets TRITON_PTXAS_PATH in the parent after the workers started; the
+    # ptxas version is part of every binary's cache key
+    from fuselens.compiler.compile_worker import _use_env
+
+    monkeypatch.setenv("TRITON_FL_STALE", "1")
+    monkeypatch.setenv("FL_NOT_TRITON", "keep")
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    _use_env({"TRITON_PTXAS_PATH": "/opt/ptxas"})
+    import os
+
+    assert os.environ.get("TRITON_PTXAS_PATH") == "/opt/ptxas"
+    assert "TRITON_FL_STALE" not in os.environ and os.environ["FL_NOT_TRITON"] == "keep"
+    monkeypatch.delenv("TRITON_PTXAS_PATH")
