@@ -123,9 +123,9 @@ def cold(fn: Callable, args: tuple) -> tuple[Any, float]:
 
 def warm_compilers() -> dict:
     """Compile one tiny function with each compiler (imports, first-time init); returns
-    those times. Then wait for fuselens' compile workers to be up (started by that first
-    compile; by then Inductor's, started at its first compile, are too): process
-    start-up stays out of every case's cold compile, for both compilers."""
+    those times. Where fuselens' compile workers are on (option `compile_workers`),
+    then wait for them to be up: process start-up stays out of every case's cold
+    compile, as Inductor's pool, started at its first compile, is up by then too."""
     x = torch.randn(1024, device="cuda")
     out = {}
     for name, kw in (("inductor", {}), ("fuselens", {"backend": "fuselens"})):

@@ -365,18 +365,19 @@ def compile_par(names: list[str]) -> None:
 
 
 def pool(names: list[str]) -> None:
-    """Cold first call of each case with the compile workers (the default) and
-    without (`compile_workers: 0`, threads), alternating, a fresh Triton cache each;
-    the workers are started and ready before the first."""
+    """Cold first call of each case with the compile workers (`compile_workers: -1`)
+    and without (0, threads), alternating, a fresh Triton cache and module each; the
+    workers are started and ready before the first. Inductor never runs in this
+    process (see RESULTS.md: after it has, the parent's cache keys differ)."""
     import tempfile
 
     from fuselens import sink
-    from fuselens.compiler import compile_pool
+    from fuselens.compiler import compile_pool, triton_runtime
     from fuselens.events import PhaseTime
 
     x = torch.randn(1024, device="cuda")
     torch._dynamo.reset()
-    torch.compile(lambda x: torch.relu(x) * 2 + 1, backend="fuselens")(x)  # starts the workers
+    torch.compile(lambda x: torch.relu(x) * 2 + 1, backend="fuselens", options={"compile_workers": -1})(x)  # starts the workers
     p = compile_pool.get_pool(compile_pool.auto_workers())
     t = time.perf_counter()
     while p is not None and p.ready_count() < len(p.workers) and time.perf_counter() - t < 60:
@@ -387,6 +388,7 @@ def pool(names: list[str]) -> None:
         c = cases[n]()
         for workers in (-1, 0, -1, 0):
             os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fl_pool_")
+            triton_runtime._modules.clear()  # a new module, so new JITFunctions: nothing compiled in-process
             torch._dynamo.reset()
             fn = torch.compile(c["fn"], backend="fuselens", options={"compile_workers": workers})
             with torch.no_grad(), sink.collect() as events:

@@ -121,3 +121,12 @@ def test_a_job_brings_the_parents_current_triton_variables_to_the_worker(monkeyp
     assert os.environ.get("TRITON_PTXAS_PATH") == "/opt/ptxas"
     assert "TRITON_FL_STALE" not in os.environ and os.environ["FL_NOT_TRITON"] == "keep"
     monkeypatch.delenv("TRITON_PTXAS_PATH")
+
+
+def test_compile_workers_off_by_default_never_starts_a_worker() -> None:
+    from fuselens.compiler import compile_pool, triton_runtime
+    from fuselens.compiler.options import CompilerOptions
+
+    assert CompilerOptions().compile_workers == 0
+    assert triton_runtime._send_to_workers(None, [object()], CompilerOptions(), "") is False
+    assert compile_pool._pool is None

@@ -17,6 +17,11 @@ and take jobs once ready (imported, one tiny compile done); until then, and wher
 anything is missing (Triton < 3.4, no CUDA), kernels compile in-process as before.
 Workers are plain subprocesses (not multiprocessing), so a user's script is never
 re-imported in them.
+
+Opt-in (`compile_workers`, default 0): no gain is shown yet on the H200 suite. In
+a process where Inductor had compiled first, the parent's cache key still differed
+from the worker's, so the parent compiled each kernel a second time (RESULTS.md,
+sixth session; `python -m benchmarks.gpu_probe --what pool`).
 """
 
 from __future__ import annotations

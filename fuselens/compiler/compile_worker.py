@@ -84,8 +84,8 @@ def serve(jobs: TextIO, out: TextIO) -> None:
             if job.get("cache_dir"):
                 knobs.cache.dir = job["cache_dir"]
             fn = getattr(_module(job["module"], modules), job["name"])
-            fn.preload(job["spec"])
-            res: dict[str, Any] = {"id": job["id"], "ok": True}
+            kernel = fn.preload(job["spec"])
+            res: dict[str, Any] = {"id": job["id"], "ok": True, "hash": getattr(kernel, "hash", None)}
         except Exception as e:  # noqa: BLE001 - reported to the parent, which then compiles itself
             res = {"id": job["id"], "ok": False, "error": f"{type(e).__name__}: {e}"[:1000]}
         res["secs"] = time.perf_counter() - t

@@ -536,7 +536,9 @@ def _send_to_workers(lib: TritonLibrary, jobs: list, options: Any, compile_id: s
     off or not ready yet; it is started here for the next graph."""
     from fuselens.compiler import compile_pool
 
-    workers = getattr(options, "compile_workers", -1)
+    workers = getattr(options, "compile_workers", 0)
+    if workers == 0:
+        return False
     pool = compile_pool.get_pool(compile_pool.auto_workers() if workers < 0 else workers)
     if pool is None or pool.ready_count() == 0:
         return False

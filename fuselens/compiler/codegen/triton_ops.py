@@ -231,9 +231,9 @@ def _fl_gelu_16bit(x):
     # the same A&S 7.1.26 as _fl_erf_16bit, written as x (1 - h) for x >= 0 and x h below,
     # h = 0.5 erfc(|x|/sqrt2) = P(t) t exp(-x^2/2) with P's coefficients halved: no
     # cancellation in 1 + erf for negative x, so more outputs round as the exact GELU
-    # would (0.099% one bfloat16 ulp off against 0.146%). With the approximate rcp and ex2
-    # it is 17 instructions an element: gelu(x+b) bf16 16384x4096 0.086 -> 0.068 ms on
-    # the H200, the speed of a copy (benchmarks/gpu_erf_variants.py). Like CUDA's eager
+    # would (0.101% one bfloat16 ulp off against 0.146%). With the approximate rcp and
+    # ex2: gelu(x+b) bf16 16384x4096 0.086 -> 0.069 ms on the H200, the time of x + b
+    # alone (benchmarks/gpu_erf_variants.py). Like CUDA's eager
     # x * normcdf(x): gelu(inf) = inf, gelu(-inf) = nan, nan stays nan.
     a = tl.abs(x)
     t = _fl_rcp_approx(1.0 + 0.23164188450029695 * a)  # 0.3275911 / sqrt(2)
