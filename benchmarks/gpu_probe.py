@@ -379,10 +379,7 @@ def pool(names: list[str]) -> None:
     torch._dynamo.reset()
     torch.compile(lambda x: torch.relu(x) * 2 + 1, backend="fuselens", options={"compile_workers": -1})(x)  # starts the workers
     p = compile_pool.get_pool(compile_pool.auto_workers())
-    t = time.perf_counter()
-    while p is not None and p.ready_count() < len(p.workers) and time.perf_counter() - t < 60:
-        time.sleep(0.05)
-    print(f"{len(p.workers) if p else 0} workers ready after {time.perf_counter() - t:.2f} s more", flush=True)
+    print(f"{len(p.workers)} workers ready after {p.wait_ready(60):.2f} s more", flush=True)
     cases = make_cases()
     for n in names:
         c = cases[n]()

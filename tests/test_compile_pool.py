@@ -35,7 +35,7 @@ def fl_pool_kernel(x, y, n, BLOCK: tl.constexpr):
 '''
 
 PARENT = '''
-import importlib.util, os, sys, time
+import importlib.util, os, sys
 sys.path.insert(0, {tests!r})
 import fake_cuda_driver
 fake_cuda_driver.install()
@@ -54,9 +54,7 @@ mod = importlib.util.module_from_spec(spec_); sys.modules["fl_pool_mod"] = mod; 
 argv = [sys.executable, "-c", "import sys; sys.path.insert(0, {tests!r}); import fake_cuda_driver; "
         "fake_cuda_driver.install(); from fuselens.compiler import compile_worker as w; sys.exit(w.main())"]
 pool = CompilePool(2, argv)
-t = time.time()
-while pool.ready_count() < 2 and time.time() - t < 120:
-    time.sleep(0.05)
+pool.wait_ready(120)
 assert pool.ready_count() == 2, "workers not ready"
 
 args = (torch.float32, torch.float32, 1000)

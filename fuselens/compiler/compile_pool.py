@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Optional
 
@@ -54,12 +55,9 @@ class _Worker:
         self.ready = threading.Event()
         self.dead = False
         self.outstanding: dict[int, Future] = {}
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
-            bufsize=1, close_fds=True,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+            close_fds=True,
         )
         self.reader = threading.Thread(target=self._read, name="fuselens-compile-pool", daemon=True)
         self.reader.start()
@@ -121,11 +119,21 @@ class CompilePool:
         self._ids = itertools.count(1)
         self.workers = [_Worker(self, argv or WORKER_ARGV) for _ in range(n)]
 
+    def _ready(self) -> list[_Worker]:
+        return [w for w in self.workers if w.ready.is_set() and not w.dead]
+
     def ready_count(self) -> int:
-        return sum(1 for w in self.workers if w.ready.is_set() and not w.dead)
+        return len(self._ready())
+
+    def wait_ready(self, timeout: float) -> float:
+        """Wait until every worker is ready (or `timeout` seconds); returns the wait."""
+        t = time.perf_counter()
+        while self.ready_count() < len(self.workers) and time.perf_counter() - t < timeout:
+            time.sleep(0.05)
+        return time.perf_counter() - t
 
     def submit(self, module: str, name: str, spec: str, cache_dir: str) -> Optional[Future]:
-        ready = [w for w in self.workers if w.ready.is_set() and not w.dead]
+        ready = self._ready()
         if not ready:
             return None
         w = min(ready, key=lambda w: len(w.outstanding))

@@ -757,25 +757,24 @@ def drop_dead(lines: list[str]) -> list[str]:
     expression): what a rewrite such as the 16-bit GELU leaves behind, so the source
     a user reads shows only what runs."""
     uses: dict[str, int] = {}
-    defs: dict[int, str] = {}
+    line_of: dict[str, int] = {}  # each tmpN is assigned once (TritonKernel.emit numbers them)
+    reads: list[list[str]] = []
     for i, ln in enumerate(lines):
         m = _TMP_DEF.match(ln)
-        body = ln[m.end():] if m else ln
         if m:
-            defs[i] = m.group(1)
-        for u in _TMP_USE.findall(body):
+            line_of[m.group(1)] = i
+        reads.append(_TMP_USE.findall(ln[m.end():] if m else ln))
+        for u in reads[-1]:
             uses[u] = uses.get(u, 0) + 1
     dead: set[int] = set()
-    work = [i for i, n in defs.items() if not uses.get(n)]
+    work = [n for n in line_of if not uses.get(n)]
     while work:
-        i = work.pop()
-        if i in dead:
-            continue
+        i = line_of[work.pop()]
         dead.add(i)
-        for u in _TMP_USE.findall(lines[i][_TMP_DEF.match(lines[i]).end():]):
+        for u in reads[i]:
             uses[u] -= 1
-            if not uses[u]:
-                work.extend(j for j, n in defs.items() if n == u)
+            if not uses[u] and u in line_of:
+                work.append(u)
     return [ln for i, ln in enumerate(lines) if i not in dead]
 
 

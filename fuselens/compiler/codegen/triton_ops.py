@@ -675,7 +675,7 @@ class TritonOps:
             return self._bin("({a} & {b})", a, b)
         if self._short_math(a):
             x = self._gelu_of(a, b)
-            if x is not None:  # the ops of x*0.5 etc. stay printed, dead: Triton drops them
+            if x is not None:  # x*0.5 etc. are now unread: drop_dead takes them out of the source
                 return self._emit(f"_fl_gelu_16bit({x})", a.dtype)
             return self._note(self._bin("({a} * {b})", a, b), "mul", a, b)
         return self._bin("({a} * {b})", a, b)
