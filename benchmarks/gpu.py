@@ -1,6 +1,7 @@
 """GPU benchmark: eager vs Inductor vs fuselens (Triton target), one process.
 
     python -m benchmarks.gpu [--out DIR] [--cases a,b] [--variants autotune,cuda_graphs]
+                             [--configure compile_workers=-1]
 
 Cases (issue 5): sin(x)^2+cos(x)^2 on 64M fp32, softmax fp32 8192x8192 and bf16
 32768x1024, layernorm fp32 16384x4096, gelu(x+b) bf16 16384x4096, a GPT-2 block
@@ -229,15 +230,30 @@ def table(results: list[dict], bw: float, variants: list[str]) -> str:
     return "\n".join(rows)
 
 
+def _option_value(v: str) -> Any:
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--cases", default="")
     ap.add_argument("--variants", default="autotune,cuda_graphs", help="extra fuselens option sets, one column each")
+    ap.add_argument("--configure", default="", help="fuselens process defaults for every fuselens column, "
+                    "e.g. compile_workers=-1 (integers, true/false)")
     args = ap.parse_args(argv)
     cases = make_cases()
     names = [c for c in args.cases.split(",") if c] or list(cases)
     variants = [v for v in args.variants.split(",") if v]
+    if args.configure:
+        import fuselens.compiler as fc
+
+        fc.configure(**{k: _option_value(v) for k, v in (kv.split("=", 1) for kv in args.configure.split(","))})
     bw = copy_bandwidth()
     first = warm_compilers()
     results = []

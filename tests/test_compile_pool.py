@@ -1,8 +1,9 @@
 """The Triton compile workers (fuselens/compiler/compile_pool.py) on CI's CPUs.
 
-What a GPU would launch cannot run here, so the parent and the workers use a fake
-driver that reports an sm_90 target (tests/fake_cuda_driver.py); the compiles are
-real (Triton's CUDA backend and ptxas). Each scenario runs in a subprocess: the fake
+What a GPU would launch cannot run here. The workers are started as on a GPU
+machine, with the parent's target (sm_90), and never touch CUDA; the parent here
+uses the same compile-only driver (`compile_worker.CompileOnlyDriver`). The compiles
+are real (Triton's CUDA backend and ptxas). Each scenario runs in a subprocess: the
 driver must not leak into other tests.
 """
 
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
 
 KERNEL = '''
 import triton
@@ -36,24 +36,25 @@ def fl_pool_kernel(x, y, n, BLOCK: tl.constexpr):
 
 PARENT = '''
 import importlib.util, os, sys
-sys.path.insert(0, {tests!r})
-import fake_cuda_driver
-fake_cuda_driver.install()
+from fuselens.compiler.compile_worker import use_target
+use_target("cuda:90:32")  # what the workers compile for, here too: no GPU in CI
 import torch
 from triton import knobs
 from triton.compiler import compiler as tc
-from fuselens.compiler.compile_pool import CompilePool, specialization, triton_cache_dir
+from fuselens.compiler.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
 
 root = {root!r}
 knobs.cache.dir = os.path.join(root, "triton")
+# this process keys binaries by another ptxas version than a worker computes (as after
+# Inductor repoints TRITON_PTXAS_PATH: Triton keeps the version it saw first)
+from triton.backends.nvidia.compiler import CUDABackend
+CUDABackend.hash = lambda self: "the parent's ptxas version-90"
 path = os.path.join(root, "fl_pool_mod.py")
 open(path, "w").write({kernel!r})
 spec_ = importlib.util.spec_from_file_location("fl_pool_mod", path)
 mod = importlib.util.module_from_spec(spec_); sys.modules["fl_pool_mod"] = mod; spec_.loader.exec_module(mod)
 
-argv = [sys.executable, "-c", "import sys; sys.path.insert(0, {tests!r}); import fake_cuda_driver; "
-        "fake_cuda_driver.install(); from fuselens.compiler import compile_worker as w; sys.exit(w.main())"]
-pool = CompilePool(2, argv)
+pool = CompilePool(2, WORKER_ARGV + ["--target", "cuda:90:32"])
 pool.wait_ready(120)
 assert pool.ready_count() == 2, "workers not ready"
 
@@ -64,7 +65,7 @@ assert spec is not None
 def compiled_files():
     return [f for _, _, fs in os.walk(knobs.cache.dir) for f in fs if f.startswith("fl_pool_kernel.") and f.endswith("cubin")]
 assert not compiled_files(), "specialization compiled"
-fut = pool.submit(path, "fl_pool_kernel", spec, triton_cache_dir())
+fut = pool.submit(path, "fl_pool_kernel", spec, triton_cache_dir(), backend_hash())
 res = fut.result(timeout=300)
 assert res["ok"], res
 
@@ -93,8 +94,8 @@ def _run(src: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=600)
 
 
-def test_a_worker_compiles_a_kernel_the_parent_then_loads_from_the_cache_without_compiling(tmp_path: Path) -> None:
-    src = PARENT.format(tests=str(TESTS), root=str(tmp_path), kernel=KERNEL)
+def test_a_worker_compiles_a_kernel_the_parent_then_loads_from_the_cache_without_compiling_even_when_their_ptxas_versions_differ(tmp_path: Path) -> None:
+    src = PARENT.format(root=str(tmp_path), kernel=KERNEL)
     r = _run(src)
     assert "WORKER-COMPILED-PARENT-LOADED" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
 
@@ -121,10 +122,17 @@ def test_a_job_brings_the_parents_current_triton_variables_to_the_worker(monkeyp
     monkeypatch.delenv("TRITON_PTXAS_PATH")
 
 
-def test_compile_workers_off_by_default_never_starts_a_worker() -> None:
+def test_compile_workers_zero_never_starts_a_worker() -> None:
     from fuselens.compiler import compile_pool, triton_runtime
     from fuselens.compiler.options import CompilerOptions
 
-    assert CompilerOptions().compile_workers == 0
-    assert triton_runtime._send_to_workers(None, [object()], CompilerOptions(), "") is False
+    assert triton_runtime._send_to_workers(None, [object()], CompilerOptions(compile_workers=0), "") is False
     assert compile_pool._pool is None
+
+
+def test_automatic_worker_count_leaves_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fuselens.compiler import compile_pool
+
+    for cpus, n in ((2, 0), (3, 0), (4, 1), (16, 4), (128, 4)):
+        monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)
+        assert compile_pool.auto_workers() == n

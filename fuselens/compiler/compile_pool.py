@@ -18,10 +18,11 @@ anything is missing (Triton < 3.4, no CUDA), kernels compile in-process as befor
 Workers are plain subprocesses (not multiprocessing), so a user's script is never
 re-imported in them.
 
-Opt-in (`compile_workers`, default 0): no gain is shown yet on the H200 suite. In
-a process where Inductor had compiled first, the parent's cache key still differed
-from the worker's, so the parent compiled each kernel a second time (RESULTS.md,
-sixth session; `python -m benchmarks.gpu_probe --what pool`).
+A worker keys each binary as the parent will look it up: with the parent's TRITON_*
+variables and the parent's backend hash (`compile_worker._use_backend_hash`). It
+compiles for the parent's target without touching CUDA: workers that had initialized
+CUDA slowed the GPT-2 block on the H200 in both runs with them (0.594 and 0.624 ms
+against 0.526-0.539), and no longer did once they compiled without it.
 """
 
 from __future__ import annotations
@@ -132,13 +133,15 @@ class CompilePool:
             time.sleep(0.05)
         return time.perf_counter() - t
 
-    def submit(self, module: str, name: str, spec: str, cache_dir: str) -> Optional[Future]:
+    def submit(self, module: str, name: str, spec: str, cache_dir: str, backend_hash: Optional[str] = None
+               ) -> Optional[Future]:
         ready = self._ready()
         if not ready:
             return None
         w = min(ready, key=lambda w: len(w.outstanding))
         env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
-        job = {"id": next(self._ids), "module": module, "name": name, "spec": spec, "cache_dir": cache_dir, "env": env}
+        job = {"id": next(self._ids), "module": module, "name": name, "spec": spec, "cache_dir": cache_dir, "env": env,
+               "backend_hash": backend_hash}
         fut: Future = Future()
         return fut if w.send(job, fut) else None
 
@@ -158,7 +161,11 @@ def get_pool(workers: int) -> Optional[CompilePool]:
         return _pool
     with _pool_lock:
         if _pool is None:
-            _pool = CompilePool(workers)
+            from triton.runtime import driver
+
+            from fuselens.compiler.compile_worker import target_arg
+
+            _pool = CompilePool(workers, WORKER_ARGV + ["--target", target_arg(driver.active.get_current_target())])
             atexit.register(_pool.close)
         return _pool
 
@@ -197,3 +204,11 @@ def triton_cache_dir() -> str:
     from triton import knobs
 
     return knobs.cache.dir
+
+
+def backend_hash() -> str:
+    """This process's backend part of Triton's cache key (compile_worker._use_backend_hash)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+
+    return make_backend(driver.active.get_current_target()).hash()

@@ -6,7 +6,8 @@ input). Compiling it leaves the binary in Triton's on-disk cache, where the pare
 own compile of the same specialization finds it. Answers one JSON line a job on its
 protocol channel (the original stdout; anything else the process prints goes to
 stderr). The first line it writes says whether it is ready: imports and one tiny
-compile are done before that, so a job never waits for them. It exits at the end of
+compile are done before that, so a job never waits for them. Started with the
+parent's target (`--target`), it never initializes CUDA. It exits at the end of
 its input, that is when the parent closes the pipe or exits.
 """
 
@@ -17,7 +18,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 import triton
 import triton.language as tl
@@ -37,9 +38,50 @@ def _protocol_channel() -> TextIO:
     return os.fdopen(fd, "w", buffering=1)
 
 
+class CompileOnlyDriver:
+    """A Triton driver that reports one target and launches nothing. Triton
+    specializes and compiles without a device (ptxas ships with it) but asks its
+    active driver for the device and target first; with this one a worker never
+    initializes CUDA, so it holds no context on the GPU. (CI's tests use it in the
+    parent too: CPUs compile real sm_90 binaries.)"""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def is_active(self) -> bool:
+        return True
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_active_torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+
+def target_arg(target: Any) -> str:
+    """A GPUTarget as the worker's --target argument: backend:arch:warp_size."""
+    return f"{target.backend}:{target.arch}:{target.warp_size}"
+
+
+def use_target(arg: str) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    backend, arch, warp = arg.split(":")
+    driver.set_active(CompileOnlyDriver(GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))))
+
+
 def _warm() -> None:
-    # the driver's device query and Triton's first compile in a process (pass
-    # registration, LLVM's start) cost ~0.1 s: paid here, before any job
+    # Triton's first compile in a process (pass registration, LLVM's start) costs
+    # ~0.1 s: paid here, before any job
     import torch
     from triton.runtime import driver
 
@@ -70,6 +112,21 @@ def _use_env(env: Any) -> None:
     os.environ.update(env)
 
 
+def _use_backend_hash(value: Any) -> None:
+    """Key binaries as the parent's Triton does. The backend's part of the cache key
+    holds the ptxas version, which Triton computes once per process
+    (`get_ptxas_version` is cached): after Inductor points TRITON_PTXAS_PATH at torch's
+    ptxas, the parent still keys by the version it saw first, while a worker started
+    later sees the new one, so every kernel missed the parent's cache. The binary is
+    what the parent would build: ptxas itself is found afresh at each compile."""
+    if value is None:
+        return
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+
+    type(make_backend(driver.active.get_current_target())).hash = lambda self: value
+
+
 def serve(jobs: TextIO, out: TextIO) -> None:
     from triton import knobs
 
@@ -81,6 +138,7 @@ def serve(jobs: TextIO, out: TextIO) -> None:
         job = json.loads(line)
         try:
             _use_env(job.get("env"))
+            _use_backend_hash(job.get("backend_hash"))
             if job.get("cache_dir"):
                 knobs.cache.dir = job["cache_dir"]
             fn = getattr(_module(job["module"], modules), job["name"])
@@ -92,9 +150,14 @@ def serve(jobs: TextIO, out: TextIO) -> None:
         out.write(json.dumps(res) + "\n")
 
 
-def main() -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    """`--target backend:arch:warp_size` (the parent's GPU) compiles for that target
+    without touching the GPU; without it, for the active driver's device."""
+    argv = sys.argv[1:] if argv is None else argv
     out = _protocol_channel()
     try:
+        if "--target" in argv:
+            use_target(argv[argv.index("--target") + 1])
         _warm()
     except Exception as e:  # noqa: BLE001 - the parent compiles in-process instead
         out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:1000]}) + "\n")

@@ -61,12 +61,12 @@ class CompilerOptions:
     """Triton on CUDA: capture the whole compiled graph as one CUDA graph and replay
     it; inputs are copied into static buffers first (reported as the kernel
     `cudagraph_input_copies`), and outputs are overwritten by the next call."""
-    compile_workers: int = 0
+    compile_workers: int = -1
     """Triton on CUDA: processes that compile a graph's kernels in parallel, in the
-    background, each kernel's first launch waiting for its own (compile_pool.py);
-    -1 picks a quarter of the CPUs, at most 4; 0 (the default) compiles in threads of
-    this process before the first call. Off by default: no gain is shown yet on the
-    H200 suite (benchmarks/RESULTS.md)."""
+    background, each kernel's first launch waiting for its own (compile_pool.py).
+    -1 picks a quarter of the CPUs, at most 4 (none below 4 CPUs); 0 compiles in
+    threads of this process before the first call. Graphs compiled before the
+    workers are up (~8 s after the first compile) compile in threads."""
     lower: bool = True
     """Lower ATen ops to our IR. False: every op runs through ATen (debugging aid)."""
     fallback_on_error: bool = True

@@ -536,10 +536,11 @@ def _send_to_workers(lib: TritonLibrary, jobs: list, options: Any, compile_id: s
     off or not ready yet; it is started here for the next graph."""
     from fuselens.compiler import compile_pool
 
-    workers = getattr(options, "compile_workers", 0)
+    workers = getattr(options, "compile_workers", -1)
+    workers = compile_pool.auto_workers() if workers < 0 else workers
     if workers == 0:
         return False
-    pool = compile_pool.get_pool(compile_pool.auto_workers() if workers < 0 else workers)
+    pool = compile_pool.get_pool(workers)
     if pool is None or pool.ready_count() == 0:
         return False
     specs = []
@@ -548,10 +549,10 @@ def _send_to_workers(lib: TritonLibrary, jobs: list, options: Any, compile_id: s
                                            **cfg.constexprs(la.kind))
         if spec is not None:
             specs.append((la.fn, spec))
-    cache_dir = compile_pool.triton_cache_dir()
+    cache_dir, backend = compile_pool.triton_cache_dir(), compile_pool.backend_hash()
     pending: dict[int, PendingCompile] = {}
     for fn, spec in specs:
-        fut = pool.submit(lib.path, fn.__name__, spec, cache_dir)
+        fut = pool.submit(lib.path, fn.__name__, spec, cache_dir, backend)
         if fut is None:  # a worker died since: what is sent stays sent, the rest compiles at first launch
             break
         pending[id(fn)] = PendingCompile(fut, compile_id)
