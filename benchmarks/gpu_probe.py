@@ -350,7 +350,7 @@ def compile_par(names: list[str]) -> None:
                 def one(job: tuple) -> tuple[str, float]:
                     fn, ks, cfg, kind = job
                     t = time.perf_counter()
-                    fn.warmup(*ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps, **cfg.constexprs(kind))
+                    fn.warmup(*ks.buffer_dtypes, grid=(1,), **cfg.compile_kwargs(kind))
                     return ks.name, time.perf_counter() - t
 
                 t0 = time.perf_counter()

@@ -8,9 +8,12 @@ whole float range. The modes:
    block holding larger values;
 2. the same with a large-argument reduction of its own, its 2/pi table as a tree of
    selects (measured, then replaced by 3);
-3. the generator's `_fl_sincos` now (from the prelude module): the large-argument
-   window cut from three uint64 words by shifts;
-4. the Cody-Waite path alone, wrong past |x| = 8192: what the large path costs.
+3. the generator's `_fl_sincos` of the fourth to sixth sessions (the prelude's portable
+   form, still the interpreter's): the large-argument window cut from three uint64
+   words by shifts, in Triton, taken by a block holding any |x| > 8192;
+4. the Cody-Waite path alone, wrong past |x| = 8192: what the large path costs;
+5. the generator's `_fl_sincos` on NVIDIA now: per element, |x| > 8192 calls the one
+   compiled copy of the same reduction in `codegen/nvptx_math.ll`.
 
     python -m benchmarks.gpu_sincos_variants
 """
@@ -27,14 +30,19 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from fuselens.compiler.codegen.triton import library_source
+from fuselens.compiler.codegen.triton_ops import MathMode
 from fuselens.compiler.options import CompilerOptions
 from fuselens.compiler.triton_runtime import build_module
 
-# the generator's own helpers, from a module of the prelude alone (Triton needs a source file)
-_prelude = build_module([], library_source([]), CompilerOptions()).module
+# the generator's own helpers, from modules of the prelude alone (Triton needs a source
+# file): this GPU's, and the portable one the interpreter uses
+_gpu, _portable = MathMode(interpret=False), MathMode(interpret=True)
+_prelude = build_module([], _gpu.prelude(), CompilerOptions()).module
+_prelude_tl = build_module([], _portable.prelude(), CompilerOptions()).module
 _fl_sincos, _cody_waite, _poly = _prelude._fl_sincos, _prelude._fl_cody_waite, _prelude._fl_sincos_poly
-_fl_take_large = _prelude._fl_take_large
+_fl_sincos_tl, _fl_take_large = _prelude_tl._fl_sincos, _prelude._fl_take_large
+# nvptx_math.ll, linked where mode 5 calls it
+EXTERN = _gpu.compile_options()
 
 _TABLE = [(0xA2F9836E4E441529FC2757D1F534DDC0DB6295993C439041 >> (184 - 8 * j)) & 0xFFFFFFFF for j in range(24)]
 
@@ -101,6 +109,8 @@ def sincos_variant(x, MODE: tl.constexpr):
             q, r = _fl_take_large(x, a, q, r, qb, rb)
         sn, cs = _poly(q, r)
     elif MODE == 3:
+        sn, cs = _fl_sincos_tl(x)
+    elif MODE == 5:
         sn, cs = _fl_sincos(x)
     else:
         q, r = _cody_waite(x)
@@ -138,16 +148,17 @@ def main() -> int:
           f"same-size copy {copy_ms:.4f} ms")
     print("| mode | XBLOCK | warps | ms | registers | compile s | max error, whole range |")
     print("|---|---|---|---|---|---|---|")
-    for mode in (0, 1, 2, 3, 4):
+    for mode in (0, 1, 2, 3, 4, 5):
         for block, warps in ((1024, 4), (1024, 8), (512, 4), (2048, 8)):
             os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fl_sincos_cache_")
             t = time.perf_counter()
-            k = sq_kernel.warmup(torch.float32, torch.float32, MODE=mode, BLOCK=block, grid=(1,), num_warps=warps)
+            k = sq_kernel.warmup(torch.float32, torch.float32, MODE=mode, BLOCK=block, grid=(1,), num_warps=warps,
+                                **EXTERN)
             compile_s = time.perf_counter() - t
             k._init_handles()
-            ms = do_bench(lambda: sq_kernel[(n // block,)](x, out, MODE=mode, BLOCK=block, num_warps=warps),
+            ms = do_bench(lambda: sq_kernel[(n // block,)](x, out, MODE=mode, BLOCK=block, num_warps=warps, **EXTERN),
                           warmup=50, rep=400)
-            both_kernel[(wide.numel() // block,)](wide, s, c, MODE=mode, BLOCK=block, num_warps=warps)
+            both_kernel[(wide.numel() // block,)](wide, s, c, MODE=mode, BLOCK=block, num_warps=warps, **EXTERN)
             err = max(float((s.double() - ref_s).abs().max()), float((c.double() - ref_c).abs().max()))
             print(f"| {mode} | {block} | {warps} | {ms:.4f} | {k.n_regs} | {compile_s:.3f} | {err:.1e} |", flush=True)
     return 0

@@ -158,6 +158,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if "--target" in argv:
             use_target(argv[argv.index("--target") + 1])
+        from fuselens.compiler.codegen.triton_ops import install_link_filter
+
+        install_link_filter()  # jobs carry their libraries in their options; the filter is per process
         _warm()
     except Exception as e:  # noqa: BLE001 - the parent compiles in-process instead
         out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:1000]}) + "\n")

@@ -25,6 +25,7 @@ The `ops` contract (every handler implements these; values are opaque):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -80,6 +81,7 @@ class ModularIndexing(sympy.Function):
         return None
 
 
+@functools.lru_cache(maxsize=None)  # sympy builds a Symbol per call; the scheduler asks thousands of times
 def index_var(prefix: str, i: int) -> sympy.Symbol:
     return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
 
@@ -294,6 +296,12 @@ def _less(a: Expr, b: Expr) -> bool:
 def simplify_index(e: Expr, ranges: dict) -> Expr:
     """Remove FloorDiv/ModularIndexing that the ranges of the loop variables make
     trivial (reshape index maps read back at the iteration index)."""
+    return _simplify_index(e, tuple(ranges.items()))
+
+
+@functools.lru_cache(maxsize=8192)  # the scheduler asks again for every candidate fusion
+def _simplify_index(e: Expr, range_items: tuple) -> Expr:
+    ranges = dict(range_items)
 
     def fd(base: Expr, div: Expr) -> Expr:
         base = sympy.expand(base)

@@ -128,6 +128,7 @@ class Scheduler:
             for o in getattr(s, "outputs", None) or []:
                 self.producer[o] = i
         self.output_sources = output_sources
+        self._load_cache: dict[str, list] = {}
         # producers (step indices) of each step, and transitive ancestors as bitmasks
         self.deps: list[set[int]] = []
         self.anc: list[int] = []
@@ -228,7 +229,7 @@ class Scheduler:
             body_size = c.full_size if c.is_reduction else c.size
             cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
             sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-            for buf, index in ir.record_loads(c):
+            for buf, index in self._loads(c):
                 p = members.get(buf)
                 if p is None:
                     continue
@@ -238,6 +239,14 @@ class Scheduler:
                     return Refusal("same-index", f"{_label(c)} reads {_label(p)} at other positions (a transpose, "
                                    f"broadcast or shifted view), which one loop iteration does not have")
         return None
+
+    def _loads(self, c: ComputeNode) -> list:
+        """ir.record_loads of a node, traced once per scheduling pass (each candidate
+        fusion asks again for every member)."""
+        got = self._load_cache.get(c.name)
+        if got is None:
+            got = self._load_cache[c.name] = ir.record_loads(c)
+        return got
 
     def rule_no_cycle(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
         members = {self.index[n.name] for n in g.nodes} | {self.index[n.name] for n in new}

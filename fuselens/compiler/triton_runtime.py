@@ -4,7 +4,9 @@ autotuning cached on disk, per-kernel device timing and CUDA graphs.
 * `build_module` writes a graph's Triton source (`codegen/triton.py`) to
   `<cache_dir>/triton/<sha256>.py` (Triton's JIT needs a real file to read the
   source back) and imports it; each kernel gets a `Launcher`, which the runtime
-  plan calls with the kernel's tensors and size symbols (`takes_tensors`).
+  plan calls with the kernel's tensors and size symbols (`takes_tensors`). The
+  helper prelude is a module of its own beside it (`load_prelude`), built once a
+  process and shared by every graph.
 * `finalize` replaces the plan interpreter by a generated straight-line wrapper
   (wrapper_codegen.py) whose launches go through `Launcher.fast_launcher`: the
   compiled kernel's launcher with grid and constexprs bound once. On CUDA that is
@@ -73,8 +75,20 @@ class LaunchConfig:
             return {"XBLOCK": self.xblock, "YBLOCK": self.rblock}
         return {"XBLOCK": self.xblock, "RBLOCK": self.rblock}
 
+    def compile_kwargs(self, kind: str) -> dict:
+        """Everything Triton's launch or compile of this kernel takes besides its
+        arguments: constexprs, warps, the target's options for the prelude."""
+        return {**self.constexprs(kind), "num_warps": self.num_warps, **target_options()}
+
     def to_json(self) -> dict:
         return {"xblock": self.xblock, "rblock": self.rblock, "num_warps": self.num_warps}
+
+
+def target_options() -> dict:
+    """Compile options the generated prelude needs on this target (triton_ops.MathMode)."""
+    from fuselens.compiler.codegen.triton_ops import MathMode
+
+    return MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").compile_options()
 
 
 def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
@@ -267,7 +281,7 @@ class Launcher:
         plan = self._plans.get(key)
         if plan is None:  # grid, size arguments and keywords once per (config, sizes): less work per launch
             extra = [xn if a == "xnumel" else rn for a in self.ks.numel_args]
-            kw = dict(cfg.constexprs(self.kind), num_warps=cfg.num_warps)
+            kw = cfg.compile_kwargs(self.kind)
             plan = self._plans[key] = (self.grid(cfg, xn, rn), extra, kw)
         grid, extra, kw = plan
         if self._static_allowed(args):
@@ -453,6 +467,45 @@ def module_path(source: str, options: Any) -> str:
     return os.path.join(options.resolved_cache_dir(), "triton", f"fl_{key[:40]}.py")
 
 
+_preludes: dict[str, dict] = {}
+_prelude_lock = threading.Lock()
+
+
+def load_prelude(module_file: str, name: str) -> dict:
+    """The names of the helper prelude `name` (codegen/triton.py library_source),
+    for a graph module at `module_file`: the prelude is a module of its own in the
+    same directory, written by the first process that needs it (its name is its
+    text's hash, so a reader finds it complete or writes it), imported once a process."""
+    from fuselens.compiler.codegen.triton import prelude_file_name
+    from fuselens.compiler.codegen.triton_ops import MathMode
+
+    path = os.path.join(os.path.dirname(os.path.abspath(module_file)), name)
+    with _prelude_lock:
+        names = _preludes.get(path)
+        if names is None:
+            if not os.path.exists(path):
+                text = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").prelude()
+                if prelude_file_name(text) != name:
+                    raise RuntimeError(f"{module_file} was generated for another Triton prelude than this "
+                                       f"process prints ({name}): a module of another fuselens or target")
+                _write_atomically(path, text)
+            mod_name = name[:-3]
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = mod  # Triton reads helpers' sources and globals through their module
+            spec.loader.exec_module(mod)
+            names = _preludes[path] = {k: v for k, v in vars(mod).items() if not k.startswith("__")}
+    return names
+
+
+def _write_atomically(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".py.tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: str = "") -> TritonLibrary:
     """Write (once, atomically) and import a graph's Triton module."""
     path = module_path(source, options)
@@ -460,11 +513,7 @@ def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: 
         mod = _modules.get(path)
         if mod is None:
             if not os.path.exists(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".py.tmp")
-                with os.fdopen(fd, "w") as f:
-                    f.write(source)
-                os.replace(tmp, path)
+                _write_atomically(path, source)
             name = os.path.basename(path)[:-3]
             spec = importlib.util.spec_from_file_location(name, path)
             mod = importlib.util.module_from_spec(spec)
@@ -514,7 +563,7 @@ def precompile(lib: TritonLibrary, options: Any, compile_id: str = "") -> int:
     def one(job: tuple) -> None:
         la, cfg = job
         try:
-            kernel = la.fn.warmup(*la.ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps, **cfg.constexprs(la.kind))
+            kernel = la.fn.warmup(*la.ks.buffer_dtypes, grid=(1,), **cfg.compile_kwargs(la.kind))
             if static is None:  # Triton's own launcher will be used: build it here, in parallel
                 _build_launcher(kernel)
         except Exception:  # noqa: BLE001 - the real launch compiles again and reports the error
@@ -545,8 +594,7 @@ def _send_to_workers(lib: TritonLibrary, jobs: list, options: Any, compile_id: s
         return False
     specs = []
     for la, cfg in jobs:
-        spec = compile_pool.specialization(la.fn, *la.ks.buffer_dtypes, grid=(1,), num_warps=cfg.num_warps,
-                                           **cfg.constexprs(la.kind))
+        spec = compile_pool.specialization(la.fn, *la.ks.buffer_dtypes, grid=(1,), **cfg.compile_kwargs(la.kind))
         if spec is not None:
             specs.append((la.fn, spec))
     cache_dir, backend = compile_pool.triton_cache_dir(), compile_pool.backend_hash()

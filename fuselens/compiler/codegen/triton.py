@@ -35,6 +35,7 @@ int32 unless a buffer or the iteration space needs int64.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -794,6 +795,19 @@ def alias_source(ks: KernelSource, same: KernelSource) -> str:
 
 
 def library_source(kernels: Sequence[KernelSource]) -> str:
-    """One Python module: the helper prelude, then every kernel of the graph."""
+    """One Python module: the helper prelude's names, then every kernel of the graph.
+    The prelude is a module of its own next to it (triton_runtime.load_prelude),
+    imported once per process: its ~40 jit functions cost ~10 ms to build, in the
+    parent and again in each compile worker, for every graph."""
     mode = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1")
-    return mode.prelude() + "\n\n" + "\n\n".join(k.source for k in kernels)
+    return prelude_header(mode.prelude()) + "\n\n" + "\n\n".join(k.source for k in kernels)
+
+
+def prelude_file_name(prelude: str) -> str:
+    return f"fl_prelude_{hashlib.sha256(prelude.encode()).hexdigest()[:32]}.py"
+
+
+def prelude_header(prelude: str) -> str:
+    return ("import triton\nimport triton.language as tl\n"
+            "from fuselens.compiler.triton_runtime import load_prelude as _fl_load_prelude\n\n"
+            f"globals().update(_fl_load_prelude(__file__, {prelude_file_name(prelude)!r}))\n")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -36,7 +37,7 @@ PRELUDE = '''
 import triton
 import triton.language as tl
 {libdevice_import}
-{approx_helpers}
+{target_helpers}
 
 @triton.jit
 def _fl_maximum(a, b):
@@ -92,30 +93,16 @@ def _fl_fmod_int(a, b):
 
 @triton.jit
 def _fl_trunc(x):
-    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+    return tl.where(x < 0, _fl_ceil(x), _fl_floor(x))
 
 
 @triton.jit
 def _fl_round(x):
     # round half to even (torch.round / nearbyint)
-    r = tl.floor(x + 0.5)
+    r = _fl_floor(x + 0.5)
     tie = (r - x) == 0.5
-    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    odd = (r - 2.0 * _fl_floor(r * 0.5)) != 0.0
     return tl.where(tie & odd, r - 1.0, r)
-
-
-@triton.jit
-def _fl_sincos(x):
-    # sin and cos of float32 values, never libdevice's: its sinf/cosf inline a
-    # Payne-Hanek reduction per element and made sin^2+cos^2's kernel the slowest
-    # to compile of the GPU suite (0.3-0.5 s of Triton time); <= 1.4 ulp over all
-    # floats. Blocks holding |x| > 8192, inf or nan also take `_fl_reduce_large`.
-    q, r = _fl_cody_waite(x)
-    a = tl.abs(x)
-    if tl.max(tl.where(a <= 8192.0, 0.0, 1.0)) > 0.0:
-        qb, rb = _fl_reduce_large(a)
-        q, r = _fl_take_large(x, a, q, r, qb, rb)
-    return _fl_sincos_poly(q, r)
 
 
 @triton.jit
@@ -134,7 +121,7 @@ def _fl_take_large(x, a, q, r, qb, rb):
 def _fl_cody_waite(x):
     # x = q pi/2 + r, r in [-pi/4, pi/4]: Cody-Waite by pi/2 in three parts, exact
     # products for |q| < 2^13 (|x| <= 8192). Returns (q, r).
-    k = tl.floor(x * 0.6366197723675814 + 0.5)
+    k = _fl_floor(x * 0.6366197723675814 + 0.5)
     r = x - k * 1.5703125
     r = r - k * 4.837512969970703125e-4
     r = r - k * 7.54978995489188216e-8
@@ -174,7 +161,8 @@ def _fl_reduce_large(a):
     # optimized-routines' reduce_large (sincosf.h). The 24-bit mantissa times a
     # 96-bit window of 2/pi's bits (where the exponent says) gives x 2/pi mod 4 in
     # 2.62 fixed point, exactly; r is accurate to 33 bits. Returns (n, r).
-    # Kernels have no constant arrays: the window (ARM's __inv_pio4 table entries
+    # The portable form (TL_HELPERS); on NVIDIA GPUs nvptx_math.ll holds the same
+    # reduction. Kernels have no constant arrays: the window (ARM's __inv_pio4 table entries
     # i, i + 4 and i + 8) is cut from 2/pi's first 192 bits, three uint64 words, by
     # shifts; a tree of selects over the table took 24 more registers a thread
     # (occupancy: sin^2+cos^2 0.150 against 0.136 ms on the H200) for the same bits.
@@ -347,9 +335,9 @@ def _fl_pow(a, b):
     # a ** b from exp2/log2 with torch's special cases (negative bases with
     # integral exponents, 0 ** negative = inf, x ** 0 = 1, 1 ** y = 1)
     r = tl.exp2(b * tl.log2(tl.abs(a)))
-    bi = tl.floor(b)
+    bi = _fl_floor(b)
     isint = bi == b
-    odd = isint & ((bi - 2.0 * tl.floor(bi * 0.5)) != 0.0)
+    odd = isint & ((bi - 2.0 * _fl_floor(bi * 0.5)) != 0.0)
     r = tl.where((a < 0) & odd, -r, r)
     r = tl.where((a < 0) & (bi != b), float("nan"), r)
     r = tl.where(b == 0, 1.0, r)
@@ -378,7 +366,7 @@ _FLOAT_UNARY: dict[str, tuple[str, str]] = {
     "log2": ("tl.log2({x})", "tl.log2({x})"),
     "log10": ("(tl.log({x}) * 0.4342944819032518)", "libdevice.log10({x})"),
     "sqrt": ("tl.sqrt_rn({x})", "tl.sqrt_rn({x})"),
-    "rsqrt": ("tl.rsqrt({x})", "tl.rsqrt({x})"),
+    "rsqrt": ("_fl_rsqrt({x})", "_fl_rsqrt({x})"),
     "reciprocal": ("(1.0 / {x})", "(1.0 / {x})"),
     "sin": ("tl.sin({x})", "tl.sin({x})"),
     "cos": ("tl.cos({x})", "tl.cos({x})"),
@@ -398,8 +386,8 @@ _FLOAT_UNARY: dict[str, tuple[str, str]] = {
     "acosh": ("_fl_acosh({x})", "libdevice.acosh({x})"),
     "atanh": ("_fl_atanh({x})", "libdevice.atanh({x})"),
     "lgamma": ("", "libdevice.lgamma({x})"),  # no formula: interpreter builds refuse it
-    "floor": ("tl.floor({x})", "tl.floor({x})"),
-    "ceil": ("tl.ceil({x})", "tl.ceil({x})"),
+    "floor": ("_fl_floor({x})", "_fl_floor({x})"),
+    "ceil": ("_fl_ceil({x})", "_fl_ceil({x})"),
     "trunc": ("_fl_trunc({x})", "_fl_trunc({x})"),
     "round": ("_fl_round({x})", "_fl_round({x})"),
     "frac": ("({x} - _fl_trunc({x}))", "({x} - _fl_trunc({x}))"),
@@ -417,13 +405,25 @@ class MathUnsupported(NotImplementedError):
     """An op this target cannot print (the graph then runs eagerly, reported)."""
 
 
-# 1/x and 2^x to about an ulp in one special-function instruction each, for the
-# 16-bit-output math above (_fl_erf_16bit, _fl_gelu_16bit). On NVIDIA GPUs they are
-# PTX's approximate forms with denormals flushed to zero: Triton's `/` and `tl.exp2`
-# add range checks and rescaling around the same instruction (gelu(x+b) bf16: 0.078
-# -> 0.068 ms). The interpreter has no inline assembly, and ROCm no PTX: there they
-# are the plain tl.* ops.
-APPROX_PTX = '''
+# Helpers printed per target. On NVIDIA GPUs:
+# * 1/x and 2^x to about an ulp in one special-function instruction each, for the
+#   16-bit-output math above (_fl_erf_16bit, _fl_gelu_16bit): PTX's approximate forms
+#   with denormals flushed to zero. Triton's `/` and `tl.exp2` add range checks and
+#   rescaling around the same instruction (gelu(x+b) bf16: 0.078 -> 0.068 ms).
+# * floor, ceil and rsqrt of float32 as their one PTX instruction, as CUDA's floorf,
+#   ceilf and rsqrtf compile: Triton's tl.floor, tl.ceil and tl.rsqrt call libdevice,
+#   and a kernel calling libdevice at all has the whole library parsed and linked
+#   into it, 25-57 ms of its compile (layernorm's rsqrt, sin/cos's floor).
+# * `_fl_sincos` finishes the range reduction in nvptx_math.ll (see there): an
+#   element with |x| > 8192 calls its one compiled copy of the large-argument
+#   reduction (sin^2+cos^2 compiled ~0.1 s slower with it written in Triton).
+# The interpreter has no inline assembly and runs no LLVM, and ROCm has no PTX:
+# there they are plain tl.* ops and the large-argument reduction in Triton, taken by
+# a block holding any |x| > 8192, inf or nan.
+PTX_HELPERS = '''
+from triton.language import core as _fl_core
+
+
 @triton.jit
 def _fl_rcp_approx(x):
     return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
@@ -432,17 +432,126 @@ def _fl_rcp_approx(x):
 @triton.jit
 def _fl_ex2_approx(x):
     return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _fl_floor(x):
+    if x.dtype == tl.float32:
+        y = tl.inline_asm_elementwise("cvt.rmi.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = tl.floor(x)
+    return y
+
+
+@triton.jit
+def _fl_ceil(x):
+    if x.dtype == tl.float32:
+        y = tl.inline_asm_elementwise("cvt.rpi.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = tl.ceil(x)
+    return y
+
+
+@triton.jit
+def _fl_rsqrt(x):
+    if x.dtype == tl.float32:
+        y = tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = tl.rsqrt(x)
+    return y
+
+
+@_fl_core.extern
+def _fl_sincos_arg(x, q, r, _semantic=None):
+    # (q, r) packed as (q << 32) | bits(r): Cody-Waite's where |x| <= 8192
+    return _fl_core.extern_elementwise(
+        "fuselens", {lib!r}, [x, q, r],
+        {{(_fl_core.dtype("fp32"), _fl_core.dtype("int32"), _fl_core.dtype("fp32")):
+          ("__fl_sincos_arg", _fl_core.dtype("int64"))}},
+        is_pure=True, _semantic=_semantic)
+
+
+@triton.jit
+def _fl_sincos(x):
+    # sin and cos of float32 values, never libdevice's (its sinf/cosf inline a
+    # Payne-Hanek reduction per element: 0.3-0.5 s of Triton time for sin^2+cos^2);
+    # <= 1.4 ulp over all floats
+    q, r = _fl_cody_waite(x)
+    p = _fl_sincos_arg(x, q, r)
+    return _fl_sincos_poly((p >> 32).to(tl.int32), (p & 0xffffffff).to(tl.uint32).to(tl.float32, bitcast=True))
 '''
-APPROX_TL = '''
+TL_HELPERS = '''
 @triton.jit
 def _fl_rcp_approx(x):
     return 1.0 / x
 
 
 @triton.jit
+def _fl_floor(x):
+    return tl.floor(x)
+
+
+@triton.jit
+def _fl_ceil(x):
+    return tl.ceil(x)
+
+
+@triton.jit
+def _fl_rsqrt(x):
+    return tl.rsqrt(x)
+
+
+@triton.jit
 def _fl_ex2_approx(x):
     return tl.exp2(x)
+
+
+@triton.jit
+def _fl_sincos(x):
+    # sin and cos of float32 values, never libdevice's (its sinf/cosf inline a
+    # Payne-Hanek reduction per element); <= 1.4 ulp over all floats. Blocks
+    # holding |x| > 8192, inf or nan also take `_fl_reduce_large`.
+    q, r = _fl_cody_waite(x)
+    a = tl.abs(x)
+    if tl.max(tl.where(a <= 8192.0, 0.0, 1.0)) > 0.0:
+        qb, rb = _fl_reduce_large(a)
+        q, r = _fl_take_large(x, a, q, r, qb, rb)
+    return _fl_sincos_poly(q, r)
 '''
+NVPTX_MATH_LIB = str(Path(__file__).with_name("nvptx_math.ll"))
+_link_filter: list = []
+
+
+def install_link_filter() -> None:
+    """Triton links every library of a kernel's `extern_libs` into it once the kernel
+    declares any external function, and libdevice is always one of them: a kernel
+    calling only nvptx_math.ll would pay for parsing libdevice (25-57 ms). Kernels
+    compiled with nvptx_math.ll among their libraries (ours) link only the libraries
+    they call: nvptx_math.ll where they declare a `__fl_` function, the others where
+    they declare anything else. Every other kernel (Inductor's) links as Triton
+    decides. Idempotent; where this Triton lacks the module API, linking is Triton's."""
+    if _link_filter:
+        return
+    try:
+        from triton._C.libtriton import llvm
+    except ImportError:
+        return
+    link = llvm.link_extern_libs
+
+    def link_needed(mod: Any, paths: list) -> Any:
+        if NVPTX_MATH_LIB not in paths:
+            return link(mod, paths)
+        try:
+            names = [f.name for f in mod.get_functions() if f.is_declaration()]
+        except Exception:  # noqa: BLE001 - another Triton: link everything, as it would
+            return link(mod, paths)
+        ours = any(n.startswith("__fl_") for n in names)
+        others = any(not n.startswith(("__fl_", "llvm.")) for n in names)
+        keep = [p for p in paths if (ours if p == NVPTX_MATH_LIB else others)]
+        return link(mod, keep) if keep else None
+
+    llvm.link_extern_libs = link_needed
+    _link_filter.append(link)
 
 
 @dataclass
@@ -469,10 +578,22 @@ class MathMode:
             raise MathUnsupported(f"{op} has no Triton-interpreter form")
         return form
 
+    @property
+    def ptx(self) -> bool:
+        return not self.interpret and torch.version.hip is None
+
     def prelude(self) -> str:
         imp = "" if self.interpret else "from triton.language.extra import libdevice"
-        ptx = not self.interpret and torch.version.hip is None
-        return PRELUDE.format(libdevice_import=imp, approx_helpers=APPROX_PTX if ptx else APPROX_TL)
+        helpers = PTX_HELPERS.format(lib=NVPTX_MATH_LIB) if self.ptx else TL_HELPERS
+        return PRELUDE.format(libdevice_import=imp, target_helpers=helpers)
+
+    def compile_options(self) -> dict:
+        """Triton compile options the prelude needs: on NVIDIA, nvptx_math.ll linked
+        like libdevice (only into kernels that call it)."""
+        if not self.ptx:
+            return {}
+        install_link_filter()
+        return {"extern_libs": {"fuselens": NVPTX_MATH_LIB}}
 
 
 @dataclass
@@ -687,7 +808,7 @@ class TritonOps:
 
     def floordiv(self, a, b):
         if a.dtype.is_floating_point:
-            return self._bin("tl.floor({a} / {b})", a, b)
+            return self._bin("_fl_floor({a} / {b})", a, b)
         return self._bin("_fl_floordiv_int({a}, {b})", a, b)
 
     def truncdiv(self, a, b):
@@ -697,7 +818,7 @@ class TritonOps:
 
     def remainder(self, a, b):
         if a.dtype.is_floating_point:
-            return self._bin("({a} - tl.floor({a} / {b}) * {b})", a, b)
+            return self._bin("({a} - _fl_floor({a} / {b}) * {b})", a, b)
         return self._bin("_fl_remainder_int({a}, {b})", a, b)
 
     def fmod(self, a, b):
@@ -717,7 +838,7 @@ class TritonOps:
             if e == 0.5:
                 return self._emit(f"tl.sqrt_rn({a})", a.dtype)
             if e == -0.5:
-                return self._emit(f"tl.rsqrt({a})", a.dtype)
+                return self._emit(f"_fl_rsqrt({a})", a.dtype)
             if e == -1.0:
                 return self._emit(f"(1.0 / {a})", a.dtype)
         if not a.dtype.is_floating_point:
