@@ -407,6 +407,9 @@ def test_inference_batch_norm_folds_into_the_convolution_with_relu_and_residual(
 def test_sin_and_cos_of_one_value_share_one_range_reduction(records: dict) -> None:
     src = _ok(records, "sincos_shared")["sources"][0]
     assert src.count("_fl_sincos(") == 1 and "tl.sin(" not in src and "tl.cos(" not in src, src
+    from fuselens.compiler.codegen.triton import _LONG_MATH
+
+    assert _LONG_MATH.search(src)  # what marks the kernel `long_math` for its launch heuristic
 
 
 def test_short_erf_only_where_every_output_is_16_bit(records: dict) -> None:
@@ -482,6 +485,10 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
 
     pw = SimpleNamespace(kernel_kind="pointwise", elem_bytes=4, column_reduction=False)
     assert heuristic_config(pw, 1 << 26, 1).xblock == 1024
+    # a long helper per element (sin/cos): one 16-byte vector a thread, same 4 warps
+    for nbytes, xblock in ((4, 512), (2, 1024)):
+        c = heuristic_config(SimpleNamespace(kernel_kind="pointwise", elem_bytes=nbytes, long_math=True), 1 << 26, 1)
+        assert (c.xblock, c.num_warps) == (xblock, 4)
     assert heuristic_config(SimpleNamespace(kernel_kind="pointwise", elem_bytes=2, column_reduction=False),
                             1 << 26, 1).xblock == 2048
     assert heuristic_config(pw, 100, 1).xblock == 128

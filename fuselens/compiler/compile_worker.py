@@ -79,14 +79,56 @@ def use_target(arg: str) -> None:
     driver.set_active(CompileOnlyDriver(GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))))
 
 
+WARM_KERNEL = """
+@triton.jit
+def _fl_warm_prelude(x, y, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    v = tl.load(x + i)
+    s, c = _fl_sincos(v)
+    tl.store(y + i, s * c + _fl_floor(v) * _fl_rsqrt(tl.abs(v) + 1.0) + _fl_rcp_approx(v) + tl.sum(v, 0))
+"""
+
+
 def _warm() -> None:
-    # Triton's first compile in a process (pass registration, LLVM's start) costs
-    # ~0.1 s: paid here, before any job
+    # A process's first compiles cost ~0.1 s more than later ones (Triton's and
+    # LLVM's start, the prelude's module, its first extern library and inline
+    # assembly): paid here, before any job, with a cache of its own so they happen
+    # even where Triton's cache already holds these kernels
+    import shutil
+    import tempfile
+
     import torch
+    from triton import knobs
     from triton.runtime import driver
 
+    from fuselens.compiler.codegen.triton import prelude_header
+    from fuselens.compiler.codegen.triton_ops import MathMode
+    from fuselens.compiler.triton_runtime import target_options, warm_prelude
+
     driver.active.get_current_target()
-    _fl_warm.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128)
+    warm_prelude()
+    tmp = tempfile.mkdtemp(prefix="fl_worker_warm_")
+    env = os.environ.get("TRITON_CACHE_DIR")  # setting the knob sets the variable too
+    try:
+        knobs.cache.dir = tmp
+        _fl_warm.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128)
+        prelude = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").prelude()
+        path = os.path.join(tmp, "fl_worker_warm.py")
+        with open(path, "w") as f:
+            f.write(prelude_header(prelude) + WARM_KERNEL)
+        try:
+            mod = _module(path, {})
+            mod._fl_warm_prelude.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128, num_warps=4,
+                                        **target_options())
+        except Exception:  # noqa: BLE001 - only a warm-up: a job hitting the same fault reports it
+            pass
+    finally:
+        del knobs.cache.dir
+        if env is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = env
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _module(path: str, modules: dict[str, Any]) -> Any:

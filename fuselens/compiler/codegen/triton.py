@@ -79,6 +79,7 @@ class TritonKernelSource(KernelSource):
     numel_args: list[str] = field(default_factory=list)  # "xnumel"/"rnumel" when passed as arguments
     column_reduction: bool = False  # the rows' contiguous dim is a kept dim (tile wide in x)
     elem_bytes: int = 4  # widest element of the kernel's buffers (block sizing)
+    long_math: bool = False  # per-element code of a long helper (sin/cos): one vector a thread
     kind: str = "triton"
     device: str = "cuda"
     buffer_dtypes: list = field(default_factory=list)  # torch dtypes of `buffers` (ahead-of-time compile)
@@ -738,7 +739,7 @@ class TritonKernel:
             name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms, bytes_accessed=nbytes,
             language="python", kernel_kind=self.kind, xnumel=self.xnumel, rnumel=self.rnumel, numel_args=head,
             column_reduction=self.column, elem_bytes=self.elem_bytes, device="cpu" if self.math.interpret else "cuda",
-            buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers])
+            buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers], long_math=bool(_LONG_MATH.search(src)))
 
     def _describe(self) -> list[str]:
         out = []
@@ -777,6 +778,9 @@ def drop_dead(lines: list[str]) -> list[str]:
             if not uses[u] and u in line_of:
                 work.append(u)
     return [ln for i, ln in enumerate(lines) if i not in dead]
+
+
+_LONG_MATH = re.compile(r"\b_fl_(?:sincos|sin|cos)\(")
 
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:
