@@ -481,11 +481,7 @@ def load_prelude(module_file: str, name: str) -> dict:
     same directory, written by the first process that needs it (its name is its
     text's hash, so a reader finds it complete or writes it), imported once a
     process, wherever it was first found."""
-    with _prelude_lock:
-        names = _preludes.get(name)
-        if names is None:
-            names = _preludes[name] = _import_prelude(os.path.dirname(os.path.abspath(module_file)), name)
-    return names
+    return _prelude_names(os.path.dirname(os.path.abspath(module_file)), name)
 
 
 def warm_prelude() -> dict:
@@ -494,7 +490,16 @@ def warm_prelude() -> dict:
     from fuselens.compiler.codegen.triton_ops import MathMode
 
     name = prelude_file_name(MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").prelude())
-    return load_prelude(os.path.join(tempfile.gettempdir(), f"fuselens_prelude_{os.getuid()}", "x.py"), name)
+    user = getattr(os, "getuid", lambda: 0)()
+    return _prelude_names(os.path.join(tempfile.gettempdir(), f"fuselens_prelude_{user}"), name)
+
+
+def _prelude_names(directory: str, name: str) -> dict:
+    with _prelude_lock:
+        names = _preludes.get(name)
+        if names is None:
+            names = _preludes[name] = _import_prelude(directory, name)
+    return names
 
 
 def _import_prelude(directory: str, name: str) -> dict:
