@@ -489,6 +489,22 @@ def test_bfloat16_layer_norm_and_gelu_are_lowered_and_close_to_eager():
     run(lambda x, w, b: F.gelu(F.layer_norm(x, (256,), w, b) + b), x, w, b)
 
 
+def test_bfloat16_nextafter_steps_a_bfloat16_ulp_as_eager_does():
+    # kernels hold bfloat16 as float, whose neighbour rounds back to the value itself:
+    # nextafter of 16-bit floats stays in ATen, the ops around it are lowered
+    a, b = _bf16((200,), (200,), scale=5.0)
+    b[:4] = a[:4]
+    a[4:6] = 0.0
+    fn = lambda a, b: torch.nextafter(a * 2, b) + 1  # noqa: E731
+    with sink.collect() as events:
+        out = torch.compile(fn, backend="fuselens")(a, b)
+    assert torch.equal(out, fn(a, b))
+    assert any(k.kind == "extern" and "aten.nextafter.default" in k.ops for k in events if isinstance(k, Kernel))
+    assert cpp_kernels(events)
+    fallbacks = [e.message for e in events if isinstance(e, ErrorEntry)]
+    assert len(fallbacks) == 1 and "nextafter of torch.bfloat16" in fallbacks[0]  # said, with the reason
+
+
 def test_bfloat16_nan_and_inf_survive_the_16_bit_store():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.0e38, -0.0, 1e-40]).bfloat16()
     run(lambda x: (x * 2, x.float() * 4, (x.float() * 3).bfloat16()), x)

@@ -185,6 +185,16 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     huge = torch.cat([huge, torch.tensor([3.4028235e38, -3.4028235e38, 8192.0, 8192.001, 105615.0, 2.0 ** 24])])
     case("sin_cos_lone_huge_args", lambda x, y: (torch.sin(x) * 2, torch.cos(y) + 1), (huge, huge.flip(0) * 0.5),
          rtol=1.3e-6, atol=1e-6)
+    # nextafter from the bits, exact: signs, zeros, towards itself, infinities, nan, subnormals
+    for dt in (torch.float32, torch.float64):
+        fi = torch.finfo(dt)
+        edge = torch.tensor([0.0, -0.0, 1.0, -1.0, fi.max, -fi.max, float("inf"), float("-inf"), float("nan"), 2.0,
+                             fi.tiny, -fi.smallest_normal / 4, 3.0, 1e-30], dtype=dt)
+        toward = torch.tensor([1.0, -1.0, 2.0, 0.0, float("inf"), float("-inf"), 0.0, 0.0, 1.0, float("nan"),
+                               0.0, 1.0, 3.0, -1.0], dtype=dt)
+        xa = torch.cat([edge, torch.randn(500, dtype=dt) * 100])
+        xb = torch.cat([toward, torch.randn(500, dtype=dt) * 100])
+        case(f"nextafter_{str(dt)[6:]}", lambda a, b: torch.nextafter(a, b), (xa, xb), rtol=0, atol=0)
     case("dynamic_shapes", lambda x: torch.softmax(x * 2, -1), (torch.randn(5, 37),), dynamic=True)
     # dynamic: the same compiled function on another size (no recompile needed, symbolic args)
     try:
@@ -323,7 +333,8 @@ def _ok(records: dict, name: str) -> dict:
     "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows", "layernorm_4096_few_rows",
     "column_reduction", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
-    "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "dynamic_shapes",
+    "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
+    "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)

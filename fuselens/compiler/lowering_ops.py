@@ -157,7 +157,7 @@ for _names, _op in [
     (("add",), "add"), (("sub",), "sub"), (("mul",), "mul"), (("maximum",), "maximum"),
     (("minimum",), "minimum"), (("fmax",), "fmax"), (("fmin",), "fmin"), (("atan2",), "atan2"),
     (("hypot",), "hypot"), (("copysign",), "copysign"), (("fmod",), "fmod"),
-    (("remainder",), "remainder"), (("nextafter",), "nextafter"),
+    (("remainder",), "remainder"),
     (("bitwise_and",), "bitwise_and"), (("bitwise_or",), "bitwise_or"), (("bitwise_xor",), "bitwise_xor"),
     (("bitwise_left_shift", "__lshift__"), "lshift"), (("bitwise_right_shift", "__rshift__"), "rshift"),
 ]:
@@ -212,11 +212,21 @@ for _op in ("logical_and", "logical_or", "logical_xor"):
     register(*_ov(getattr(aten, _op), "default"))(_make_logical(_op))
 
 
+def lower_nextafter(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
+    # kernels hold 16-bit floats as float32, whose neighbour rounds back to the value
+    # itself: bfloat16/float16 step in their own bits, in ATen
+    if ctx.out_meta().dtype not in (torch.float32, torch.float64):
+        raise NotLowered(f"nextafter of {ctx.out_meta().dtype} (kernels compute 16-bit floats in float32)")
+    return pointwise(ctx, [a, b], lambda ops, x, y: ops.nextafter(x, y))
+
+
+register(*_ov(aten.nextafter, "default"))(lower_nextafter)
 # prims twins of the ATen pointwise ops (decompositions emit some of them)
 for _name in ("add", "sub", "mul", "maximum", "minimum", "atan2", "fmod", "remainder", "bitwise_and",
               "bitwise_or", "bitwise_xor", "hypot", "nextafter", "copysign", "fmax", "fmin"):
     if hasattr(prims, _name):
-        register(getattr(prims, _name).default)(_binary({"fmod": "fmod"}.get(_name, _name)))
+        register(getattr(prims, _name).default)(
+            lower_nextafter if _name == "nextafter" else _binary({"fmod": "fmod"}.get(_name, _name)))
 for _name in _UNARY:
     if hasattr(prims, _name) and _name not in ("relu",):
         register(getattr(prims, _name).default)(

@@ -106,6 +106,23 @@ def _fl_round(x):
 
 
 @triton.jit
+def _fl_nextafter(a, b):
+    # C's nextafter for float32/float64 from a's bits, exact: one step of the integer
+    # view away from zero when b lies beyond a, towards it otherwise (the view of a
+    # negative float grows with its magnitude); +-0 steps to the smallest subnormal
+    if a.dtype == tl.float64:
+        ia = a.to(tl.int64, bitcast=True)
+        tiny = tl.full(a.shape, 1, tl.int64).to(tl.float64, bitcast=True)
+    else:
+        ia = a.to(tl.int32, bitcast=True)
+        tiny = tl.full(a.shape, 1, tl.int32).to(tl.float32, bitcast=True)
+    r = (ia + tl.where((b > a) == (a > 0), 1, -1)).to(a.dtype, bitcast=True)
+    r = tl.where(a == 0, tl.where(b > 0, tiny, -tiny), r)
+    r = tl.where(a == b, b, r)
+    return tl.where((a != a) | (b != b), a + b, r)
+
+
+@triton.jit
 def _fl_take_large(x, a, q, r, qb, rb):
     # where |x| > 8192, the reduction (qb, rb) of a = |x| in place of Cody-Waite's (q, r),
     # with x's sign: x = -(n pi/2 + r) = (-n) pi/2 + (-r). inf and nan give a nan r.
@@ -396,7 +413,7 @@ _FLOAT_BINARY: dict[str, tuple[str, str]] = {
     "pow": ("_fl_pow({a}, {b})", "libdevice.pow({a}, {b})"),
     "atan2": ("_fl_atan2({a}, {b})", "libdevice.atan2({a}, {b})"),
     "hypot": ("tl.sqrt_rn({a} * {a} + {b} * {b})", "libdevice.hypot({a}, {b})"),
-    "nextafter": ("", "libdevice.nextafter({a}, {b})"),
+    "nextafter": ("_fl_nextafter({a}, {b})", "_fl_nextafter({a}, {b})"),
     "fmod": ("({a} - _fl_trunc({a} / {b}) * {b})", "libdevice.fmod({a}, {b})"),
 }
 
