@@ -195,6 +195,12 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         xa = torch.cat([edge, torch.randn(500, dtype=dt) * 100])
         xb = torch.cat([toward, torch.randn(500, dtype=dt) * 100])
         case(f"nextafter_{str(dt)[6:]}", lambda a, b: torch.nextafter(a, b), (xa, xb), rtol=0, atol=0)
+    # lgamma (a formula of the prelude in the interpreter): poles, the reflection below 0.5,
+    # near its zeros at 1 and 2, large arguments, infinities and nan
+    xl = torch.cat([torch.tensor([0.0, -1.0, -2.0, 1.0, 2.0, 0.5, -0.5, -2.5, 1e-3, -1e-3, 1e30, 3e38,
+                                  float("inf"), float("-inf"), float("nan")]),
+                    torch.rand(500) * 40 - 20, torch.rand(200) * 3])
+    case("lgamma", lambda x: torch.lgamma(x), (xl,), rtol=1e-5, atol=1e-5)
     case("dynamic_shapes", lambda x: torch.softmax(x * 2, -1), (torch.randn(5, 37),), dynamic=True)
     # dynamic: the same compiled function on another size (no recompile needed, symbolic args)
     try:
@@ -334,7 +340,7 @@ def _ok(records: dict, name: str) -> dict:
     "column_reduction", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
-    "dynamic_shapes",
+    "lgamma", "dynamic_shapes",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)
