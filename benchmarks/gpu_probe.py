@@ -307,6 +307,7 @@ def compile_par(names: list[str]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from fuselens.compiler import triton_runtime as tr
+    from fuselens.compiler.launch_config import heuristic_config
 
     cases = make_cases()
     for n in names:
@@ -345,7 +346,7 @@ def compile_par(names: list[str]) -> None:
                     ks = la.ks
                     if ks.symbols or ks.numel_args or not ks.buffer_dtypes:
                         continue
-                    jobs.append((getattr(mod, ks.name), ks, tr.heuristic_config(ks, int(ks.xnumel), int(ks.rnumel)), la.kind))
+                    jobs.append((getattr(mod, ks.name), ks, heuristic_config(ks, int(ks.xnumel), int(ks.rnumel)), la.kind))
 
                 def one(job: tuple) -> tuple[str, float]:
                     fn, ks, cfg, kind = job

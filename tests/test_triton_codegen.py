@@ -276,11 +276,12 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     # autotuning: a fake timer (no GPU here) prefers one candidate; the choice is cached on disk
     try:
         from fuselens.compiler import triton_runtime as tr
+        from fuselens.compiler.launch_config import candidate_configs, size_class
 
         compile_run(lambda x: torch.softmax(x, -1), (torch.randn(4, 20000),))
         launcher = _find_launcher(tr, "amax")
         opts = fuselens.compiler.resolve({"target": "triton", "cache_dir": cache, "autotune": True})
-        cands = tr.candidate_configs(launcher.ks, 4, 20000)
+        cands = candidate_configs(launcher.ks, 4, 20000)
         want = cands[-1]
         calls: list = []
 
@@ -294,7 +295,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         x = torch.randn(4, 20000)
         out = torch.empty_like(x)
         la(x, out)
-        ok1 = la.configs[tr.size_class(4, 20000)] == want and torch.allclose(out, torch.softmax(x, -1), atol=1e-6)
+        ok1 = la.configs[size_class(4, 20000)] == want and torch.allclose(out, torch.softmax(x, -1), atol=1e-6)
 
         def never(run: Callable[[], None]) -> float:
             raise AssertionError("tuned again despite the disk cache")
@@ -302,7 +303,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         la2 = tr.Launcher(launcher.ks, launcher.fn, opts, launcher.source)
         la2.timer = never
         la2(x, out)
-        ok2 = la2.configs[tr.size_class(4, 20000)] == want
+        ok2 = la2.configs[size_class(4, 20000)] == want
         records["autotune_cache"] = {"ok": bool(ok1 and ok2), "ncand": len(cands), "timer_calls": len(calls)}
     except Exception:  # noqa: BLE001
         import traceback
@@ -443,7 +444,7 @@ def test_16_bit_gelu_is_one_helper_call_with_its_decomposition_dropped(records: 
 
 
 def test_drop_dead_removes_unread_temporaries_transitively_and_keeps_stores() -> None:
-    from fuselens.compiler.codegen.triton import drop_dead
+    from fuselens.compiler.codegen.triton_patterns import drop_dead
 
     lines = ["    tmp1 = tl.load(a + x)", "    tmp2 = (tmp1 * 2.0)", "    tmp3 = _f(tmp2)", "    tmp11 = (tmp1 + 1.0)",
              "    tl.store(b + x, tmp11)"]
@@ -498,7 +499,7 @@ def test_target_auto_picks_cpp_for_cpu_and_refuses_triton_without_interpreter(mo
 def test_launch_heuristics_fit_the_kernel_kind() -> None:
     from types import SimpleNamespace
 
-    from fuselens.compiler.triton_runtime import candidate_configs, heuristic_config
+    from fuselens.compiler.launch_config import candidate_configs, heuristic_config
 
     pw = SimpleNamespace(kernel_kind="pointwise", elem_bytes=4, column_reduction=False)
     assert heuristic_config(pw, 1 << 26, 1).xblock == 1024

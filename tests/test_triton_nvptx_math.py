@@ -1,4 +1,4 @@
-"""The prelude's NVIDIA forms (codegen/triton_ops.py PTX_HELPERS): sin/cos on
+"""The prelude's NVIDIA forms (codegen/triton_prelude.py PTX_HELPERS): sin/cos on
 `codegen/nvptx_math.ll`, and floor, ceil and rsqrt without libdevice, compiled for
 sm_90 on CI's CPUs.
 
@@ -25,10 +25,9 @@ import torch
 from triton import knobs
 from triton._C.libtriton import llvm
 from triton.compiler import compiler as tc
-from fuselens.compiler.codegen.triton import prelude_header
-from fuselens.compiler.codegen.triton_ops import NVPTX_MATH_LIB, MathMode
+from fuselens.compiler.codegen.triton_prelude import NVPTX_MATH_LIB, prelude_header, prelude_text
 from fuselens.compiler.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
-from fuselens.compiler.triton_runtime import LaunchConfig
+from fuselens.compiler.launch_config import LaunchConfig
 
 root = {root!r}
 knobs.cache.dir = os.path.join(root, "triton")
@@ -54,7 +53,7 @@ def fl_round_kernel(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
 """
 path = os.path.join(root, "fl_sc_mod.py")
 # as the generator writes a graph's module: the prelude a module of its own beside it
-open(path, "w").write(prelude_header(MathMode(interpret=False).prelude()) + KERNELS)
+open(path, "w").write(prelude_header(prelude_text(interpret=False)) + KERNELS)
 spec_ = importlib.util.spec_from_file_location("fl_sc_mod", path)
 mod = importlib.util.module_from_spec(spec_); sys.modules["fl_sc_mod"] = mod; spec_.loader.exec_module(mod)
 linked = []  # what Triton's linker is finally given

@@ -36,6 +36,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from fuselens.compiler.atomic_file import write_atomically
+
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
 
@@ -107,12 +109,8 @@ def _pch_dir(options: Any) -> Optional[str]:
     def work() -> None:
         ok = False
         try:
-            os.makedirs(d, exist_ok=True)
             header = os.path.join(d, "fl_prelude.h")
-            fd, tmp_h = tempfile.mkstemp(suffix=".h", dir=d)
-            with os.fdopen(fd, "w") as f:
-                f.write("#pragma once\n" + PRELUDE)
-            os.replace(tmp_h, header)
+            write_atomically(header, "#pragma once\n" + PRELUDE)
             tmp_gch = gch + f".{os.getpid()}.tmp"
             proc = subprocess.run([options.cxx, *flags, "-x", "c++-header", header, "-o", tmp_gch],
                                   capture_output=True, text=True)

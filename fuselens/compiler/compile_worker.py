@@ -101,9 +101,8 @@ def _warm() -> None:
     from triton import knobs
     from triton.runtime import driver
 
-    from fuselens.compiler.codegen.triton import prelude_header
-    from fuselens.compiler.codegen.triton_ops import MathMode
-    from fuselens.compiler.triton_runtime import target_options, warm_prelude
+    from fuselens.compiler.codegen.triton_prelude import prelude_header, prelude_text, warm_prelude
+    from fuselens.compiler.launch_config import target_options
 
     driver.active.get_current_target()
     warm_prelude()
@@ -112,7 +111,7 @@ def _warm() -> None:
     try:
         knobs.cache.dir = tmp
         _fl_warm.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128)
-        prelude = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").prelude()
+        prelude = prelude_text(os.environ.get("TRITON_INTERPRET") == "1")
         path = os.path.join(tmp, "fl_worker_warm.py")
         with open(path, "w") as f:
             f.write(prelude_header(prelude) + WARM_KERNEL)
@@ -200,7 +199,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if "--target" in argv:
             use_target(argv[argv.index("--target") + 1])
-        from fuselens.compiler.codegen.triton_ops import install_link_filter
+        from fuselens.compiler.codegen.triton_prelude import install_link_filter
 
         install_link_filter()  # jobs carry their libraries in their options; the filter is per process
         _warm()

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from fuselens.compiler.atomic_file import write_atomically
 
 # Triton signature type -> the launcher's one-character code (torch's own table)
 _TYPES = {
@@ -152,9 +153,5 @@ def _write_cubin(root: str, cubin: bytes) -> str:
     d = os.path.join(root, "cubin")
     path = os.path.join(d, hashlib.sha256(cubin).hexdigest()[:40] + ".cubin")
     if not os.path.exists(path):
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        os.replace(tmp, path)
+        write_atomically(path, cubin)
     return path

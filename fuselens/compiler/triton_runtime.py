@@ -5,15 +5,15 @@ autotuning cached on disk, per-kernel device timing and CUDA graphs.
   `<cache_dir>/triton/<sha256>.py` (Triton's JIT needs a real file to read the
   source back) and imports it; each kernel gets a `Launcher`, which the runtime
   plan calls with the kernel's tensors and size symbols (`takes_tensors`). The
-  helper prelude is a module of its own beside it (`load_prelude`), built once a
-  process and shared by every graph.
+  helper prelude is a module of its own beside it (codegen/triton_prelude.py),
+  built once a process and shared by every graph.
 * `finalize` replaces the plan interpreter by a generated straight-line wrapper
   (wrapper_codegen.py) whose launches go through `Launcher.fast_launcher`: the
   compiled kernel's launcher with grid and constexprs bound once. On CUDA that is
   torch's static launcher (static_launch.py) where it applies, so no launch pays
   for Triton's per-signature C launcher build; else Triton's own launcher.
-* Launch configuration: `heuristic_config` picks block sizes and warps from the
-  kernel kind and sizes. With option `autotune`, the first launch of each size
+* Launch configuration (launch_config.py): `heuristic_config` picks block sizes and
+  warps from the kernel kind and sizes. With option `autotune`, the first launch of each size
   class (power-of-two buckets of the block axes) times `candidate_configs` with
   CUDA events and keeps the fastest; the choice is cached on disk under
   `<cache_dir>/triton_autotune/<sha256 of the kernel source>.json`, so the next
@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +46,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from fuselens.compiler.atomic_file import write_atomically
+from fuselens.compiler.launch_config import LaunchConfig, candidate_configs, heuristic_config, size_class
 from fuselens.compiler.runtime import pyexpr
 from fuselens.compiler.static_launch import StaticKernel, launcher_api
 
@@ -56,133 +57,9 @@ _lock = threading.Lock()
 recent_libraries: "collections.deque[TritonLibrary]" = collections.deque(maxlen=16)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Block sizes (constexpr arguments) and warps of one launch."""
-
-    xblock: int
-    rblock: int = 1  # RBLOCK of reductions, YBLOCK of 2-D pointwise tiles
-    num_warps: int = 4
-
-    def constexprs(self, kind: str) -> dict:
-        if kind == "pointwise":
-            return {"XBLOCK": self.xblock}
-        if kind == "pointwise2d":
-            return {"XBLOCK": self.xblock, "YBLOCK": self.rblock}
-        return {"XBLOCK": self.xblock, "RBLOCK": self.rblock}
-
-    def compile_kwargs(self, kind: str) -> dict:
-        """Everything Triton's launch or compile of this kernel takes besides its
-        arguments: constexprs, warps, the target's options for the prelude."""
-        return {**self.constexprs(kind), "num_warps": self.num_warps, **target_options()}
-
-    def to_json(self) -> dict:
-        return {"xblock": self.xblock, "rblock": self.rblock, "num_warps": self.num_warps}
-
-
-def target_options() -> dict:
-    """Compile options the generated prelude needs on this target (triton_ops.MathMode)."""
-    from fuselens.compiler.codegen.triton_ops import MathMode
-
-    return MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").compile_options()
-
-
-def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
-    """Block sizes for a kernel at these sizes (no measurement). Targets ~8-16
-    elements per thread on memory-bound kernels so each thread issues 16-byte
-    vector accesses and the SMs keep enough bytes in flight."""
-    from fuselens.compiler.codegen import triton as tg
-
-    kind = ks.kernel_kind
-    if kind == "pointwise":
-        # 1024 fp32 (2048 bf16) elements per program: two 16-byte accesses per thread and buffer.
-        # Half that where each element runs a long helper (sin/cos): LLVM and ptxas see a copy
-        # of it per element a thread holds, and it runs as fast (H200, sin^2+cos^2 64M fp32:
-        # 0.1306 ms at 512 x 4 warps, 0.1310 at 1024; compile 0.120 s against 0.165)
-        long_math = getattr(ks, "long_math", False)
-        xb = min((512 if long_math else 1024) * max(1, 4 // max(1, ks.elem_bytes)), _next_pow2(xnumel))
-        xb = max(xb, 32)
-        return LaunchConfig(xb, 1, max(1, min(4, xb // (128 if long_math else 256))))
-    if kind == "pointwise2d":
-        return LaunchConfig(min(32, _next_pow2(xnumel)), min(32, _next_pow2(rnumel)), 4)
-    if kind == "persistent_reduction":
-        rb = _next_pow2(max(rnumel, 1))
-        if ks.column_reduction:
-            xb = min(tg.MAX_XBLOCK_REDUCTION, max(1, 4096 // rb))
-        elif rb >= 1024:
-            xb = 1
-        else:
-            xb = min(tg.MAX_XBLOCK_REDUCTION, max(1, 1024 // rb))
-        xb = min(xb, _next_pow2(xnumel))
-        per_prog = xb * rb
-        warps = max(1, min(16, per_prog // 512)) if rb >= 1024 else max(1, min(8, per_prog // 256))
-        return LaunchConfig(xb, rb, _pow2_floor(warps))
-    # looped reduction
-    if ks.column_reduction:
-        return LaunchConfig(min(64, _next_pow2(xnumel)), 64, 8)
-    rb = min(tg.MAX_RBLOCK_LOOPED, 2048 if ks.elem_bytes <= 4 else 1024)
-    # 2048-wide chunks: 16 warps, one 16-byte access per thread and chunk (H200, 16384x4096 fp32
-    # looped layernorm: 0.1326 ms with 8 warps, 0.1299 with 16; looped sums 0.1328 -> 0.1289)
-    return LaunchConfig(1, rb, 16 if rb >= 2048 else 8)
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(1, int(n)).bit_length() - 1)
-
-
-def candidate_configs(ks: Any, xnumel: int, rnumel: int) -> list[LaunchConfig]:
-    """The small set autotuning measures (the heuristic's choice first)."""
-    from fuselens.compiler.codegen import triton as tg
-
-    kind = ks.kernel_kind
-    out = [heuristic_config(ks, xnumel, rnumel)]
-    if kind == "pointwise":
-        for xb, w in ((512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 8)):
-            if xb <= max(32, _next_pow2(xnumel)):
-                out.append(LaunchConfig(xb, 1, w))
-    elif kind == "pointwise2d":
-        for xb, yb, w in ((32, 32, 4), (64, 64, 8), (64, 32, 4), (32, 64, 4), (16, 64, 4)):
-            out.append(LaunchConfig(min(xb, _next_pow2(xnumel)), min(yb, _next_pow2(rnumel)), w))
-    elif kind == "persistent_reduction":
-        rb = _next_pow2(max(rnumel, 1))
-        for xb in (1, 2, 4, 8, 16, 32, 64):
-            if xb > _next_pow2(xnumel) or xb * rb > 16384:
-                continue
-            for w in (4, 8, 16):
-                if xb * rb >= w * 32 * 4:  # at least 4 elements (one 16-byte access) per thread
-                    out.append(LaunchConfig(xb, rb, w))
-    else:
-        for xb, rb, w in ((1, 2048, 8), (1, 1024, 4), (1, 2048, 16), (2, 1024, 8), (4, 512, 8),
-                          (64, 64, 8), (32, 128, 8), (16, 256, 8)):
-            if rb <= tg.MAX_RBLOCK_LOOPED and xb <= max(1, _next_pow2(xnumel)):
-                out.append(LaunchConfig(xb, rb, w))
-    seen: list[LaunchConfig] = []
-    for c in out:
-        if c not in seen:
-            seen.append(c)
-    return seen[:8]  # each candidate is one more compile: keep the set small
-
-
-def size_class(xnumel: int, rnumel: int) -> str:
-    """Autotune results are shared by sizes in the same power-of-two buckets."""
-    return f"{_next_pow2(xnumel)}x{_next_pow2(rnumel)}"
-
-
 def _autotune_path(cache_dir: str, source: str) -> str:
     key = hashlib.sha256(source.encode()).hexdigest()[:40]
     return os.path.join(cache_dir, "triton_autotune", f"{key}.json")
-
-
-def _write_json_atomic(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def cuda_event_timer(run: Callable[[], None], reps: int = 10) -> float:
@@ -258,7 +135,8 @@ class Launcher:
             cfg = self._tune(xn, rn, args)
             self.configs[key] = cfg
             path = _autotune_path(self.cache_dir, self.source)
-            _write_json_atomic(path, {k: v.to_json() for k, v in self.configs.items()})
+            write_atomically(path, json.dumps({k: v.to_json() for k, v in self.configs.items()}, indent=1,
+                                              sort_keys=True))
         else:
             self.configs[key] = cfg
         return cfg
@@ -471,64 +349,6 @@ def module_path(source: str, options: Any) -> str:
     return os.path.join(options.resolved_cache_dir(), "triton", f"fl_{key[:40]}.py")
 
 
-_preludes: dict[str, dict] = {}  # prelude file name (its text's hash) -> its names
-_prelude_lock = threading.Lock()
-
-
-def load_prelude(module_file: str, name: str) -> dict:
-    """The names of the helper prelude `name` (codegen/triton.py library_source),
-    for a graph module at `module_file`: the prelude is a module of its own in the
-    same directory, written by the first process that needs it (its name is its
-    text's hash, so a reader finds it complete or writes it), imported once a
-    process, wherever it was first found."""
-    return _prelude_names(os.path.dirname(os.path.abspath(module_file)), name)
-
-
-def warm_prelude() -> dict:
-    """This process's prelude, loaded before any graph asks (compile workers)."""
-    from fuselens.compiler.codegen.triton import prelude_file_name
-    from fuselens.compiler.codegen.triton_ops import MathMode
-
-    name = prelude_file_name(MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").prelude())
-    user = getattr(os, "getuid", lambda: 0)()
-    return _prelude_names(os.path.join(tempfile.gettempdir(), f"fuselens_prelude_{user}"), name)
-
-
-def _prelude_names(directory: str, name: str) -> dict:
-    with _prelude_lock:
-        names = _preludes.get(name)
-        if names is None:
-            names = _preludes[name] = _import_prelude(directory, name)
-    return names
-
-
-def _import_prelude(directory: str, name: str) -> dict:
-    from fuselens.compiler.codegen.triton import prelude_file_name
-    from fuselens.compiler.codegen.triton_ops import MathMode
-
-    path = os.path.join(directory, name)
-    if not os.path.exists(path):
-        text = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").prelude()
-        if prelude_file_name(text) != name:
-            raise RuntimeError(f"a module in {directory} was generated for another Triton prelude than this "
-                               f"process prints ({name}): a module of another fuselens or target")
-        _write_atomically(path, text)
-    mod_name = name[:-3]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = mod  # Triton reads helpers' sources and globals through their module
-    spec.loader.exec_module(mod)
-    return {k: v for k, v in vars(mod).items() if not k.startswith("__")}
-
-
-def _write_atomically(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".py.tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: str = "") -> TritonLibrary:
     """Write (once, atomically) and import a graph's Triton module."""
     path = module_path(source, options)
@@ -536,7 +356,7 @@ def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: 
         mod = _modules.get(path)
         if mod is None:
             if not os.path.exists(path):
-                _write_atomically(path, source)
+                write_atomically(path, source)
             name = os.path.basename(path)[:-3]
             spec = importlib.util.spec_from_file_location(name, path)
             mod = importlib.util.module_from_spec(spec)

@@ -35,7 +35,6 @@ int32 unless a buffer or the iteration space needs int64.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -47,7 +46,9 @@ import torch
 from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelSource, canonical_text, cname
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
-from fuselens.compiler.codegen.triton_patterns import deviation_center, online_softmax_pairs, share_sincos, welford_pairs
+from fuselens.compiler.codegen.triton_prelude import prelude_header
+from fuselens.compiler.codegen.triton_patterns import (deviation_center, drop_dead, online_softmax_pairs, share_sincos,
+                                                       welford_pairs)
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
 from fuselens.compiler.scheduler import KernelGroup
 
@@ -750,36 +751,6 @@ class TritonKernel:
         return out
 
 
-_TMP_DEF = re.compile(r"^\s*(tmp\d+) = ")
-_TMP_USE = re.compile(r"\btmp\d+\b")
-
-
-def drop_dead(lines: list[str]) -> list[str]:
-    """Without the `tmpN = ...` lines nothing reads (every such line is a pure
-    expression): what a rewrite such as the 16-bit GELU leaves behind, so the source
-    a user reads shows only what runs."""
-    uses: dict[str, int] = {}
-    line_of: dict[str, int] = {}  # each tmpN is assigned once (TritonKernel.emit numbers them)
-    reads: list[list[str]] = []
-    for i, ln in enumerate(lines):
-        m = _TMP_DEF.match(ln)
-        if m:
-            line_of[m.group(1)] = i
-        reads.append(_TMP_USE.findall(ln[m.end():] if m else ln))
-        for u in reads[-1]:
-            uses[u] = uses.get(u, 0) + 1
-    dead: set[int] = set()
-    work = [n for n in line_of if not uses.get(n)]
-    while work:
-        i = line_of[work.pop()]
-        dead.add(i)
-        for u in reads[i]:
-            uses[u] -= 1
-            if not uses[u] and u in line_of:
-                work.append(u)
-    return [ln for i, ln in enumerate(lines) if i not in dead]
-
-
 _LONG_MATH = re.compile(r"\b_fl_(?:sincos|sin|cos)\(")
 
 
@@ -800,18 +771,8 @@ def alias_source(ks: KernelSource, same: KernelSource) -> str:
 
 def library_source(kernels: Sequence[KernelSource]) -> str:
     """One Python module: the helper prelude's names, then every kernel of the graph.
-    The prelude is a module of its own next to it (triton_runtime.load_prelude),
+    The prelude is a module of its own next to it (triton_prelude.load_prelude),
     imported once per process: its ~40 jit functions cost ~10 ms to build, in the
     parent and again in each compile worker, for every graph."""
     mode = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1")
     return prelude_header(mode.prelude()) + "\n\n" + "\n\n".join(k.source for k in kernels)
-
-
-def prelude_file_name(prelude: str) -> str:
-    return f"fl_prelude_{hashlib.sha256(prelude.encode()).hexdigest()[:32]}.py"
-
-
-def prelude_header(prelude: str) -> str:
-    return ("import triton\nimport triton.language as tl\n"
-            "from fuselens.compiler.triton_runtime import load_prelude as _fl_load_prelude\n\n"
-            f"globals().update(_fl_load_prelude(__file__, {prelude_file_name(prelude)!r}))\n")

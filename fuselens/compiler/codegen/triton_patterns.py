@@ -8,6 +8,8 @@ by what the kernel computes, not by which ATen ops produced it:
 * Welford moments: row sums of A, then the sum of (A - S/n)^2 (one looped pass of
   per-lane Welford updates, `TritonKernel._welford_pass`);
 * sin and cos of one value in one block (one shared range reduction, `_fl_sincos`).
+
+and, on the printed lines, temporaries nothing reads (`drop_dead`).
 """
 
 from __future__ import annotations
@@ -187,3 +189,33 @@ def share_sincos(lines: list[str]) -> list[str]:
             indent, name, fn, arg = m.groups()
             out[i] = f"{indent}{name} = _fl_{fn}({arg})"
     return [ln for ln in out if ln is not None]
+
+
+_TMP_DEF = re.compile(r"^\s*(tmp\d+) = ")
+_TMP_USE = re.compile(r"\btmp\d+\b")
+
+
+def drop_dead(lines: list[str]) -> list[str]:
+    """Without the `tmpN = ...` lines nothing reads (every such line is a pure
+    expression): what a rewrite such as the 16-bit GELU leaves behind, so the source
+    a user reads shows only what runs."""
+    uses: dict[str, int] = {}
+    line_of: dict[str, int] = {}  # each tmpN is assigned once (TritonKernel.emit numbers them)
+    reads: list[list[str]] = []
+    for i, ln in enumerate(lines):
+        m = _TMP_DEF.match(ln)
+        if m:
+            line_of[m.group(1)] = i
+        reads.append(_TMP_USE.findall(ln[m.end():] if m else ln))
+        for u in reads[-1]:
+            uses[u] = uses.get(u, 0) + 1
+    dead: set[int] = set()
+    work = [n for n in line_of if not uses.get(n)]
+    while work:
+        i = line_of[work.pop()]
+        dead.add(i)
+        for u in reads[i]:
+            uses[u] -= 1
+            if not uses[u] and u in line_of:
+                work.append(u)
+    return [ln for i, ln in enumerate(lines) if i not in dead]
