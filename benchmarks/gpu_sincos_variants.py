@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from fuselens.compiler.codegen.triton_ops import MathMode
+from fuselens.compiler.codegen.triton_prelude import compile_options
 from fuselens.compiler.options import CompilerOptions
 from fuselens.compiler.triton_runtime import build_module
 
@@ -42,7 +43,7 @@ _prelude_tl = build_module([], _portable.prelude(), CompilerOptions()).module
 _fl_sincos, _cody_waite, _poly = _prelude._fl_sincos, _prelude._fl_cody_waite, _prelude._fl_sincos_poly
 _fl_sincos_tl, _fl_take_large = _prelude_tl._fl_sincos, _prelude._fl_take_large
 # nvptx_math.ll, linked where mode 5 calls it
-EXTERN = _gpu.compile_options()
+EXTERN = compile_options(interpret=False)
 
 _TABLE = [(0xA2F9836E4E441529FC2757D1F534DDC0DB6295993C439041 >> (184 - 8 * j)) & 0xFFFFFFFF for j in range(24)]
 

@@ -39,10 +39,10 @@ class LaunchConfig:
 
 
 def target_options() -> dict:
-    """Compile options the generated prelude needs on this target (triton_ops.MathMode)."""
-    from fuselens.compiler.codegen.triton_ops import MathMode
+    """Compile options the generated prelude needs on this target (codegen/triton_prelude.py)."""
+    from fuselens.compiler.codegen.triton_prelude import compile_options
 
-    return MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1").compile_options()
+    return compile_options(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:

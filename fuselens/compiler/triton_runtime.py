@@ -12,10 +12,10 @@ autotuning cached on disk, per-kernel device timing and CUDA graphs.
   compiled kernel's launcher with grid and constexprs bound once. On CUDA that is
   torch's static launcher (static_launch.py) where it applies, so no launch pays
   for Triton's per-signature C launcher build; else Triton's own launcher.
-* Launch configuration (launch_config.py): `heuristic_config` picks block sizes and
-  warps from the kernel kind and sizes. With option `autotune`, the first launch of each size
-  class (power-of-two buckets of the block axes) times `candidate_configs` with
-  CUDA events and keeps the fastest; the choice is cached on disk under
+* Launch configuration (launch_config.py): `heuristic_config` picks block sizes
+  and warps from the kernel kind and sizes. With option `autotune`, the first
+  launch of each size class (power-of-two buckets of the block axes) times
+  `candidate_configs` with CUDA events and keeps the fastest; the choice is cached on disk under
   `<cache_dir>/triton_autotune/<sha256 of the kernel source>.json`, so the next
   process skips the tuning.
 * Option `time_kernels` on CUDA brackets every launch with CUDA events; totals

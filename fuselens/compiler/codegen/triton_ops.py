@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from fuselens.compiler.codegen.triton_prelude import compile_options, prelude_text
+from fuselens.compiler.codegen.triton_prelude import prelude_text
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -92,9 +92,6 @@ class MathMode:
 
     def prelude(self) -> str:
         return prelude_text(self.interpret)
-
-    def compile_options(self) -> dict:
-        return compile_options(self.interpret)
 
 
 @dataclass
