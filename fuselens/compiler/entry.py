@@ -33,6 +33,7 @@ import torch.fx
 
 from fuselens import sink
 from fuselens.compiler import options as options_mod
+from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.build import KernelCompileError, build
 from fuselens.compiler.codegen import get_generator
 from fuselens.events import ErrorEntry, PhaseTime, SourceLocation
@@ -80,6 +81,11 @@ def _decomposition_table() -> dict:
     for op in (getattr(aten, "max_unpool2d", None), getattr(aten, "max_unpool3d", None)):
         for ov in (op.overloads() if op is not None else []):
             table.pop(getattr(op, ov), None)
+    # torch decomposes the CPU flash attention into math that returns the attention
+    # weights where the op returns its logsumexp; its backward (one ATen call) reads
+    # that output. Forward and backward must agree: keep the op whole, as Inductor
+    # does. autograd_consistency checks the rule on every joint graph.
+    table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
 
 
@@ -273,15 +279,59 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
         return _invisible(compiler)
 
-    return aot_module_simplified(
-        gm,
-        example_inputs,
-        fw_compiler=make("aot_forward"),
-        bw_compiler=make("aot_backward"),
-        inference_compiler=make("aot_inference"),
-        decompositions=decompositions(),
-        partition_fn=partition,
-    )
+    table = decompositions()
+    kept_whole: list[OpPairing] = []
+    while True:
+        seen: list[OpPairing] = []
+        try:
+            compiled = aot_module_simplified(
+                gm,
+                example_inputs,
+                fw_compiler=make("aot_forward"),
+                bw_compiler=make("aot_backward"),
+                inference_compiler=make("aot_inference"),
+                decompositions=table,
+                partition_fn=checked_partition(partition, _location_of, seen),
+            )
+            break
+        except ForwardBackwardMismatch as mismatch:
+            # by name: the overload a trace records need not be the table's key object
+            names = {p.forward_op for p in mismatch.pairings}
+            removed = [op for op in table if str(op) in names]
+            if not removed:
+                raise
+            for op in removed:
+                del table[op]
+            kept_whole.extend(mismatch.pairings)
+    _report_pairings(kept_whole, seen, compile_id)
+    return compiled
+
+
+def _location_of(stack: str) -> Optional[SourceLocation]:
+    from fuselens.compiler.explain import location_from_stack
+
+    return location_from_stack(stack)
+
+
+def _report_pairings(kept_whole: list[OpPairing], one_direction: list[OpPairing], compile_id: str) -> None:
+    """Findings for ops whose forward and backward were not computed alike."""
+    said: set[tuple[str, str]] = set()
+    for p in kept_whole:
+        if (p.forward_op, p.backward_op) in said:
+            continue
+        said.add((p.forward_op, p.backward_op))
+        sink.emit(ErrorEntry(
+            kind="fallback", location=p.location, compile_id=compile_id,
+            message=f"{p.forward_op} runs whole in ATen in the forward too: its backward {p.backward_op} reads "
+                    f"the op's own outputs, which its decomposition does not produce (forward and backward agree)"))
+    for p in one_direction:
+        if (p.forward_op, p.backward_op) in said:
+            continue
+        said.add((p.forward_op, p.backward_op))
+        sink.emit(ErrorEntry(
+            kind="fallback", location=p.location, compile_id=compile_id,
+            message=f"{p.forward_op} is decomposed and fused in the forward, but its backward {p.backward_op} "
+                    f"runs whole in ATen (one-direction fallback)"))
 
 
 def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:

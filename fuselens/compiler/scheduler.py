@@ -147,6 +147,7 @@ class Scheduler:
         self.nbytes = [self._step_bytes(s) for s in self.steps]
         self.group_of: dict[str, KernelGroup] = {}
         self.refusals: dict[tuple[int, str], Refusal] = {}
+        self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
 
     def _step_bytes(self, s: Any) -> int:
         names = [s.name] + [o for o in (getattr(s, "outputs", None) or []) if o]
@@ -249,16 +250,42 @@ class Scheduler:
         return got
 
     def rule_no_cycle(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        """A kernel runs as one unit, so everything any member needs runs before all
+        of them. Fusing is a cycle when a path leaves the members and comes back,
+        through single steps or through other kernels, which run whole too (two
+        horizontally fused kernels can each be acyclic and still need each other)."""
         members = {self.index[n.name] for n in g.nodes} | {self.index[n.name] for n in new}
         mmask = sum(1 << i for i in members)
+        reach = 0
         for i in members:
-            for j in range(len(self.steps)):
-                if j in members or not (self.anc[i] >> j) & 1:
-                    continue
-                if self.anc[j] & mmask:  # j depends on a member and a member depends on j
-                    return Refusal("cycle", f"fusing would create a cycle through {_label(self.steps[j])}, which "
-                                   "needs one of these results and produces an input of another")
-        return None
+            for d in self.deps[i]:
+                if d not in members:
+                    reach |= (1 << d) | self.anc[d]
+        merging = {id(g)} | {id(self.group_of[n.name]) for n in new if n.name in self.group_of}
+        others = [(m, a) for k, (m, a) in self._unit_masks.items() if k not in merging]
+        grown = True
+        while grown and not reach & mmask:
+            grown = False
+            for gmask, ganc in others:
+                if reach & gmask and (gmask | ganc) & ~reach:
+                    reach |= gmask | ganc
+                    grown = True
+        if not reach & mmask:
+            return None
+        through = next((j for j in range(len(self.steps)) if (reach >> j) & 1 and j not in members
+                        and self.anc[j] & mmask), None)
+        where = _label(self.steps[through]) if through is not None else "another kernel"
+        return Refusal("cycle", f"fusing would create a cycle through {where}, which needs one of these results "
+                       "and produces (or runs in one kernel with) an input of another")
+
+    def _track(self, g: KernelGroup) -> None:
+        """Record a kernel's member mask and the union of its members' ancestors."""
+        mask = anc = 0
+        for n in g.nodes:
+            i = self.index[n.name]
+            mask |= 1 << i
+            anc |= self.anc[i]
+        self._unit_masks[id(g)] = (mask, anc & ~mask)
 
     PEAK_WINDOW = 400  # steps simulated at most; wider gaps are refused as too far apart
     PEAK_SLACK = 64 * 1024  # bytes of extra peak tolerated (a few rows of scratch)
@@ -395,6 +422,7 @@ class Scheduler:
                     if ref is None:
                         self._join(target, pg.nodes, f"{_label(step)} needs both: merged kernels")
                         groups.remove(pg)
+                        del self._unit_masks[id(pg)]
                     else:
                         self.refusals[(id(pg), step.name)] = ref
                 continue
@@ -412,6 +440,7 @@ class Scheduler:
                 ng = KernelGroup([step], full, rflags, reasons=[f"{_label(step)}: {step.describe()}"])
                 groups.append(ng)
                 self.group_of[step.name] = ng
+                self._track(ng)
         return self._finish(groups)
 
     def _join(self, g: KernelGroup, new: Sequence[ComputeNode], reason: str) -> None:
@@ -420,6 +449,7 @@ class Scheduler:
         g.reasons.append(reason)
         for n in new:
             self.group_of[n.name] = g
+        self._track(g)
 
     def _finish(self, groups: list[KernelGroup]) -> Schedule:
         # what each group must write to memory
