@@ -483,7 +483,7 @@ def test_bfloat16_kernels_round_every_op_as_eager_does_and_match_it_exactly(fn, 
         if "softmax" in fn.__code__.co_names:
             # eager's vectorized exp differs by CPU capability (AVX2 vs AVX-512 Sleef): its
             # float result can land on the other side of a bfloat16 rounding boundary
-            torch.testing.assert_close(o, r, rtol=2 ** -8, atol=0)
+            torch.testing.assert_close(o, r, rtol=2 ** -7, atol=0)  # one bfloat16 ulp
         else:
             assert torch.equal(o, r)
     assert not [e for e in events if isinstance(e, ErrorEntry)]
