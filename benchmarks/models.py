@@ -1,0 +1,249 @@
+"""The real-model suite: eager vs Inductor vs fuselens, one process, same inputs.
+
+    python -m benchmarks.models                               # GPU: 4 models, inference + training
+    python -m benchmarks.models --device cpu                  # CPU: small configs, fp32 inference
+    python -m benchmarks.models --models gpt2 --modes infer --cuda-graphs --profile
+
+Models (benchmarks/real_models.py): Hugging Face GPT-2, Llama, BERT from configs and
+torchvision's ResNet-50, random weights. GPU: inference in bf16 (`model.bfloat16()`,
+no_grad), training is one forward+backward under bf16 autocast; CPU: fp32.
+
+Columns per model and backend: wall ms/step (GPU: `triton.testing.do_bench`
+median; CPU: median of timed steps), ratio Inductor/this (above 1: faster than
+Inductor), GPU kernel ms/step, launches/step and host ms/step (wall minus kernel
+time) from torch.profiler over a few steps, cold compile s (first call, fresh
+caches), peak memory of a step, and the max error against eager (inference: the
+output's relative norm error; training: the worst parameter gradient's).
+`--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
+`cuda_graphs` option. `--profile` writes the top kernels of each backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.fresh_caches import use_fresh_compile_caches  # noqa: E402
+
+use_fresh_compile_caches("fl_models_bench_")
+
+import torch  # noqa: E402
+
+import fuselens.compiler  # noqa: E402,F401
+from benchmarks.real_models import MODELS, ModelCase, build  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_step(step: Callable[[], Any], device: str, reps: int) -> float:
+    """ms per step."""
+    if device == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median"))
+    step()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def profile_step(step: Callable[[], Any], device: str, steps: int = 5) -> dict:
+    """Launches, GPU kernel ms and host ms per step, and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    step()
+    _sync(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync(device)
+        wall = (time.perf_counter() - t0) * 1e3 / steps
+    if device != "cuda":
+        return {"wall_ms": wall}
+    kernels: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time_total / 1e3
+    launches = sum(k[0] for k in kernels.values()) / steps
+    kernel_ms = sum(k[1] for k in kernels.values()) / steps
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]
+    return {"launches": launches, "kernel_ms": kernel_ms, "host_ms": max(wall - kernel_ms, 0.0), "wall_ms": wall,
+            "top": [{"name": n[:160], "calls": c / steps, "ms": ms / steps} for n, (c, ms) in top]}
+
+
+def relerr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _output_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def make_step(case: ModelCase, module: torch.nn.Module, inputs: dict, train: bool, device: str) -> Callable:
+    """One inference call, or one forward+backward (bf16 autocast on the GPU)."""
+    if not train:
+        def infer() -> Any:
+            with torch.no_grad():
+                return module(**inputs)
+
+        return infer
+
+    def train_step() -> Any:
+        for p in module.parameters():
+            p.grad = None
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            out = module(**inputs)
+            loss = case.loss(out, inputs)
+        loss.backward()
+        return loss
+
+    return train_step
+
+
+def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in module.parameters() if p.grad is not None]
+
+
+def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int) -> dict:
+    train = mode == "train"
+    case = build(name, "gpu" if device == "cuda" else "cpu")
+    module = case.module.to(device)
+    if device == "cuda" and not train:
+        module = module.bfloat16()
+    module.train(train)
+    inputs = case.make_inputs(device)
+    if name == "resnet50" and not train and device == "cuda":
+        inputs = {"x": inputs["x"].bfloat16()}
+    rec: dict[str, Any] = {"model": name, "mode": mode, "label": case.label}
+    eager_step = make_step(case, module, inputs, train, device)
+    ref = eager_step()
+    ref_out = _grads(module) if train else _output_tensor(ref).clone()
+    # what tracing this model costs only the first time in a process: paid by no backend
+    torch._dynamo.reset()
+    make_step(case, torch.compile(copy.deepcopy(module), backend="aot_eager"), inputs, train, device)()
+    for label, kw in backends:
+        torch._dynamo.reset()
+        r: dict[str, Any] = {}
+        rec[label] = r
+        try:
+            compiled = module if label == "eager" else torch.compile(module, **kw)
+            step = make_step(case, compiled, inputs, train, device)
+            _sync(device)
+            t0 = time.perf_counter()
+            out = step()
+            _sync(device)
+            if label != "eager":
+                r["compile_s"] = time.perf_counter() - t0
+            r["err"] = (max(relerr(a, b) for a, b in zip(_grads(module), ref_out)) if train
+                        else relerr(_output_tensor(out), ref_out))
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            r["ms"] = time_step(step, device, reps)
+            if device == "cuda":
+                r["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            if profile or device == "cuda":
+                r.update(profile_step(step, device))
+                if not profile:
+                    r.pop("top", None)
+        except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
+            r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(json.dumps({"model": name, "mode": mode, "backend": label,
+                          **{k: v for k, v in r.items() if k != "top"}}), flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rec
+
+
+def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple[str, dict]]:
+    all_: list[tuple[str, dict]] = [("eager", {}), ("inductor", {}), ("fuselens", {"backend": "fuselens"})]
+    if cuda_graphs and device == "cuda":
+        all_ += [("inductor_cg", {"mode": "reduce-overhead"}),
+                 ("fuselens_cg", {"backend": "fuselens", "options": {"cuda_graphs": True}})]
+    return [b for b in all_ if not which or b[0] in which or b[0] == "eager"]
+
+
+def table(results: list[dict], backends: list[str]) -> str:
+    cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "err"]
+    rows = ["| model | mode | backend | wall ms | vs Inductor | kernel ms | launches | host ms | compile s | "
+            "peak MB | max err |", "|---" * 11 + "|"]
+    ratios = []
+    for rec in results:
+        ind = rec.get("inductor", {}).get("ms")
+        for b in backends:
+            r = rec.get(b, {})
+            if "error" in r:
+                rows.append(f"| {rec['model']} | {rec['mode']} | {b} | error: {r['error'][:80]} |")
+                continue
+            base = rec.get("inductor_cg" if b.endswith("_cg") else "inductor", {}).get("ms")
+            ratio = f"{base / r['ms']:.2f}x" if base and r.get("ms") else "-"
+            if b == "fuselens" and ind and r.get("ms"):
+                ratios.append(ind / r["ms"])
+            vals = []
+            for c in cols:
+                v = r.get(c)
+                vals.append("-" if v is None else (f"{v:.1e}" if c == "err" else f"{v:.3g}" if c != "launches"
+                                                   else f"{v:.0f}"))
+            rows.append(f"| {rec['model']} | {rec['mode']} | {b} | {vals[0]} | {ratio} | " + " | ".join(vals[1:]) + " |")
+    if ratios:
+        rows.append(f"\ngeomean fuselens vs Inductor: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x "
+                    f"(above 1: fuselens faster), over {len(ratios)} runs")
+    return "\n".join(rows)
+
+
+def main(argv: Any = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--modes", default="", help="infer,train (default: both on the GPU, infer on the CPU)")
+    ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg")
+    ap.add_argument("--cuda-graphs", action="store_true", help="add reduce-overhead / cuda_graphs columns")
+    ap.add_argument("--profile", action="store_true", help="record each backend's top kernels in the JSON")
+    ap.add_argument("--reps", type=int, default=10, help="timed steps on the CPU")
+    ap.add_argument("--out", default="", help="write models_bench.json here")
+    args = ap.parse_args(argv)
+    modes = [m for m in (args.modes or ("infer,train" if args.device == "cuda" else "infer")).split(",") if m]
+    backends = backends_for(args.device, args.cuda_graphs, [b for b in args.backends.split(",") if b])
+    if args.device == "cpu":
+        torch.set_num_threads(torch.get_num_threads())
+    results = [run_model(m, mode, args.device, backends, args.profile, args.reps)
+               for m in args.models.split(",") if m for mode in modes]
+    info = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "models_bench.json").write_text(json.dumps({"info": info, "results": results}, indent=1))
+    print(json.dumps(info))
+    print(table(results, [b for b, _ in backends]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Real models for the model suite, built from their libraries' own definitions
+with random weights (nothing is downloaded): Hugging Face GPT-2, Llama and BERT
+from configs, torchvision's ResNet-50.
+
+`build(name, size)` gives a `ModelCase`: the module, a function making its
+inputs, and the loss a training step backpropagates. `size` is "gpu" (the sizes
+issue 17 measures: GPT-2 6 layers 8x512, Llama 6 layers 1024 wide 16/4 heads
+4x512, BERT 6 layers 8x512, ResNet-50 32x224) or "cpu" (small configs, 2x128
+tokens, that a 2-core machine runs in seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+MODELS = ("gpt2", "llama", "bert", "resnet50")
+
+
+@dataclass
+class ModelCase:
+    name: str
+    module: torch.nn.Module
+    make_inputs: Callable[[str], dict]  # device -> keyword arguments of forward
+    loss: Callable[[Any, dict], torch.Tensor]  # (output, inputs) -> scalar
+    label: str
+
+
+def _no_dropout(module: torch.nn.Module) -> torch.nn.Module:
+    """Dropout off, so compiled and eager steps compute the same function."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return module
+
+
+def _tokens(vocab: int, batch: int, seq: int) -> Callable[[str], dict]:
+    def make(device: str) -> dict:
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+        return {"input_ids": ids, "labels": ids}
+
+    return make
+
+
+def _hf_loss(out: Any, inputs: dict) -> torch.Tensor:
+    return out.loss
+
+
+def build(name: str, size: str = "gpu") -> ModelCase:
+    torch.manual_seed(0)
+    big = size == "gpu"
+    if name == "resnet50":
+        import torchvision
+
+        batch, res = (32, 224) if big else (2, 64)
+        module = torchvision.models.resnet50()
+
+        def images(device: str) -> dict:
+            g = torch.Generator().manual_seed(0)
+            return {"x": torch.randn(batch, 3, res, res, generator=g).to(device)}
+
+        return ModelCase(name, module, images, lambda out, inputs: out.float().square().mean(),
+                         f"ResNet-50 {batch}x3x{res}x{res}")
+    import transformers
+
+    layers = 6 if big else 2
+    batch, seq = ((4 if name == "llama" else 8), 512) if big else (2, 128)
+    if name == "gpt2":
+        vocab = 50257 if big else 5003
+        cfg = transformers.GPT2Config(n_layer=layers, vocab_size=vocab, n_positions=1024, resid_pdrop=0.0,
+                                      embd_pdrop=0.0, attn_pdrop=0.0,
+                                      **({} if big else dict(n_embd=256, n_head=4)))
+        module = transformers.GPT2LMHeadModel(cfg)
+    elif name == "llama":
+        vocab = 32000 if big else 5003
+        cfg = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=1024 if big else 256,
+                                       num_attention_heads=16 if big else 4, num_key_value_heads=4 if big else 2,
+                                       intermediate_size=2816 if big else 688, vocab_size=vocab,
+                                       max_position_embeddings=2048)
+        module = transformers.LlamaForCausalLM(cfg)
+    elif name == "bert":
+        vocab = 30522 if big else 5003
+        cfg = transformers.BertConfig(num_hidden_layers=layers, vocab_size=vocab, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0,
+                                      **({} if big else dict(hidden_size=256, num_attention_heads=4,
+                                                             intermediate_size=1024)))
+        module = transformers.BertForMaskedLM(cfg)
+    else:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    return ModelCase(name, _no_dropout(module), _tokens(vocab, batch, seq), _hf_loss,
+                     f"HF {name} {layers}L {batch}x{seq}")
