@@ -35,12 +35,19 @@ OPTION = (
 _DDP_WRAPPER_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
 
 
-def break_origin(frames: Any) -> str:
+def break_origin(frames: Any, explanation: str = "") -> str:
     """GraphBreak.origin of a break whose traceback is `frames`
-    ((file, line, function) tuples, outermost first)."""
-    for frame in frames or ():
-        if str(frame[0]).endswith(_DDP_WRAPPER_FILE):
-            return "ddp-wrapper"
+    ((file, line, function) tuples, outermost first) and whose Dynamo
+    explanation is `explanation`."""
+    if "`DistributedDataParallel._" in explanation:
+        # DDP's private helpers (`_inside_ddp_forward`) are skipped by Dynamo
+        # on purpose; the traceback then ends at the user's call of the module.
+        return "ddp-wrapper"
+    frames = list(frames or ())
+    # Only the innermost frame counts: a user model called *through* DDP has
+    # DDP's frames further out, and its breaks are the user's.
+    if frames and str(frames[-1][0]).endswith(_DDP_WRAPPER_FILE):
+        return "ddp-wrapper"
     return ""
 
 

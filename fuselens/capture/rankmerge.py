@@ -325,7 +325,7 @@ def _merged_run(rank_reports: list[Report], launch_events: list[Any]) -> RunInfo
     launched = [e for e in launch_events if isinstance(e, RunInfo)]
     for info in launched:  # the launcher knows the command and torchrun's exit code
         run.target = info.target or run.target
-        run.args = info.args or run.args
+        run.args = list(info.args)  # its target is the whole command line
         run.stdout_tail, run.stderr_tail = info.stdout_tail, info.stderr_tail
         run.exit_code = info.exit_code
     if not launched:

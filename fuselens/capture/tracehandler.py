@@ -156,7 +156,7 @@ class TraceHandler(logging.Handler):
             registry_id=parsed.registry_id,
             compile_id=cid,
             user_stack=stack,
-            origin=break_origin(parsed.frames),
+            origin=break_origin(parsed.frames, parsed.explanation),
         )
         key = (cid,) + gb.key()
         if key in self._seen_breaks:  # a restarted attempt logs the same break again
