@@ -8,6 +8,7 @@ make one rank misbehave so that tests can prove what the merged report says:
   --break-on-rank R     rank R takes a graph break (a print inside the model)
   --crash-on-rank R     rank R raises after its first step
   --hang-on-rank R      rank R sleeps forever after its first step
+  --kill-on-rank R      rank R SIGKILLs itself after its first step (no Python cleanup)
   --no-compile          plain eager DDP (the baseline for overhead measurements)
 
 Prints one `rank N step S loss L` line per step: the tests compare losses
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 
 import torch
@@ -50,6 +52,7 @@ def main() -> None:
     p.add_argument("--break-on-rank", type=int, default=-1)
     p.add_argument("--crash-on-rank", type=int, default=-1)
     p.add_argument("--hang-on-rank", type=int, default=-1)
+    p.add_argument("--kill-on-rank", type=int, default=-1)
     p.add_argument("--no-compile", action="store_true")
     args = p.parse_args()
 
@@ -71,6 +74,8 @@ def main() -> None:
         print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
         if rank == args.crash_on_rank:
             raise RuntimeError(f"rank {rank} failed on purpose")
+        if rank == args.kill_on_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
         if rank == args.hang_on_rank:
             while True:
                 time.sleep(1)
