@@ -20,7 +20,9 @@ from typing import Any, Literal, Optional
 
 SCHEMA_VERSION = 1
 
-KernelKind = Literal["triton", "cpp", "extern"]
+# "collective": a torch.distributed collective (all_reduce, ...) as the profiler
+# timed it; it belongs to no compiled graph (graph_id "").
+KernelKind = Literal["triton", "cpp", "extern", "collective"]
 FusionVerdict = Literal["fused", "not_fused"]
 GraphStage = Literal["dynamo", "aot_inference", "aot_forward", "aot_backward"]
 ErrorKind = Literal[
@@ -32,6 +34,7 @@ ErrorKind = Literal[
     "compile",  # a backend failed to compile a graph (fell back to eager)
     "fallback",  # a kernel or op fell back to ATen/eager, with the reason
     "internal",  # fuselens itself failed; a bug to report
+    "divergence",  # distributed: a finding on some ranks only (how compiled jobs deadlock)
 ]
 
 
@@ -67,6 +70,11 @@ class GraphBreak:
     compile_id: str = ""  # "frame/compile", e.g. "0/0"
     count: int = 1
     user_stack: list[SourceLocation] = field(default_factory=list)  # outermost first
+    ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks that hit it
+    # "" for the user's own code; "ddp-wrapper" when it happened inside
+    # DistributedDataParallel.forward, which Dynamo skips by design before
+    # compiling the wrapped module: nothing for the user to fix.
+    origin: str = ""
 
     def key(self) -> tuple:
         return (self.location.file, self.location.line, self.location.cell, self.reason)
@@ -98,6 +106,7 @@ class Recompile:
     # The user line that called the compiled function when this recompile
     # happened (where a mark_dynamic call would go); None when unknown.
     call_site: Optional[SourceLocation] = None
+    ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks that recompiled
 
 
 @dataclass
@@ -123,6 +132,7 @@ class CompiledGraph:
     ops: list[str] = field(default_factory=list)  # call targets in order
     nodes: list[GraphNode] = field(default_factory=list)
     graph_id: str = ""  # unique within a run: f"{compile_id}:{stage}"
+    ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks that compiled it
 
 
 @dataclass
@@ -144,6 +154,7 @@ class Kernel:
     total_time_us: float = 0.0
     bytes_accessed: Optional[int] = None  # per call, when known
     device: str = "cpu"
+    ranks: list[int] = field(default_factory=list)  # distributed runs: calls and time summed over these
 
 
 @dataclass
@@ -180,6 +191,7 @@ class ErrorEntry:
     location: Optional[SourceLocation] = None  # innermost user frame
     traceback: str = ""
     compile_id: str = ""
+    ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks it happened on
 
 
 @dataclass
@@ -216,6 +228,56 @@ class RunInfo:
 
 
 @dataclass
+class DDPBucket:
+    """One bucket of DDPOptimizer: the parameters whose gradients DDP
+    all-reduces together, and the piece of the graph that produces them."""
+
+    size_bytes: int
+    params: list[str] = field(default_factory=list)  # FX names of the parameters
+    nodes: int = 0  # FX nodes in this piece of the graph
+
+
+@dataclass
+class DDPSplit:
+    """Dynamo's DDP optimizer (`torch._dynamo.config.optimize_ddp`) cut one
+    compiled graph at DDP bucket boundaries so that gradient all-reduce can
+    overlap the backward. Not a graph break: the pieces are compiled from one
+    Dynamo trace and the program's Python is not split."""
+
+    compile_id: str
+    function: str
+    location: SourceLocation
+    bucket_cap_mb: float  # DistributedDataParallel(bucket_cap_mb=...) of the module
+    first_bucket_cap_mb: float  # DDP's smaller first bucket (comms start early)
+    buckets: list[DDPBucket] = field(default_factory=list)  # in forward order
+    option: str = ""  # what changes it, one sentence
+    ranks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RankInfo:
+    """One rank of a distributed run (torchrun). Each per-rank event stream
+    starts with one; the merged Report has one per rank, completed with how
+    the rank ended and its times."""
+
+    rank: int  # global rank (RANK)
+    local_rank: int = 0  # LOCAL_RANK
+    world_size: int = 1  # WORLD_SIZE
+    node_rank: int = 0  # GROUP_RANK: which torchrun agent (host) launched it
+    host: str = ""
+    pid: int = 0
+    # Filled when merging: "ok", "failed" (the program raised or exited non-zero),
+    # "killed" (a signal, stopped by torchrun or by the timeout) or "missing"
+    # (its stream ended without an end record).
+    status: str = ""
+    exit_code: Optional[int] = None
+    wall_s: float = 0.0
+    compile_s: float = 0.0
+    kernel_time_us: float = 0.0
+    collective_time_us: float = 0.0
+
+
+@dataclass
 class Report:
     run: RunInfo
     graph_breaks: list[GraphBreak] = field(default_factory=list)
@@ -225,6 +287,8 @@ class Report:
     fusion: list[FusionDecision] = field(default_factory=list)
     errors: list[ErrorEntry] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
+    ddp_splits: list[DDPSplit] = field(default_factory=list)
+    ranks: list[RankInfo] = field(default_factory=list)  # empty for a single-process run
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -259,6 +323,8 @@ EVENT_CLASSES: dict[str, type] = {
         ErrorEntry,
         PhaseTime,
         RunInfo,
+        DDPSplit,
+        RankInfo,
     )
 }
 

@@ -14,6 +14,7 @@ updates); this module is the one place that decides how they combine:
 - PhaseTime: appended; `Timings.compile_s` sums the top-level phases
   (`TOP_LEVEL_PHASES`); other phases are a breakdown inside "backend" and
   name their parent (`PhaseTime.parent`; the worker fills it, `nest_phase`).
+- DDPSplit: exact duplicates dropped.
 - RunInfo: fields the worker knows (versions, device, exit code) are merged
   into the parent's RunInfo.
 """
@@ -25,6 +26,7 @@ from typing import Any, Iterable, Optional
 
 from fuselens.events import (
     CompiledGraph,
+    DDPSplit,
     ErrorEntry,
     FusionDecision,
     GraphBreak,
@@ -70,6 +72,7 @@ class ReportBuilder:
         self._fusion: list[FusionDecision] = []
         self._errors: list[ErrorEntry] = []
         self._phases: list[PhaseTime] = []
+        self._splits: list[DDPSplit] = []
         self.wall_s = 0.0
 
     def add(self, event: Any) -> None:
@@ -137,6 +140,10 @@ class ReportBuilder:
         if error not in self._errors:
             self._errors.append(error)
 
+    def _add_DDPSplit(self, split: DDPSplit) -> None:
+        if split not in self._splits:
+            self._splits.append(split)
+
     def _add_PhaseTime(self, phase: PhaseTime) -> None:
         self._phases.append(phase)
 
@@ -167,6 +174,7 @@ class ReportBuilder:
             fusion=list(self._fusion),
             errors=list(self._errors),
             timings=timings,
+            ddp_splits=list(self._splits),
         )
 
 

@@ -158,6 +158,9 @@ class CaptureBackend:
         capture = self._capture
         try:
             event = graph_event(gm, cid, self._name, capture.frame_for(cid))
+            if capture.split_piece is not None:  # one piece of a DDP split (capture/ddp.py)
+                event.graph_id += f":bucket{capture.split_piece}"
+                capture.split_piece += 1
             capture.graphs[cid] = event
             capture.emit(event)
         except Exception as exc:  # a graph we cannot describe still compiles
@@ -178,6 +181,9 @@ class Capture:
         self.on_before_call: Optional[Callable[[], None]] = None  # e.g. periodic sink flush
         self.internal_notes: list[str] = []
         self.graphs: dict[str, CompiledGraph] = {}  # compile id -> its Dynamo graph, this run
+        # Set by capture/ddp.py while DDPOptimizer compiles the pieces of one
+        # graph: the index of the next piece, which names its graph id.
+        self.split_piece: Optional[int] = None
         self._orig_get_compiler_fn: Any = None
         self._orig_compile: Any = None
 

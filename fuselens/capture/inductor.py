@@ -233,6 +233,10 @@ class InductorKernels:
             total[1] += float(device_us or event.cpu_time_total)
         for (graph_id, name), (calls, us) in totals.items():
             self._emit(KernelTiming(name, graph_id, int(calls), us))
+        from fuselens.capture.collectives import collective_kernels
+
+        for kernel in collective_kernels(prof.events()):  # distributed runs: all_reduce & co.
+            self._emit(kernel)
 
     def _kernel_of_event(
         self, event: Any, by_graph: dict[str, dict[str, Kernel]], by_name: dict[str, list[Kernel]]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
+from fuselens.capture.ddp import break_origin
 from fuselens.events import ErrorEntry, GraphBreak, PhaseTime, Recompile, ShapeChange, SourceLocation
 
 Emit = Callable[[Any], None]
@@ -155,6 +156,7 @@ class TraceHandler(logging.Handler):
             registry_id=parsed.registry_id,
             compile_id=cid,
             user_stack=stack,
+            origin=break_origin(parsed.frames, parsed.explanation),
         )
         key = (cid,) + gb.key()
         if key in self._seen_breaks:  # a restarted attempt logs the same break again

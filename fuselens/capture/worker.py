@@ -53,6 +53,10 @@ class Channel:
 
 
 class Worker:
+    # The end-of-output marker is for the runner's drain threads; a torchrun
+    # rank's stdout is the terminal's (capture/rank.py turns it off).
+    marks_output_end = True
+
     def __init__(self, channel: Channel) -> None:
         import torch  # noqa: F401  (imported once, before any run: warm sessions)
 
@@ -71,6 +75,9 @@ class Worker:
         self.handler.on_metrics = self.kernels.on_compile_end
         install(self.handler)
         self.capture.install()
+        from fuselens.capture import ddp
+
+        ddp.install(self.capture)  # DDP graph splits reported as buckets, not breaks
         self.capture.on_before_call = self._maybe_flush
         sink.add_listener(self._emit)
         self._last_flush = time.monotonic()
@@ -98,7 +105,8 @@ class Worker:
             self._emit(ErrorEntry("internal", f"a fuselens producer failed to flush: {exc!r}"))
 
     # ---------------------------------------------------------------- a run
-    def run(self, target: Target, options: RunOptions) -> None:
+    def run(self, target: Target, options: RunOptions) -> RunInfo:
+        """Run the program once; the RunInfo sent says how it ended."""
         import torch
 
         from fuselens.capture.hooks import MaxCallsReached
@@ -139,6 +147,7 @@ class Worker:
                 self._on_exception(exc)
         wall = time.monotonic() - started
         self._finish_run(info, wall)
+        return info
 
     def _finish_run(self, info: RunInfo, wall: float) -> None:
         self.handler.flush_pending()
@@ -156,7 +165,8 @@ class Worker:
         self._emit(info)
         sys.stdout.flush()
         sys.stderr.flush()
-        _end_output()
+        if self.marks_output_end:
+            _end_output()
         self.channel.send_line(control_line(DONE, wall_s=round(wall, 6)))
 
     def _on_exit(self, exc: SystemExit) -> int:

@@ -279,6 +279,14 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
         return _invisible(compiler)
 
+    # DDPOptimizer (Dynamo's optimize_ddp) tells whether a bucket's backend went
+    # through AOTAutograd by this counter, which only torch's own `aot_autograd`
+    # helper bumps. Unbumped, it propagates shapes through the uncompiled piece
+    # while AOTAutograd (asked to fakify its first call) hands fake outputs to
+    # the first real call: a FakeTensor reached user code under DDP.
+    from torch._dynamo.utils import counters
+
+    counters["aot_autograd"]["total"] += 1
     table = decompositions()
     kept_whole: list[OpPairing] = []
     while True:

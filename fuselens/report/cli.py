@@ -20,7 +20,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from fuselens.events import Report
-from fuselens.report import common
+from fuselens.report import common, torchrun_cli
 
 FORMATS = ("terminal", "json", "md", "html", "sarif")
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -33,6 +33,8 @@ EPILOG = f"""targets:
   fuselens report -m package.module        a module, like python -m
   fuselens report analysis.ipynb           a notebook's code cells, in order
   fuselens report --from-json run.json     re-render a saved JSON report
+
+{torchrun_cli.TORCHRUN_HELP_EPILOG}
 
 exit codes:
   0  report produced (a crash of the program itself is an `error` finding)
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true",
                    help="terminal: only findings and the summary; no progress line")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="terminal colours")
+    torchrun_cli.add_arguments(p)
     return p
 
 
@@ -109,10 +112,16 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(ours)
     _check_output(args.output)
 
+    if torchrun_cli.check_merge_usage(args, program_args):
+        raise UsageError(torchrun_cli.check_merge_usage(args, program_args))
     if args.from_json:
         if args.target or args.module or program_args:
             raise UsageError("--from-json renders a saved report; give no target with it")
         report = _load_json(args.from_json)
+    elif args.merge:
+        report = _distributed(torchrun_cli.merged, args.merge)
+    elif torchrun_cli.wanted(args, program_args):
+        report = _distributed(torchrun_cli.run, args, program_args, _options(args))
     else:
         report = _run(args, program_args)
         if report is None:
@@ -195,8 +204,7 @@ def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
         target = Target.from_cli([*spec, "--", *program_args])
     except TargetError as exc:
         raise UsageError(str(exc)) from None
-    options = RunOptions(backend=args.backend, timeout_s=args.timeout, max_calls=args.max_calls,
-                         time_kernels=args.time_kernels)
+    options = _options(args)
     show_progress = not args.quiet and sys.stderr.isatty()
     try:
         if show_progress:
@@ -206,6 +214,21 @@ def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
         print(f"fuselens report: internal error while running {target.label()}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return None
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from fuselens.capture import RunOptions
+
+    return RunOptions(backend=args.backend, timeout_s=args.timeout, max_calls=args.max_calls,
+                      time_kernels=args.time_kernels)
+
+
+def _distributed(fn: Callable[..., Report], *fn_args: Any) -> Report:
+    """A torchrun run or a --merge, bad distributed usage as exit code 2."""
+    try:
+        return fn(*fn_args)
+    except torchrun_cli.TorchrunUsage as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _analyze_with_progress(analyze: Callable[..., Report], target: Any, options: Any) -> Report:

@@ -206,9 +206,11 @@ class Counts:
 
 
 def counts(report: Report) -> Counts:
+    # Breaks inside DDP's own forward wrapper (GraphBreak.origin) are by design, not findings.
+    breaks = [gb for gb in report.graph_breaks if not gb.origin]
     return Counts(
-        graph_breaks=len(report.graph_breaks),
-        graph_break_hits=sum(max(gb.count, 1) for gb in report.graph_breaks),
+        graph_breaks=len(breaks),
+        graph_break_hits=sum(max(gb.count, 1) for gb in breaks),
         recompiles=len(report.recompiles),
         recompile_limits=sum(1 for r in report.recompiles if r.hit_limit),
         graphs=len(report.graphs),

@@ -26,7 +26,7 @@ from fuselens.events import (
     Report,
     SourceLocation,
 )
-from fuselens.report import charts, common
+from fuselens.report import charts, common, ranks_view
 
 # How many ops of a graph to list before "... and N more".
 MAX_OPS_SHOWN = 40
@@ -56,9 +56,11 @@ def render_terminal(
     )
     v = _View(console, root)
     v.header(report)
+    v.ranks(report)
     v.errors(report.errors)
-    v.graph_breaks(report.graph_breaks)
+    v.graph_breaks(ranks_view.user_breaks(report))
     v.recompiles(report.recompiles)
+    v.ddp(report)
     if not quiet:
         v.graphs(report)
         v.kernels(report)
@@ -157,6 +159,7 @@ class _View:
             self.headline(self.where(err.location), f"error[{err.kind}]", "bold red", first,
                           f"(compile {err.compile_id})" if err.compile_id else "")
             self.source(err.location)
+            self.note("on", ranks_view.ranks_label(err.ranks))
             if err.location and err.location.function:
                 self.note("in", err.location.function)
             if err.traceback:
@@ -175,6 +178,7 @@ class _View:
             count = f" ×{gb.count}" if gb.count > 1 else ""
             self.headline(self.where(gb.location), f"graph-break{count}", "bold yellow", gb.reason, extra)
             self.source(gb.location)
+            self.note("on", ranks_view.ranks_label(gb.ranks))
             where = gb.location.function
             self.note("in", f"{where}, compile {gb.compile_id}" if where and gb.compile_id else where or "")
             if gb.gb_type and gb.gb_type != gb.reason:
@@ -196,6 +200,7 @@ class _View:
             self.headline(self.where(rc.location), code, "bold magenta",
                           f"{rc.function}: {common.recompile_headline(rc)}", f"(compile {rc.compile_id})")
             self.source(rc.location)
+            self.note("on", ranks_view.ranks_label(rc.ranks))
             if rc.call_site is not None:
                 self.note("called at", self.where(rc.call_site))
             for reason in rc.reasons[1:]:
@@ -211,6 +216,40 @@ class _View:
                 self.note("torch says", raw)
             self.c.print()
 
+    def ranks(self, report: Report) -> None:
+        """Distributed runs: one row per rank, the slowest named."""
+        if not report.ranks:
+            return
+        self.section(f"Ranks ({len(report.ranks)})")
+        table = Table(box=None, padding=(0, 2), show_edge=False)
+        head, *rows = ranks_view.rank_rows(report)
+        for name in head:
+            table.add_column(name, justify="left" if name in ("host", "status") else "right")
+        for row in rows:
+            table.add_row(*row, style="red" if row[3] not in ("ok",) else "")
+        self.c.print(table)
+        slowest = ranks_view.slowest_line(report)
+        if slowest:
+            self.c.print(Text(f"  {slowest}", style="bold"))
+
+    def ddp(self, report: Report) -> None:
+        """Dynamo's DDP graph splits and DDP-wrapper breaks: not the program's graph breaks."""
+        wrapper = ranks_view.ddp_wrapper_breaks(report)
+        if not report.ddp_splits and not wrapper:
+            return
+        self.section("DistributedDataParallel", "bucket boundaries, not graph breaks")
+        for split in report.ddp_splits:
+            self.headline(self.where(split.location), "ddp-split", "bold cyan", ranks_view.split_headline(split))
+            self.note("on", ranks_view.ranks_label(split.ranks))
+            for i, line in enumerate(ranks_view.bucket_lines(split)):
+                self.note(f"bucket {i}", line.split(": ", 1)[1])
+            self.note("option", split.option, "green")
+            self.c.print()
+        if wrapper:
+            self.headline(self.where(wrapper[0].location), "ddp-wrapper", "bold cyan", ranks_view.wrapper_line(wrapper))
+            self.note("on", ranks_view.ranks_label(sorted({r for gb in wrapper for r in gb.ranks})))
+            self.c.print()
+
     def graphs(self, report: Report) -> None:
         if not report.graphs:
             return
@@ -220,7 +259,8 @@ class _View:
 
     def graph(self, report: Report, g: CompiledGraph) -> None:
         line = Text(common.graph_title(g), style="bold cyan")
-        line.append(f"  {self.where(g.location)} · {g.backend} · {common.plural(len(g.ops), 'op')}", style="dim")
+        on = f" · {ranks_view.ranks_label(g.ranks)}" if g.ranks else ""
+        line.append(f"  {self.where(g.location)} · {g.backend} · {common.plural(len(g.ops), 'op')}{on}", style="dim")
         self.c.print(line)
         ops = g.ops[:MAX_OPS_SHOWN]
         more = f", ... and {len(g.ops) - len(ops)} more" if len(g.ops) > len(ops) else ""
@@ -252,6 +292,8 @@ class _View:
             facts.append(common.plural(k.calls, "call"))
         if k.total_time_us:
             facts.append(common.fmt_us(k.total_time_us))
+        if k.ranks:
+            facts.append(f"summed over {ranks_view.ranks_label(k.ranks)}")
         line.append("  " + " · ".join(facts), style="dim")
         self.c.print(line)
         if k.ops:

@@ -1,0 +1,93 @@
+"""The distributed part of `fuselens report`: its options, and running or
+merging a torchrun job. Never imports torch (torchrun runs in a subprocess).
+
+  fuselens report --nproc-per-node 2 train.py -- --epochs 1
+  fuselens report -- torchrun --nnodes 1 --nproc-per-node 2 train.py
+  fuselens report --run-dir /shared/run1 -- torchrun --nnodes 2 ... train.py   (on each host)
+  fuselens report --merge /shared/run1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from typing import Any, Optional
+
+from fuselens.events import Report
+
+TORCHRUN_HELP_EPILOG = """distributed (torchrun):
+  fuselens report --nproc-per-node 2 train.py [-- ARGS]    2 ranks on this host
+  fuselens report -- torchrun --nproc-per-node 2 train.py  any torchrun command line
+  fuselens report --merge DIR                               render the ranks written to DIR"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="run TARGET with torchrun on N ranks of this host, every rank captured")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="distributed: where each rank writes its events (default: a new temporary directory); "
+                        "on several hosts, a directory they share")
+    p.add_argument("--merge", metavar="DIR", help="render the ranks a distributed run wrote to DIR, running nothing")
+
+
+class TorchrunUsage(Exception):
+    """Bad distributed usage; the report command turns it into exit code 2."""
+
+
+def wanted(args: argparse.Namespace, program_args: list[str]) -> bool:
+    """Whether this command runs a torchrun job."""
+    from fuselens.capture.distributed import is_torchrun_command
+
+    if args.nproc_per_node is not None:
+        return True
+    return not args.target and not args.module and is_torchrun_command(program_args)
+
+
+def launch_of(args: argparse.Namespace, program_args: list[str]) -> Any:
+    """The TorchrunLaunch the command line asks for."""
+    from fuselens.capture.distributed import TorchrunLaunch
+
+    cwd = os.getcwd()
+    if args.nproc_per_node is not None:
+        if args.nproc_per_node < 1:
+            raise TorchrunUsage(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+        spec = ["-m", args.module] if args.module else [args.target] if args.target else []
+        if not spec:
+            raise TorchrunUsage("--nproc-per-node needs a target: a script.py or -m package.module")
+        if spec[0].endswith(".ipynb"):
+            raise TorchrunUsage("notebooks cannot run under torchrun; give a script")
+        shown = " ".join(["torchrun --nproc-per-node", str(args.nproc_per_node), *spec, *program_args])
+        return TorchrunLaunch.from_nproc(args.nproc_per_node, [*spec, *program_args], run_dir=args.run_dir,
+                                         cwd=cwd, shown=shown)
+    try:
+        return TorchrunLaunch.from_command(program_args, run_dir=args.run_dir, cwd=cwd,
+                                           shown=shlex.join(program_args))
+    except ValueError as exc:
+        raise TorchrunUsage(str(exc)) from None
+
+
+def run(args: argparse.Namespace, program_args: list[str], options: Any) -> Report:
+    """Run the job under capture; the merged report of all ranks."""
+    from fuselens.capture.distributed import analyze_distributed
+
+    return analyze_distributed(launch_of(args, program_args), options)
+
+
+def merged(path: str) -> Report:
+    """The report of a run directory (`--merge DIR`)."""
+    from fuselens.capture.rankmerge import merge_run_dir
+
+    if not os.path.isdir(path):
+        raise TorchrunUsage(f"--merge {path}: no such directory")
+    try:
+        return merge_run_dir(path)
+    except FileNotFoundError as exc:
+        raise TorchrunUsage(str(exc)) from None
+
+
+def check_merge_usage(args: argparse.Namespace, program_args: list[str]) -> Optional[str]:
+    """A one-line complaint when --merge is combined with a run."""
+    if args.merge and (args.target or args.module or program_args or args.nproc_per_node or args.from_json):
+        return "--merge renders a run directory; give no target, --nproc-per-node or --from-json with it"
+    return None
