@@ -145,17 +145,30 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     make_step(case, torch.compile(copy.deepcopy(module), backend="aot_eager"), inputs, train, device)()
     for label, kw in backends:
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         r: dict[str, Any] = {}
         rec[label] = r
         try:
             compiled = module if label == "eager" else torch.compile(module, **kw)
             step = make_step(case, compiled, inputs, train, device)
             _sync(device)
-            t0 = time.perf_counter()
-            out = step()
-            _sync(device)
+            from fuselens import sink
+            from fuselens.events import ErrorEntry, Kernel
+
+            with sink.collect() as events:
+                t0 = time.perf_counter()
+                out = step()
+                _sync(device)
             if label != "eager":
                 r["compile_s"] = time.perf_counter() - t0
+                r["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            if events:  # fuselens' own account of the compile: kernels by kind, fallbacks and errors
+                kinds: dict[str, int] = {}
+                for e in events:
+                    if isinstance(e, Kernel):
+                        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+                r["kernels_by_kind"] = kinds
+                r["errors"] = sorted({f"{e.kind}: {e.message[:200]}" for e in events if isinstance(e, ErrorEntry)})[:30]
             r["err"] = (max(relerr(a, b) for a, b in zip(_grads(module), ref_out)) if train
                         else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
