@@ -169,6 +169,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                         kinds[e.kind] = kinds.get(e.kind, 0) + 1
                 r["kernels_by_kind"] = kinds
                 r["errors"] = sorted({f"{e.kind}: {e.message[:200]}" for e in events if isinstance(e, ErrorEntry)})[:30]
+                r["tracebacks"] = [e.traceback[-2500:] for e in events
+                                   if isinstance(e, ErrorEntry) and e.kind == "internal"][:3]
             r["err"] = (max(relerr(a, b) for a, b in zip(_grads(module), ref_out)) if train
                         else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
@@ -183,7 +185,9 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
         except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
             r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(json.dumps({"model": name, "mode": mode, "backend": label,
-                          **{k: v for k, v in r.items() if k != "top"}}), flush=True)
+                          **{k: v for k, v in r.items() if k not in ("top", "tracebacks")}}), flush=True)
+        for tb in r.get("tracebacks", []):
+            print(tb, flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
     return rec
