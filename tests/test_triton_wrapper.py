@@ -246,3 +246,16 @@ def test_launcher_uses_the_static_launcher_and_binds_it_for_the_fast_path(monkey
     assert api.launches[0] == (4242, 4, 1, 1, 4, 128, "OOOO", (a.data_ptr(), out.data_ptr(), None, None), 5)
     assert api.launches[1] == (4242, 4, 1, 1, 4, 128, "OOOO", (a.data_ptr(), out.data_ptr(), None, None), 7)
     assert len(api.loads) == 1  # loaded once per compiled kernel
+
+
+@pytest.mark.parametrize("nbuf,nsym", [(0, 0), (1, 0), (0, 2), (3, 2)])
+def test_direct_launcher_source_is_valid_python_for_kernels_without_arguments(nbuf, nsym):
+    # A kernel over `torch.tensor([])` (HF Llama and GPT-2 copy one) has no buffer and no
+    # size: its launcher once printed `key = (,)`, and on CUDA the whole graph ran eagerly.
+    from fuselens.compiler.triton_runtime import launcher_source
+
+    ns: dict = {"cache": {}, "slow": lambda key, *args: ("slow", key, args)}
+    exec(compile(launcher_source(nbuf, nsym), "launcher", "exec"), ns)  # noqa: S102
+    tensors = [torch.empty(4) for _ in range(nbuf)]
+    kind, key, args = ns["launch"](None, *tensors, *range(nsym))
+    assert kind == "slow" and len(key) == nbuf + nsym and len(args) == nbuf + nsym

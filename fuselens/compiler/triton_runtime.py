@@ -206,6 +206,11 @@ class Launcher:
         except KeyError:
             return None
 
+    def statically_empty(self) -> bool:
+        """True for a kernel over no elements whatever the sizes (HF models copy
+        `torch.tensor([])`): there is nothing to launch."""
+        return not self.ks.symbols and self._numels()[0] == 0
+
     # -- the direct launch path of generated wrappers (wrapper_codegen.py)
     def fast_launcher(self) -> Optional[Callable]:
         """`launch(stream, *tensors, *sizes)`: after the first launch of each
@@ -223,21 +228,7 @@ class Launcher:
             return self._fast
         if os.environ.get("TRITON_INTERPRET") == "1" or self.timing:
             return None
-        n, ns = self.nbuf, len(self.ks.symbols)
-        ts = [f"a{i}" for i in range(n)]
-        ss = [f"s{i}" for i in range(ns)]
-        ps = [f"p{i}" for i in range(n)]
-        key = ", ".join([f"({p} & 15) == 0" for p in ps] + ss) + ","
-        src = (f"def launch(stream, {', '.join(ts + ss)}):\n"
-               + "".join(f"    {p} = {t}.data_ptr()\n" for p, t in zip(ps, ts))
-               + f"    key = ({key})\n"
-               "    ent = cache.get(key)\n"
-               "    if ent is None:\n"
-               f"        return slow(key, {', '.join(ts + ss)})\n"
-               "    if ent.__class__ is not tuple:\n"  # torch's static launcher, bound by StaticKernel.bound
-               f"        return ent(stream, {', '.join(ps + ss)})\n"
-               "    run, g0, g1, g2, function, metadata, tail = ent\n"
-               f"    run(g0, g1, g2, stream, function, metadata, None, None, None, {', '.join(ps + ss)}, *tail)\n")
+        src = launcher_source(self.nbuf, len(self.ks.symbols))
         cache: dict[tuple, tuple] = {}
         ns_: dict[str, Any] = {"cache": cache, "slow": lambda key, *args: self._fill(cache, key, args)}
         exec(src, ns_)  # noqa: S102 - our own printed argument list
@@ -686,3 +677,25 @@ def resolve_target(target: str, example_inputs: Sequence[Any]) -> str:
     if target == "cpp" and on_cuda:
         raise RuntimeError("option target='cpp' cannot run on CUDA tensors; use target='triton' or 'auto'")
     return target
+
+
+def launcher_source(nbuf: int, nsym: int) -> str:
+    """The source of `TritonLaunch.fast_launcher`'s `launch(stream, *tensors, *sizes)`
+    for a kernel of `nbuf` tensors and `nsym` size symbols (none of either too)."""
+    ts = [f"a{i}" for i in range(nbuf)]
+    ss = [f"s{i}" for i in range(nsym)]
+    ps = [f"p{i}" for i in range(nbuf)]
+
+    def items(names: list[str]) -> str:  # "a, b, " or "": valid in any call and tuple
+        return "".join(f"{n}, " for n in names)
+
+    return (f"def launch(stream, {items(ts + ss)}):\n"
+            + "".join(f"    {p} = {t}.data_ptr()\n" for p, t in zip(ps, ts))
+            + f"    key = ({items([f'({p} & 15) == 0' for p in ps] + ss)})\n"
+            "    ent = cache.get(key)\n"
+            "    if ent is None:\n"
+            f"        return slow(key, {items(ts + ss)})\n"
+            "    if ent.__class__ is not tuple:\n"  # torch's static launcher, bound by StaticKernel.bound
+            f"        return ent(stream, {items(ps + ss)})\n"
+            "    run, g0, g1, g2, function, metadata, tail = ent\n"
+            f"    run(g0, g1, g2, stream, function, metadata, None, None, None, {items(ps + ss)}*tail)\n")
