@@ -36,7 +36,7 @@ from fuselens.compiler import options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.build import KernelCompileError, build
 from fuselens.compiler.codegen import get_generator
-from fuselens.events import ErrorEntry, PhaseTime, SourceLocation
+from fuselens.events import ErrorEntry, FusionDecision, PhaseTime, SourceLocation
 
 aten = torch.ops.aten
 
@@ -147,6 +147,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     if aot_start is not None:
         phases.append(("aot", time.perf_counter() - aot_start))
     try:
+        from fuselens.compiler.codegen import resolve_target
+
+        target = resolve_target(opts.target, example_inputs)
+        t = time.perf_counter()
+        rewrites = rewrite_graph(gm, target, example_inputs)
+        phases.append(("graph_passes", time.perf_counter() - t))
         t = time.perf_counter()
         graph, outputs = lower(gm, opts)
         phases.append(("lowering", time.perf_counter() - t))
@@ -165,10 +171,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         sched = scheduler.run()
         phases.append(("scheduling", time.perf_counter() - t))
         t = time.perf_counter()
-        # Triton target (issue 5): pick cpp|triton from the inputs' device, name kernels triton_*
-        from fuselens.compiler.codegen import resolve_target
-
-        target = resolve_target(opts.target, example_inputs)
         gen = get_generator(target)
         if target == "triton":
             for grp in sched.groups:
@@ -202,6 +204,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
             phases.append(("cpp_compile", time.perf_counter() - t))
         runner = make_runner(graph, sched, kernels, lib, outputs, opts.time_kernels and target == "cpp")
         events = build_events(gm, graph, sched, scheduler, kernels, graph_id, compile_id, stage, function, location)
+        events.extend(FusionDecision(decision="fused", nodes=[r.node], reason=r.detail, graph_id=graph_id, rule=r.rule)
+                      for r in rewrites)
         if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (triton_runtime.py)
             runner, extra_events = finalize(runner, lib, opts, graph_id, example_inputs)
             events.extend(extra_events)
@@ -232,6 +236,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         register_timing(graph_id, runner.timing)
     runner.graph_id = graph_id  # type: ignore[attr-defined]
     return _invisible(runner)
+
+
+def rewrite_graph(gm: torch.fx.GraphModule, target: str, example_inputs: Sequence[Any]) -> list:
+    """The graph rewrites of graph_passes.py that apply to this target."""
+    from fuselens.compiler import graph_passes
+
+    done = graph_passes.gather_through_pointwise(gm)
+    if target == "triton" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        done += graph_passes.pad_unaligned_matmuls(gm)
+    return done
 
 
 def _invisible(fn: Callable) -> Callable:

@@ -1,0 +1,267 @@
+"""Rewrites of an AOT graph before lowering, each a small named rule.
+
+They change how a graph computes, never what: every rule keeps each node's value
+and the layout of every graph output as eager has them. Each returns what it did
+as `GraphRewrite` records, which the backend reports as fusion decisions.
+
+* `pad_unaligned_matmuls` (GPU, 16-bit): cuBLAS picks its fast Hopper kernels
+  only when every operand's leading dimension is a multiple of 16 bytes. A GPT-2
+  LM head (vocab 50257) otherwise runs a `cutlass_75 ... align1` kernel, 7x
+  slower. Pad the unaligned dims with zeros, multiply, slice the result back
+  (Inductor's pad_mm does the same).
+* `gather_through_pointwise`: `gather(f(x, row_values), dim, idx)` where `f` is
+  pointwise and `row_values` are constant along `dim` is `f(gather(x, dim, idx),
+  row_values)`. Cross-entropy gathers one element a row of log_softmax(logits):
+  pushed through, the full log_softmax (and the float copy of the logits) is never
+  written; only the row reductions read the logits.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+ALIGN_BYTES = 16
+# Below this many multiply-adds a padded copy costs more than the slow kernel loses.
+PAD_MIN_MACS = 1 << 24
+
+
+@dataclass
+class GraphRewrite:
+    rule: str  # "pad-matmul", "gather-through-pointwise"
+    node: str  # the FX node rewritten
+    detail: str  # what changed, in a user's words
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, torch.fx.Node) else n
+
+
+def _fake_mode(gm: torch.fx.GraphModule) -> Any:
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    return detect_fake_mode(vals)
+
+
+class _Builder:
+    """Inserts nodes before `anchor`, each with its fake value computed from its inputs'."""
+
+    def __init__(self, gm: torch.fx.GraphModule, anchor: torch.fx.Node, mode: Any) -> None:
+        self.gm, self.anchor, self.mode = gm, anchor, mode
+
+    def call(self, target: Callable, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        with self.gm.graph.inserting_before(self.anchor):
+            node = self.gm.graph.call_function(target, args, kwargs)
+        fake_args = torch.fx.node.map_arg(args, _val)
+        fake_kwargs = torch.fx.node.map_arg(kwargs, _val)
+        with self.mode:
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
+        for key in ("stack_trace", "original_aten"):
+            if key in self.anchor.meta:
+                node.meta[key] = self.anchor.meta[key]
+        return node
+
+
+def _static(*xs: Any) -> bool:
+    return all(isinstance(x, int) for x in xs)
+
+
+def _ld_dims(t: torch.Tensor) -> Optional[int]:
+    """Which dim of a 2-D operand is its leading dimension's extent: 1 for row-major
+    (ld = size(1)... strides (ld, 1)), 0 for column-major; None for other layouts."""
+    if t.stride(1) == 1:
+        return 1
+    if t.stride(0) == 1:
+        return 0
+    return None
+
+
+def _unaligned(n: int, dtype: torch.dtype) -> bool:
+    return (n * dtype.itemsize) % ALIGN_BYTES != 0
+
+
+def _padded(n: int, dtype: torch.dtype) -> int:
+    per = ALIGN_BYTES // dtype.itemsize
+    return -(-n // per) * per
+
+
+def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:
+    """The rule of the module docstring, for mm and addmm with a 1-D bias
+    (`require_cuda=False` lets tests run it on CPU graphs)."""
+    mode = _fake_mode(gm)
+    done: list[GraphRewrite] = []
+    touched = False
+    if mode is None:
+        return done
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+            continue
+        if node.kwargs:
+            continue
+        bias, a, b = (None, *node.args) if node.target is aten.mm.default else node.args[:3]
+        if node.target is aten.addmm.default and len(node.args) > 3:
+            continue
+        va, vb, out = _val(a), _val(b), _val(node)
+        if not all(isinstance(v, torch.Tensor) for v in (va, vb, out)) or (require_cuda and not va.is_cuda):
+            continue
+        if va.dtype not in (torch.bfloat16, torch.float16) or vb.dtype != va.dtype:
+            continue
+        (m, k), n = va.shape, vb.shape[1]
+        if not _static(m, k, n) or m * k * n < PAD_MIN_MACS:
+            continue
+        if bias is not None and (not isinstance(_val(bias), torch.Tensor) or _val(bias).dim() != 1):
+            continue
+        la, lb = _ld_dims(va), _ld_dims(vb)
+        if la is None or lb is None:
+            continue
+        dt = va.dtype
+        pad_m = _unaligned(m, dt) and la == 0  # A column-major: its ld is M
+        pad_k = _unaligned(k, dt) and (la == 1 or lb == 0)
+        pad_n = _unaligned(n, dt)  # the output's ld, and B's when row-major
+        if not (pad_m or pad_k or pad_n):
+            continue
+        mp, kp, np_ = (_padded(m, dt) if pad_m else m), (_padded(k, dt) if pad_k else k), (_padded(n, dt) if pad_n else n)
+        bld = _Builder(gm, node, mode)
+        touched = True
+        pa = bld.call(aten.constant_pad_nd.default, a, [0, kp - k, 0, mp - m]) if (pad_m or pad_k) else a
+        pb = bld.call(aten.constant_pad_nd.default, b, [0, np_ - n, 0, kp - k]) if (pad_k or pad_n) else b
+        if bias is None:
+            prod = bld.call(aten.mm.default, pa, pb)
+        else:
+            pbias = bld.call(aten.constant_pad_nd.default, bias, [0, np_ - n]) if pad_n else bias
+            prod = bld.call(aten.addmm.default, pbias, pa, pb)
+        res = prod
+        if pad_m:
+            res = bld.call(aten.slice.Tensor, res, 0, 0, m)
+        if pad_n:
+            res = bld.call(aten.slice.Tensor, res, 1, 0, n)
+        if not _replace_keeping_layouts(gm, node, res, mode):
+            continue  # the unused padded nodes go with eliminate_dead_code below
+        done.append(GraphRewrite("pad-matmul", node.name, f"{m}x{k} @ {k}x{n} padded to {mp}x{kp} @ {kp}x{np_} "
+                                 f"(16-byte aligned leading dimensions: cuBLAS's fast kernels)"))
+    if touched:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return done
+
+
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+          aten.t.default, aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default,
+          aten.slice.Tensor, aten.select.int, aten.alias.default}
+
+
+def _replace_keeping_layouts(gm: torch.fx.GraphModule, old: torch.fx.Node, new: torch.fx.Node, mode: Any) -> bool:
+    """Use `new` (same values, other strides) for `old`. The fake values of the views
+    of it are re-derived; a graph output whose strides would change gets a contiguous
+    copy. False, with nothing changed, when a view cannot be expressed on the new
+    strides or an output of eager's was not contiguous."""
+    if tuple(_val(new).stride()) == tuple(_val(old).stride()):
+        old.replace_all_uses_with(new)
+        return True
+    newval: dict[torch.fx.Node, Any] = {old: _val(new)}
+    views: list[torch.fx.Node] = []
+    stack = [old]
+    while stack:
+        o = stack.pop()
+        for user in o.users:
+            if user.op != "call_function" or user.target not in _VIEWS:
+                continue
+            args = torch.fx.node.map_arg(user.args, lambda a: newval.get(a, _val(a)))
+            try:
+                with mode:
+                    newval[user] = user.target(*args, **torch.fx.node.map_arg(user.kwargs, _val))
+            except Exception:  # noqa: BLE001 - the new strides cannot be viewed this way
+                return False
+            views.append(user)
+            stack.append(user)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    restride = [n for n in [old] + views
+                if n in out.all_input_nodes and tuple(newval[n].stride()) != tuple(_val(n).stride())]
+    if any(not _val(n).is_contiguous() for n in restride):
+        return False
+    old.replace_all_uses_with(new)
+    for v in views:
+        v.meta["val"] = newval[v]
+    for n in restride:
+        src = new if n is old else n
+        copy = _Builder(gm, out, mode).call(aten.clone.default, src, memory_format=torch.contiguous_format)
+        out.replace_input_with(src, copy)
+    return True
+
+
+_MAX_PUSH_DEPTH = 16
+
+
+def _pointwise(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if node.target in (prims.convert_element_type.default,):
+        return True
+    if node.target is aten._to_copy.default:  # a dtype change only
+        return set(node.kwargs) <= {"dtype"}
+    return torch.Tag.pointwise in node.target.tags and isinstance(_val(node), torch.Tensor)
+
+
+def _push_gather(bld: _Builder, src: Any, dim: int, idx: torch.fx.Node, depth: int) -> Optional[torch.fx.Node]:
+    """`gather(src, dim, idx)` computed from gathers of `src`'s pointwise inputs, or
+    None when `src` is not a pointwise op whose operands allow it."""
+    if not isinstance(src, torch.fx.Node) or depth > _MAX_PUSH_DEPTH or not _pointwise(src):
+        return None
+    full = tuple(_val(src).shape)
+    gathered_shape = tuple(_val(idx).shape)
+    if len(gathered_shape) != len(full) or any(gathered_shape[d] != full[d] for d in range(len(full)) if d != dim):
+        return None
+
+    def operand(a: Any) -> Any:
+        v = _val(a)
+        if not isinstance(a, torch.fx.Node) or not isinstance(v, torch.Tensor) or v.dim() == 0:
+            return a  # a scalar is the same at every position
+        if tuple(v.shape) == full:
+            return _push_gather(bld, a, dim, idx, depth + 1) or bld.call(aten.gather.default, a, dim, idx)
+        if v.dim() == len(full) and v.shape[dim] == 1 and all(v.shape[d] in (1, full[d]) for d in range(len(full))):
+            return a  # constant along `dim`: every gathered position reads the same value
+        raise _CannotPush
+
+    try:
+        args = torch.fx.node.map_arg(src.args, operand)
+    except _CannotPush:
+        return None
+    return bld.call(src.target, *args, **src.kwargs)
+
+
+class _CannotPush(Exception):
+    pass
+
+
+def gather_through_pointwise(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
+    """The rule of the module docstring."""
+    mode = _fake_mode(gm)
+    done: list[GraphRewrite] = []
+    if mode is None:
+        return done
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.gather.default or node.kwargs.get("sparse_grad"):
+            continue
+        src, dim, idx = node.args[:3]
+        if not isinstance(idx, torch.fx.Node) or not isinstance(_val(src), torch.Tensor):
+            continue
+        dim = dim % _val(src).dim()
+        new = _push_gather(_Builder(gm, node, mode), src, dim, idx, 0)
+        if new is None:
+            continue
+        node.replace_all_uses_with(new)
+        done.append(GraphRewrite("gather-through-pointwise", node.name,
+                                 f"gathers the inputs of {src.name} ({src.target}) instead of its full result, "
+                                 "which then need not be written"))
+    if done:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return done

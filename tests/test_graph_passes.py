@@ -1,0 +1,107 @@
+"""Graph rewrites before lowering (compiler/graph_passes.py): each keeps every value
+and every graph output's layout as eager has them.
+
+The matmul padding rule is for CUDA; here it runs on CPU graphs
+(`require_cuda=False`), where the same FX rewrite is checked against eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fuselens.compiler  # noqa: F401  (registers the backend)
+from fuselens import sink
+from fuselens.compiler.entry import decompositions
+from fuselens.compiler.graph_passes import gather_through_pointwise, pad_unaligned_matmuls
+from fuselens.events import FusionDecision
+
+aten = torch.ops.aten
+
+
+def traced(fn, *args):
+    return make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(*args)
+
+
+def targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_cross_entropy_gathers_the_logits_not_the_full_log_softmax():
+    logits, target = torch.randn(64, 1003).bfloat16(), torch.randint(0, 1003, (64,))
+    target[3] = -100  # ignored rows keep working
+
+    def loss(l, t):
+        return F.cross_entropy(l.float(), t)
+
+    gm = traced(loss, logits, target)
+    done = gather_through_pointwise(gm)
+    assert [r.rule for r in done] == ["gather-through-pointwise"]
+    gathers = [n for n in gm.graph.nodes if n.target is aten.gather.default]
+    # the gather now reads the bf16 logits (a placeholder), not a full-size float result
+    assert len(gathers) == 1 and gathers[0].args[0].op == "placeholder"
+    torch.testing.assert_close(gm(logits, target), loss(logits, target), rtol=1e-5, atol=1e-5)
+
+
+def test_gather_stays_when_an_operand_varies_along_the_gathered_dim_in_another_shape():
+    x, y, idx = torch.randn(8, 5), torch.randn(1, 5), torch.randint(0, 5, (8, 2))
+
+    def fn(x, y, idx):
+        return torch.gather(x * y, 1, idx)  # y varies along dim 1: cannot be kept as is
+
+    gm = traced(fn, x, y, idx)
+    assert gather_through_pointwise(gm) == []
+    assert torch.equal(gm(x, y, idx), fn(x, y, idx))
+
+
+def test_cross_entropy_training_through_the_backend_equals_eager():
+    torch.manual_seed(0)
+    w = torch.randn(1003, 64, requires_grad=True)
+    h, target = torch.randn(32, 64, requires_grad=True), torch.randint(0, 1003, (32,))
+
+    def step(h, w):
+        return F.cross_entropy(h @ w.t(), target)
+
+    with sink.collect() as events:
+        out = torch.compile(step, backend="fuselens")(h, w)
+        out.backward()
+    got = (out.detach(), h.grad.clone(), w.grad.clone())
+    h.grad = w.grad = None
+    ref = step(h, w)
+    ref.backward()
+    torch.testing.assert_close(got, (ref.detach(), h.grad, w.grad), rtol=1e-4, atol=1e-5)
+    assert any(isinstance(e, FusionDecision) and e.rule == "gather-through-pointwise" for e in events)
+
+
+@pytest.mark.parametrize("case", ["lm_head", "addmm_bias", "transposed_a"])
+def test_unaligned_matmul_is_padded_and_keeps_values_and_output_layout(case):
+    g = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    if case == "lm_head":  # vocab 1003: the output's leading dimension is unaligned
+        args = (torch.randn(512, 768, generator=g).to(bf), torch.randn(1003, 768, generator=g).to(bf))
+        fn = lambda h, w: (h @ w.t()).view(2, 256, 1003)  # noqa: E731
+    elif case == "addmm_bias":
+        args = (torch.randn(512, 770, generator=g).to(bf), torch.randn(1003, 770, generator=g).to(bf),
+                torch.randn(1003, generator=g).to(bf))
+        fn = lambda h, w, b: F.linear(h, w, b)  # noqa: E731
+    else:  # grad_W = grad_logits^T @ h: A is column-major with an unaligned leading dimension
+        args = (torch.randn(512, 1003, generator=g).to(bf), torch.randn(512, 768, generator=g).to(bf))
+        fn = lambda gl, h: gl.t() @ h  # noqa: E731
+    gm = traced(fn, *args)
+    done = pad_unaligned_matmuls(gm, require_cuda=False)
+    assert [r.rule for r in done] == ["pad-matmul"]
+    assert aten.constant_pad_nd.default in targets(gm)
+    out, ref = gm(*args), fn(*args)
+    assert out.shape == ref.shape and out.stride() == ref.stride()
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    out.view(-1)  # eager's output is contiguous, so is ours
+
+
+def test_aligned_or_small_matmuls_are_left_alone():
+    a, b = torch.randn(512, 768).bfloat16(), torch.randn(768, 1024).bfloat16()
+    gm = traced(lambda a, b: a @ b, a, b)
+    assert pad_unaligned_matmuls(gm, require_cuda=False) == []
+    small = traced(lambda a, b: a @ b, torch.randn(4, 7).bfloat16(), torch.randn(7, 3).bfloat16())
+    assert pad_unaligned_matmuls(small, require_cuda=False) == []
