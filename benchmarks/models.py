@@ -244,8 +244,6 @@ def main(argv: Any = None) -> int:
     backends = backends_for(args.device, args.cuda_graphs, [b for b in args.backends.split(",") if b])
     if args.device == "cpu":
         torch.set_num_threads(torch.get_num_threads())
-    results = [run_model(m, mode, args.device, backends, args.profile, args.reps)
-               for m in args.models.split(",") if m for mode in modes]
     info = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d")}
     try:
@@ -254,9 +252,14 @@ def main(argv: Any = None) -> int:
         info["transformers"] = transformers.__version__
     except ImportError:  # pragma: no cover
         pass
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "models_bench.json").write_text(json.dumps({"info": info, "results": results}, indent=1))
+    results = []
+    for m in [m for m in args.models.split(",") if m]:
+        for mode in modes:
+            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps))
+            if args.out:  # after each model: a run cut short keeps what it measured
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / "models_bench.json").write_text(json.dumps({"info": info, "results": results},
+                                                                            indent=1))
     print(json.dumps(info))
     print(table(results, [b for b, _ in backends]))
     return 0

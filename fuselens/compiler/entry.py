@@ -151,7 +151,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
 
         target = resolve_target(opts.target, example_inputs)
         t = time.perf_counter()
-        rewrites = rewrite_graph(gm, target, example_inputs)
+        rewrites = rewrite_graph(gm, target, example_inputs, stage)
         phases.append(("graph_passes", time.perf_counter() - t))
         t = time.perf_counter()
         graph, outputs = lower(gm, opts)
@@ -238,13 +238,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     return _invisible(runner)
 
 
-def rewrite_graph(gm: torch.fx.GraphModule, target: str, example_inputs: Sequence[Any]) -> list:
-    """The graph rewrites of graph_passes.py that apply to this target."""
+def rewrite_graph(gm: torch.fx.GraphModule, target: str, example_inputs: Sequence[Any], stage: str) -> list:
+    """The graph rewrites of graph_passes.py that apply to this target and stage."""
     from fuselens.compiler import graph_passes
 
     done = graph_passes.gather_through_pointwise(gm)
     if target == "triton" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
         done += graph_passes.pad_unaligned_matmuls(gm)
+        if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there
+            done += graph_passes.channels_last_convolutions(gm)
     return done
 
 
