@@ -126,3 +126,23 @@ def test_convolutions_run_channels_last_and_outputs_keep_eager_layout():
     for o, r in zip(outs, refs):
         assert o.stride() == r.stride()
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+
+
+def test_transposed_operands_are_padded_in_their_memory_order():
+    # b = w.t() is column-major: padding it directly would be a transposing copy
+    h, w = torch.randn(512, 768).bfloat16(), torch.randn(1003, 768).bfloat16()
+    gm = traced(lambda h, w: h @ w.t(), h, w)
+    pad_unaligned_matmuls(gm, require_cuda=False)
+    pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
+    assert len(pads) == 1 and pads[0].meta["val"].shape == (1008, 768)  # w's rows, in w's layout
+
+
+def test_gather_passes_through_a_float_copy_with_device_arguments():
+    logits, target = torch.randn(16, 1003).bfloat16(), torch.randint(0, 1003, (16,))
+
+    def loss(l, t):
+        return F.cross_entropy(l.to(dtype=torch.float32, device=l.device), t)
+
+    gm = traced(loss, logits, target)
+    assert gather_through_pointwise(gm)
+    assert [n.args[0].op for n in gm.graph.nodes if n.target is aten.gather.default] == ["placeholder"]

@@ -98,6 +98,16 @@ def _padded(n: int, dtype: torch.dtype) -> int:
     return -(-n // per) * per
 
 
+def _pad_2d(bld: _Builder, x: torch.fx.Node, ld_dim: int, rows: int, cols: int) -> torch.fx.Node:
+    """`x` with `rows` zero rows and `cols` zero columns appended, padded in its memory
+    order: a column-major operand (a transposed weight, a transposed gradient) is padded
+    as its transpose and transposed back, a coalesced copy instead of a transposing one."""
+    if ld_dim == 1:
+        return bld.call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
+    xt = bld.call(aten.permute.default, x, [1, 0])
+    return bld.call(aten.permute.default, bld.call(aten.constant_pad_nd.default, xt, [0, rows, 0, cols]), [1, 0])
+
+
 def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:
     """The rule of the module docstring, for mm and addmm with a 1-D bias
     (`require_cuda=False` lets tests run it on CPU graphs)."""
@@ -136,8 +146,8 @@ def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True
         mp, kp, np_ = (_padded(m, dt) if pad_m else m), (_padded(k, dt) if pad_k else k), (_padded(n, dt) if pad_n else n)
         bld = _Builder(gm, node, mode)
         touched = True
-        pa = bld.call(aten.constant_pad_nd.default, a, [0, kp - k, 0, mp - m]) if (pad_m or pad_k) else a
-        pb = bld.call(aten.constant_pad_nd.default, b, [0, np_ - n, 0, kp - k]) if (pad_k or pad_n) else b
+        pa = _pad_2d(bld, a, la, mp - m, kp - k) if (pad_m or pad_k) else a
+        pb = _pad_2d(bld, b, lb, kp - k, np_ - n) if (pad_k or pad_n) else b
         if bias is None:
             prod = bld.call(aten.mm.default, pa, pb)
         else:
@@ -210,8 +220,11 @@ def _pointwise(node: torch.fx.Node) -> bool:
         return False
     if node.target in (prims.convert_element_type.default,):
         return True
-    if node.target is aten._to_copy.default:  # a dtype change only
-        return set(node.kwargs) <= {"dtype"}
+    if node.target is aten._to_copy.default:  # a dtype change on the same device, no layout change
+        src, kw = _val(node.args[0]), node.kwargs
+        return (isinstance(src, torch.Tensor) and set(kw) <= {"dtype", "layout", "device", "pin_memory", "memory_format"}
+                and kw.get("device", src.device) == src.device and kw.get("layout", torch.strided) == torch.strided
+                and kw.get("memory_format") in (None, torch.preserve_format))
     return torch.Tag.pointwise in node.target.tags and isinstance(_val(node), torch.Tensor)
 
 
