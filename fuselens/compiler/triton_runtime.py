@@ -553,9 +553,11 @@ class CudaGraphRunner:
 
     _boxed_call = True
 
-    def __init__(self, runner: Any, graph_id: str, timing: bool) -> None:
+    def __init__(self, runner: Any, graph_id: str, timing: bool, static_inputs: Optional[set[int]] = None) -> None:
         self.runner = runner
         self.graph_id = graph_id
+        # replayed in place, like Parameters; a moved one is captured again (see __call__)
+        self.static_inputs = set(static_inputs or ())
         self.timing = None  # the runtime's host-clock stats: not used on this path
         self.graphs: dict[tuple, Any] = {}
         self.copy_timer = register_extra_timer(graph_id, "cudagraph_input_copies") if timing else None
@@ -597,7 +599,7 @@ class CudaGraphRunner:
         static, params = [], set()
         nbytes = 0
         for i, a in enumerate(inputs):
-            if isinstance(a, torch.nn.Parameter):
+            if isinstance(a, torch.nn.Parameter) or (i in self.static_inputs and isinstance(a, torch.Tensor)):
                 static.append(a)
                 params.add(i)
             elif isinstance(a, torch.Tensor):
@@ -626,7 +628,7 @@ class CudaGraphRunner:
         self.reported = True
         sink.emit(Kernel(name="cudagraph_input_copies", kind="extern", graph_id=self.graph_id, ops=["aten.copy_"],
                          source=f"copy_ of {n} graph inputs ({nbytes} bytes) into the CUDA graph's static buffers "
-                                "before each replay (parameters are replayed in place)",
+                                "before each replay (parameters and buffers are replayed in place)",
                          language="", bytes_accessed=2 * nbytes, device="cuda"))
 
     @staticmethod
@@ -662,8 +664,22 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
 
     runner = wrap(runner, fast=on_cuda) or runner
     if on_cuda and options.cuda_graphs:
-        return CudaGraphRunner(runner, graph_id, timing), []
+        return CudaGraphRunner(runner, graph_id, timing, static_input_indices()), []
     return runner, []
+
+
+def static_input_indices() -> set[int]:
+    """Inputs of the graph being compiled that AOTAutograd knows keep their address
+    from call to call: parameters and buffers (a BatchNorm's running statistics are
+    buffers, not Parameters). Empty outside a compile."""
+    try:
+        from torch._guards import TracingContext
+
+        ctx = TracingContext.try_get()
+        meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+        return set(getattr(meta, "static_input_indices", None) or ())
+    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
+        return set()
 
 
 def resolve_target(target: str, example_inputs: Sequence[Any]) -> str:
