@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from fuselens import parent_watch
 from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target
@@ -87,6 +88,7 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
     env["PYTHONUNBUFFERED"] = "1"  # the tail must hold what printed before a kill
+    env.update(parent_watch.child_env())  # the worker dies with us, whatever kills us
     return env
 
 

@@ -116,6 +116,7 @@ class Launcher:
     def _load_tuned(self) -> None:
         path = _autotune_path(self.cache_dir, self.source)
         try:
+            check_private_file(path)  # UnsafePathError is an OSError: a planted file is ignored
             with open(path) as f:
                 data = json.load(f)
             for k, v in data.items():
@@ -357,6 +358,7 @@ def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: 
         if mod is None:
             if not os.path.exists(path):
                 write_atomically(path, source)
+            check_private_file(path)  # never import a module another account could have written
             name = os.path.basename(path)[:-3]
             spec = importlib.util.spec_from_file_location(name, path)
             mod = importlib.util.module_from_spec(spec)

@@ -19,6 +19,7 @@ from fuselens.server.positions import to_client
 from fuselens.server.program import ProgramText
 from fuselens.server.server import FuselensServer
 from fuselens.server.settings import Settings
+from fuselens.server.trust import any_trust
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,14 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
 
     def apply_settings(raw: Any) -> None:
         merged = ls.settings.merged(raw)
-        # Trust granted at initialization (the editor's workspace trust) is not
-        # taken back by a configuration section that merely has the default.
-        if init_settings.get("init") and init_settings["init"].trusted:
+        # Trust granted at initialization (the editor's workspace trust, the
+        # roots a Neovim config names) is not taken back by a configuration
+        # section that merely has the default.
+        init = init_settings.get("init")
+        if init and init.trusted:
             merged.trusted = True
+        if init and init.trusted_roots:
+            merged.trusted_roots = tuple(dict.fromkeys(init.trusted_roots + merged.trusted_roots))
         ls.settings = merged
 
     async def wait_config() -> None:
@@ -82,12 +87,13 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
 
     @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: FuselensServer, params: types.DidChangeConfigurationParams) -> None:
-        was_trusted = ls.settings.trusted
+        was_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
         if params.settings:
             apply_settings(params.settings)
         else:
             await pull_configuration()
-        if ls.settings.trusted and not was_trusted and ls.settings.run_on != "manual":
+        now_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
+        if any_trust(ls.settings) and now_trusted != was_trusted and ls.settings.run_on != "manual":
             for uri in open_units(ls):
                 ls.schedule(uri)
 
@@ -101,7 +107,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
     def on_open(uri: str) -> None:
         if ls.settings.run_on == "manual":
             return
-        if not ls.settings.trusted:
+        if not any_trust(ls.settings):
             ls.tell_untrusted()
         elif ls.settings.run_on == "open":
             ls.schedule(uri)
@@ -185,12 +191,14 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
         uri, force = _uri_arg(args), _option(args, "force")
         if not uri:
             return {"status": "error", "message": "fuselens.analyze needs a document URI"}
-        if not ls.settings.trusted:
+        if not any_trust(ls.settings):
             ls.tell_untrusted()
             return {"status": "untrusted"}
+        plan = ls.plan_for(uri)
+        if plan is None:
+            return {"status": "outside-trusted-folders"}
         task = ls.schedule(uri, use_cache=not force)
         if task is None:
-            plan = ls.plan_for(uri)
             report = ls.manager.cached(plan) if plan else None
             return summary(report, "ok" if report else "not-analysed", cached=True)
         try:
@@ -237,6 +245,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             "encoding": ls.encoding,
             "pull_diagnostics": ls.pull_diagnostics,
             "trusted": ls.settings.trusted,
+            "trusted_roots": list(ls.settings.trusted_roots),
             "run_on": ls.settings.run_on,
         }
 
@@ -283,7 +292,8 @@ def current_program(ls: FuselensServer, uri: str) -> Optional[ProgramText]:
     """The program around `uri` with the editor's current text."""
     notebook = ls.workspace.get_notebook_document(cell_uri=uri)
     if notebook is not None:
-        return ls._notebook_plan(notebook).program
+        plan = ls._notebook_plan(notebook)
+        return plan.program if plan is not None else None
     path = to_fs_path(uri)
     text = ls.open_text(uri)
     if text is None and path:
@@ -343,7 +353,6 @@ def write_report_file(ls: FuselensServer, result) -> dict[str, Any]:
     except Exception as exc:  # the renderer is optional for the server
         log.warning("HTML report failed (%s); writing JSON", exc)
         text, ext = result.report.to_json(), "json"
-    os.makedirs(ls.scratch_dir, exist_ok=True)
     path = os.path.join(ls.scratch_dir, f"{stem}-report.{ext}")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
