@@ -64,10 +64,7 @@ def private_dir(path: str) -> str:
         return real
     with _lock:
         _check_ancestors(real)
-        try:
-            os.makedirs(real, mode=0o700)
-        except FileExistsError:
-            pass
+        _make_0700(real)
         st = os.lstat(real)
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafePathError(f"fuselens: {real} is not a directory; remove it or point FUSELENS_CACHE_DIR elsewhere")
@@ -80,6 +77,24 @@ def private_dir(path: str) -> str:
             os.chmod(real, 0o700)  # ours: what others could read or write before stops now
         _checked.add(real)
         return real
+
+
+def _make_0700(path: str) -> None:
+    """Create `path` and each missing folder above it 0700 (os.makedirs gives
+    the folders above the default mode)."""
+    missing = []
+    here = path
+    while not os.path.lexists(here):
+        missing.append(here)
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
 
 
 def _check_ancestors(real: str) -> None:
