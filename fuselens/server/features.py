@@ -71,7 +71,11 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
     def initialize(ls: FuselensServer, params: types.InitializeParams) -> None:
         ls.settings = Settings().merged(params.initialization_options)
         init_settings["init"] = ls.settings
-        if ls.client_supports("text_document.diagnostic"):
+        # Pull only where the server can tell the client to pull again after a
+        # run (workspace/diagnostic/refresh). Neovim 0.10/0.11 advertise pull
+        # diagnostics without refresh: pulled, results of a run started by
+        # :w would only show at the next edit. Such clients get pushes.
+        if ls.client_supports("text_document.diagnostic") and ls.client_supports("workspace.diagnostics.refresh_support"):
             ls.pull_diagnostics = True
             ls.feature(
                 types.TEXT_DOCUMENT_DIAGNOSTIC,

@@ -293,7 +293,7 @@ class FuselensServer(LanguageServer):
             self.uri_unit[uri] = plan.unit
         for uri in sorted(result.uris | stale_uris):
             self.publish(uri, [f.diagnostic for f in findings.get(uri, [])], plan.versions.get(uri))
-        if self.pull_diagnostics and self.client_supports("workspace.diagnostics.refresh_support"):
+        if self.pull_diagnostics:  # chosen only for clients that support the refresh
             self.workspace_diagnostic_refresh(None)
         if self.client_supports("workspace.code_lens.refresh_support"):
             self.workspace_code_lens_refresh(None)
