@@ -88,6 +88,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             await pull_configuration()
         finally:
             ls.config_ready.set()
+        ls.warm_up()  # a trusted workspace opened: the first save need not wait for torch
 
     @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: FuselensServer, params: types.DidChangeConfigurationParams) -> None:
@@ -98,6 +99,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             await pull_configuration()
         now_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
         if any_trust(ls.settings) and now_trusted != was_trusted and ls.settings.run_on != "manual":
+            ls.warm_up()
             for uri in open_units(ls):
                 ls.schedule(uri)
 
@@ -251,6 +253,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             "trusted": ls.settings.trusted,
             "trusted_roots": list(ls.settings.trusted_roots),
             "run_on": ls.settings.run_on,
+            "worker_warm": _worker_warm(),
         }
 
 
@@ -363,6 +366,12 @@ def write_report_file(ls: FuselensServer, result) -> dict[str, Any]:
     from fuselens.server.resolve import path_to_uri
 
     return {"path": path, "uri": path_to_uri(path), "format": ext}
+
+
+def _worker_warm() -> bool:
+    """A spare worker has imported torch and waits for the next run."""
+    runner = sys.modules.get("fuselens.capture.runner")
+    return bool(runner is not None and runner.spare_ready())
 
 
 def _rss_kb() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from urllib.parse import unquote
 import time
 import uuid
@@ -200,6 +201,22 @@ class FuselensServer(LanguageServer):
             planning.write_program(plan)
         return await analysis.run_plan(plan, on_event)
 
+    def warm_up(self) -> None:
+        """Start a worker (Python, torch, hooks) before the first save needs
+        it, once some folder is trusted: from the first trusted folder, which
+        is the worker's cwd while it imports."""
+        from fuselens.server.trust import trusted_roots
+
+        roots = [r for r in trusted_roots(self.settings, self.workspace_folders()) if os.path.isdir(r)]
+        if not roots or self.settings.run_on == "manual":
+            return
+        from fuselens.capture.runner import prestart
+
+        try:
+            prestart(roots[0])
+        except OSError:
+            log.warning("could not start a spare worker", exc_info=True)
+
     def tell_untrusted(self) -> None:
         if not self.untrusted_told:
             self.untrusted_told = True
@@ -326,8 +343,10 @@ class FuselensServer(LanguageServer):
             pass
 
     def cleanup(self) -> None:
-        """Remove this server's scratch folder (also done at exit and, after a
-        SIGKILL, by the next server's start)."""
+        """Stop the spare worker and remove this server's scratch folder (also
+        done at exit and, after a SIGKILL, by the next server's start)."""
+        if "fuselens.capture.runner" in sys.modules:
+            sys.modules["fuselens.capture.runner"].stop_spares()
         if self._scratch_dir is not None:
             private_dirs.remove_scratch(self._scratch_dir)
             self._scratch_dir = None
