@@ -49,6 +49,7 @@ import torch
 from fuselens.compiler.atomic_file import write_atomically
 from fuselens.compiler.launch_config import LaunchConfig, candidate_configs, heuristic_config, size_class
 from fuselens.compiler.runtime import pyexpr
+from fuselens.private_dirs import check_private_file
 from fuselens.compiler.static_launch import StaticKernel, launcher_api
 
 _modules: dict[str, Any] = {}
