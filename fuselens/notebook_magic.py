@@ -28,13 +28,12 @@ import dataclasses
 import html
 import os
 import re
-import shutil
-import tempfile
 from typing import Any, Optional
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from fuselens import private_dirs
 from fuselens.events import Report, SourceLocation
 
 MAGIC_NAME = "fuselens"
@@ -212,7 +211,8 @@ class FuselensMagics(Magics):
             use_history=not args.no_history,
         )
         cwd = os.getcwd()
-        workdir = tempfile.mkdtemp(prefix="fuselens-cell-")
+        # In the user's private cache, 0700: the cell's program is code the worker runs
+        workdir = private_dirs.scratch_dir("cell")
         try:
             path = os.path.join(workdir, "cell.ipynb")
             write_notebook(program, path)
@@ -230,7 +230,7 @@ class FuselensMagics(Magics):
             report = analyze(Target("notebook", path, [], cwd), options)
             relabel_report(report, path, program.labels)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            private_dirs.remove_scratch(workdir)
         if args.output:
             self.shell.user_ns[args.output] = report
         return NotebookReport(report, height=args.height, root=cwd)

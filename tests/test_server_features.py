@@ -200,6 +200,18 @@ async def test_pull_client_gets_diagnostics_by_pull_and_never_by_push(ws):
         assert client.diagnostics == {}, "pushed diagnostics to a pull client"
 
 
+async def test_client_with_pull_but_no_refresh_like_neovim_gets_pushed_diagnostics_after_save(ws):
+    path = ws / "recompile.py"
+    async with session(ws, pull=True, refresh=False) as client:
+        assert client.init_result.capabilities.diagnostic_provider is None
+        doc = open_file(client, path)
+        save_file(client, path)
+        (diag,) = await wait_until(lambda: diagnostics(client, doc, "recompile"), 90)
+        assert diag.range.start.line == 3
+        assert (await command(client, "fuselens.serverInfo"))["pull_diagnostics"] is False
+        assert client.diagnostic_refresh_count == 0
+
+
 async def test_entry_from_pyproject_runs_train_py_with_args_and_reports_in_model_py(tmp_path):
     shutil.copytree(HERE / "entry_project", tmp_path / "proj")
     root = tmp_path / "proj"

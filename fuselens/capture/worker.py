@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any, Iterator, Optional
 
+from fuselens import parent_watch
 from fuselens.capture import frames as fr
 from fuselens.capture.assemble import nest_phase
 from fuselens.capture.protocol import DONE, OUTPUT_END, READY, STARTED, control_line
@@ -301,6 +302,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    parent_watch.die_with_parent()  # first: a killed server or TUI must not leave the program running
     channel = Channel(args.events_fd)
     control = os.fdopen(args.control_fd, "r", encoding="utf-8")
     worker = Worker(channel)

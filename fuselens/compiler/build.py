@@ -4,7 +4,8 @@
 
 The cache key is a hash of the source and the command line; the library lives
 in `<cache_dir>/<hash[:2]>/<hash>.so` (cache_dir: option `cache_dir`, else
-$FUSELENS_CACHE_DIR, else ~/.cache/fuselens) and is written atomically (rename)
+$FUSELENS_CACHE_DIR, else $XDG_CACHE_HOME/fuselens or ~/.cache/fuselens; created 0700,
+and refused when another account owns it: private_dirs.py) and is written atomically (rename)
 so concurrent processes never load a half-written file. A compile error raises
 `KernelCompileError` naming the kernel whose lines g++ complained about.
 
@@ -18,7 +19,7 @@ vectors" with -mprefer-vector-width=512 (32 byte by default). Loops calling
 Precompiled prelude: half of a small library's g++ time is parsing the prelude's
 standard headers. The first build in a process starts a background g++ that
 precompiles the prelude (`fl_prelude.h.gch`, ~4 s, once per compiler + flags) into
-$FUSELENS_PCH_DIR or ~/.cache/fuselens/pch/<key> (independent of `cache_dir`: it
+$FUSELENS_PCH_DIR or <cache root>/pch/<key> (independent of `cache_dir`: it
 holds no generated code); builds after that include it instead of the text
 (g++ falls back to the header text by itself if the .gch does not match).
 Measured on this 2-core machine under load: 1.0 s -> 0.45 s for a one-kernel library.
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from fuselens.compiler.atomic_file import write_atomically
+from fuselens.private_dirs import cache_root, check_private_file, private_dir
 
 _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
@@ -93,12 +95,12 @@ def _pch_dir(options: Any) -> Optional[str]:
 
     flags = [f for f in cflags(options) if f != "-shared"]
     key = hashlib.sha256((" ".join([options.cxx, *flags]) + "\n" + PRELUDE).encode()).hexdigest()[:24]
-    root = os.environ.get("FUSELENS_PCH_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fuselens", "pch")
-    d = os.path.join(root, key)
+    root = os.environ.get("FUSELENS_PCH_DIR") or os.path.join(cache_root(), "pch")
+    d = private_dir(os.path.join(root, key))  # g++ includes from here: ours alone
     gch = os.path.join(d, "fl_prelude.h.gch")
     with _lock:
         state = _pch_state.get(key)
-        if state is None and os.path.exists(gch):
+        if state is None and os.path.exists(gch) and _private(gch) and _private(os.path.join(d, "fl_prelude.h")):
             state = _pch_state[key] = "ready"
         if state == "ready":
             return d
@@ -126,6 +128,14 @@ def _pch_dir(options: Any) -> Optional[str]:
 
     threading.Thread(target=work, name="fuselens-pch", daemon=True).start()
     return None
+
+
+def _private(path: str) -> bool:
+    try:
+        check_private_file(path)
+        return True
+    except OSError:
+        return False
 
 
 def _with_pch(source: str, options: Any) -> tuple[str, list[str]]:
@@ -156,7 +166,7 @@ def build(source: str, options: Any, kernel_spans: Sequence[tuple[str, int, int]
             return BuildResult(_loaded[path], path, True, time.perf_counter() - t0)
     hit = os.path.exists(path)
     if not hit:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_dir(os.path.dirname(path))
         text, extra = _with_pch(source, options)
         fd, src_path = tempfile.mkstemp(suffix=".cpp", dir=os.path.dirname(path))
         with os.fdopen(fd, "w") as f:
@@ -172,7 +182,7 @@ def build(source: str, options: Any, kernel_spans: Sequence[tuple[str, int, int]
             for p in (src_path, tmp_out):
                 if os.path.exists(p):
                     os.unlink(p)
-    lib = ctypes.CDLL(path)
+    lib = ctypes.CDLL(check_private_file(path))  # a library is code: ours alone, or refused
     with _lock:
         _loaded[path] = lib
     return BuildResult(lib, path, hit, time.perf_counter() - t0)

@@ -94,9 +94,6 @@ def _warm() -> None:
     # LLVM's start, the prelude's module, its first extern library and inline
     # assembly): paid here, before any job, with a cache of its own so they happen
     # even where Triton's cache already holds these kernels
-    import shutil
-    import tempfile
-
     import torch
     from triton import knobs
     from triton.runtime import driver
@@ -106,7 +103,9 @@ def _warm() -> None:
 
     driver.active.get_current_target()
     warm_prelude()
-    tmp = tempfile.mkdtemp(prefix="fl_worker_warm_")
+    from fuselens.private_dirs import remove_scratch, scratch_dir
+
+    tmp = scratch_dir("compile-warm")
     env = os.environ.get("TRITON_CACHE_DIR")  # setting the knob sets the variable too
     try:
         knobs.cache.dir = tmp
@@ -127,12 +126,15 @@ def _warm() -> None:
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = env
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_scratch(tmp)
 
 
 def _module(path: str, modules: dict[str, Any]) -> Any:
     mod = modules.get(path)
     if mod is None:
+        from fuselens.private_dirs import check_private_file
+
+        check_private_file(path)  # the job names a file: import it only from our own cache
         name = os.path.basename(path)[:-3]  # the parent's name for it: part of the kernel's identity
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)

@@ -72,7 +72,8 @@ class CompilerOptions:
     fallback_on_error: bool = True
     """On a compile error run the graph eagerly (and report it) instead of raising."""
     cache_dir: Optional[str] = None
-    """Where compiled libraries are cached; default $FUSELENS_CACHE_DIR or ~/.cache/fuselens."""
+    """Where compiled libraries are cached; default $FUSELENS_CACHE_DIR, $XDG_CACHE_HOME/fuselens or
+    ~/.cache/fuselens. It must be yours alone: fuselens refuses a folder another account can write."""
     parallel_threshold: int = 32768
     """Kernels with fewer elements than this run single-threaded (OpenMP start-up
     costs more than it saves)."""
@@ -89,9 +90,11 @@ class CompilerOptions:
         return _apply(self, overrides)
 
     def resolved_cache_dir(self) -> str:
-        return self.cache_dir or os.environ.get("FUSELENS_CACHE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".cache", "fuselens"
-        )
+        """The cache folder, created 0700 and checked to be this user's alone
+        (raises private_dirs.UnsafePathError otherwise)."""
+        from fuselens.private_dirs import cache_root, private_dir
+
+        return private_dir(self.cache_dir or cache_root())
 
     def resolved_threads(self) -> int:
         if self.threads > 0:

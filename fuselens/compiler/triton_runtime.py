@@ -49,6 +49,7 @@ import torch
 from fuselens.compiler.atomic_file import write_atomically
 from fuselens.compiler.launch_config import LaunchConfig, candidate_configs, heuristic_config, size_class
 from fuselens.compiler.runtime import pyexpr
+from fuselens.private_dirs import check_private_file
 from fuselens.compiler.static_launch import StaticKernel, launcher_api
 
 _modules: dict[str, Any] = {}
@@ -116,6 +117,7 @@ class Launcher:
     def _load_tuned(self) -> None:
         path = _autotune_path(self.cache_dir, self.source)
         try:
+            check_private_file(path)  # UnsafePathError is an OSError: a planted file is ignored
             with open(path) as f:
                 data = json.load(f)
             for k, v in data.items():
@@ -348,6 +350,7 @@ def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: 
         if mod is None:
             if not os.path.exists(path):
                 write_atomically(path, source)
+            check_private_file(path)  # never import a module another account could have written
             name = os.path.basename(path)[:-3]
             spec = importlib.util.spec_from_file_location(name, path)
             mod = importlib.util.module_from_spec(spec)

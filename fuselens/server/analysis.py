@@ -75,9 +75,31 @@ def torch_version() -> str:
         return "not installed"
 
 
+# (path, size, mtime_ns) -> sha256 of the file's bytes: a file is read again only
+# when its stat changes, yet the key holds its content (saving unchanged text
+# must not re-run the program).
+_file_digests: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: str, st: os.stat_result) -> str:
+    sig = (path, st.st_size, st.st_mtime_ns)
+    digest = _file_digests.get(sig)
+    if digest is None:
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            digest = "unreadable"
+        if len(_file_digests) > 20_000:
+            _file_digests.clear()
+        _file_digests[sig] = digest
+    return digest
+
+
 def contents_digest(texts: list[str], stat_dirs: list[str] = (), recursive: bool = False, limit: int = 2000) -> str:
-    """Hash of the given texts plus (path, size, mtime) of the .py files in
-    `stat_dirs`: modules the program imports count too, without reading them."""
+    """Hash of the given texts plus the contents of the .py files in
+    `stat_dirs` (modules the program imports count too). Contents, not
+    modification times: a save that changed nothing is answered from the cache."""
     h = hashlib.sha256()
     for text in texts:
         h.update(text.encode("utf-8", errors="surrogatepass"))
@@ -91,11 +113,12 @@ def contents_digest(texts: list[str], stat_dirs: list[str] = (), recursive: bool
             for name in sorted(files):
                 if name.endswith(".py") and seen < limit:
                     seen += 1
+                    full = os.path.join(root, name)
                     try:
-                        st = os.stat(os.path.join(root, name))
+                        st = os.stat(full)
                     except OSError:
                         continue
-                    h.update(f"{root}/{name}:{st.st_size}:{st.st_mtime_ns}\0".encode())
+                    h.update(f"{full}:{_file_digest(full, st)}\0".encode())
     return h.hexdigest()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Optional
 
@@ -27,11 +28,21 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     server = FuselensServer()
     register(server)
+    # SIGTERM/SIGHUP (an editor closing, a terminal going away) end the server
+    # through the `finally` below, which removes its scratch folder; its workers
+    # die with it by themselves (parent_watch). SIGKILL leaves the folder for
+    # the next server's start to remove.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     try:
         server.start_io()
     finally:
         server.cleanup()
     return 0
+
+
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from fuselens.server.positions import to_client
 from fuselens.server.program import ProgramText
 from fuselens.server.server import FuselensServer
 from fuselens.server.settings import Settings
+from fuselens.server.trust import any_trust
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,14 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
 
     def apply_settings(raw: Any) -> None:
         merged = ls.settings.merged(raw)
-        # Trust granted at initialization (the editor's workspace trust) is not
-        # taken back by a configuration section that merely has the default.
-        if init_settings.get("init") and init_settings["init"].trusted:
+        # Trust granted at initialization (the editor's workspace trust, the
+        # roots a Neovim config names) is not taken back by a configuration
+        # section that merely has the default.
+        init = init_settings.get("init")
+        if init and init.trusted:
             merged.trusted = True
+        if init and init.trusted_roots:
+            merged.trusted_roots = tuple(dict.fromkeys(init.trusted_roots + merged.trusted_roots))
         ls.settings = merged
 
     async def wait_config() -> None:
@@ -66,7 +71,11 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
     def initialize(ls: FuselensServer, params: types.InitializeParams) -> None:
         ls.settings = Settings().merged(params.initialization_options)
         init_settings["init"] = ls.settings
-        if ls.client_supports("text_document.diagnostic"):
+        # Pull only where the server can tell the client to pull again after a
+        # run (workspace/diagnostic/refresh). Neovim 0.10/0.11 advertise pull
+        # diagnostics without refresh: pulled, results of a run started by
+        # :w would only show at the next edit. Such clients get pushes.
+        if ls.client_supports("text_document.diagnostic") and ls.client_supports("workspace.diagnostics.refresh_support"):
             ls.pull_diagnostics = True
             ls.feature(
                 types.TEXT_DOCUMENT_DIAGNOSTIC,
@@ -79,15 +88,18 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             await pull_configuration()
         finally:
             ls.config_ready.set()
+        ls.warm_up()  # a trusted workspace opened: the first save need not wait for torch
 
     @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: FuselensServer, params: types.DidChangeConfigurationParams) -> None:
-        was_trusted = ls.settings.trusted
+        was_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
         if params.settings:
             apply_settings(params.settings)
         else:
             await pull_configuration()
-        if ls.settings.trusted and not was_trusted and ls.settings.run_on != "manual":
+        now_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
+        if any_trust(ls.settings) and now_trusted != was_trusted and ls.settings.run_on != "manual":
+            ls.warm_up()
             for uri in open_units(ls):
                 ls.schedule(uri)
 
@@ -101,7 +113,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
     def on_open(uri: str) -> None:
         if ls.settings.run_on == "manual":
             return
-        if not ls.settings.trusted:
+        if not any_trust(ls.settings):
             ls.tell_untrusted()
         elif ls.settings.run_on == "open":
             ls.schedule(uri)
@@ -185,12 +197,14 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
         uri, force = _uri_arg(args), _option(args, "force")
         if not uri:
             return {"status": "error", "message": "fuselens.analyze needs a document URI"}
-        if not ls.settings.trusted:
+        if not any_trust(ls.settings):
             ls.tell_untrusted()
             return {"status": "untrusted"}
+        plan = ls.plan_for(uri)
+        if plan is None:
+            return {"status": "outside-trusted-folders"}
         task = ls.schedule(uri, use_cache=not force)
         if task is None:
-            plan = ls.plan_for(uri)
             report = ls.manager.cached(plan) if plan else None
             return summary(report, "ok" if report else "not-analysed", cached=True)
         try:
@@ -237,7 +251,9 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             "encoding": ls.encoding,
             "pull_diagnostics": ls.pull_diagnostics,
             "trusted": ls.settings.trusted,
+            "trusted_roots": list(ls.settings.trusted_roots),
             "run_on": ls.settings.run_on,
+            "worker_warm": _worker_warm(),
         }
 
 
@@ -283,7 +299,8 @@ def current_program(ls: FuselensServer, uri: str) -> Optional[ProgramText]:
     """The program around `uri` with the editor's current text."""
     notebook = ls.workspace.get_notebook_document(cell_uri=uri)
     if notebook is not None:
-        return ls._notebook_plan(notebook).program
+        plan = ls._notebook_plan(notebook)
+        return plan.program if plan is not None else None
     path = to_fs_path(uri)
     text = ls.open_text(uri)
     if text is None and path:
@@ -343,13 +360,18 @@ def write_report_file(ls: FuselensServer, result) -> dict[str, Any]:
     except Exception as exc:  # the renderer is optional for the server
         log.warning("HTML report failed (%s); writing JSON", exc)
         text, ext = result.report.to_json(), "json"
-    os.makedirs(ls.scratch_dir, exist_ok=True)
     path = os.path.join(ls.scratch_dir, f"{stem}-report.{ext}")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     from fuselens.server.resolve import path_to_uri
 
     return {"path": path, "uri": path_to_uri(path), "format": ext}
+
+
+def _worker_warm() -> bool:
+    """A spare worker has imported torch and waits for the next run."""
+    runner = sys.modules.get("fuselens.capture.runner")
+    return bool(runner is not None and runner.spare_ready())
 
 
 def _rss_kb() -> int:

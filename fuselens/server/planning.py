@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from typing import Optional
 
 from fuselens.server.analysis import RunPlan, contents_digest
@@ -43,12 +42,18 @@ def script_plan(
     settings: Settings,
     workspace_root: Optional[str],
     open_text=lambda path: None,
-) -> RunPlan:
+) -> Optional[RunPlan]:
     """Plan for a Python document: the project's entry when configured, else
-    the document itself as __main__."""
+    the document itself as __main__. `workspace_root` is the trusted folder
+    around it (trust.boundary_for): None when an entry would run a script
+    outside it."""
     config = config_for(path, workspace_root)
     if settings.entry:
         config = with_entry_setting(config, settings.entry, workspace_root or os.path.dirname(path))
+    if config is not None and config.entry and workspace_root:
+        script = entry_script(config)
+        if script is not None and not _inside(workspace_root, script):
+            return None  # "../elsewhere.py": outside the trusted folder, never run
     doc_dir = os.path.dirname(path)
     roots = [r for r in (workspace_root, config.root if config else None, doc_dir) if r]
     options = run_options(settings, config)
@@ -106,7 +111,7 @@ def notebook_plan(
     `scratch_dir`; the notebook's folder is the working directory and on
     sys.path, as in Jupyter."""
     program = notebook_program(notebook_uri, cells)
-    nb_dir = os.path.dirname(notebook_path) if notebook_path else (workspace_root or tempfile.gettempdir())
+    nb_dir = os.path.dirname(notebook_path) if notebook_path else (workspace_root or scratch_dir)
     config = config_for(notebook_path, workspace_root) if notebook_path else None
     stem = os.path.splitext(os.path.basename(notebook_path or "notebook"))[0]
     digest = hashlib.sha1(notebook_uri.encode()).hexdigest()[:10]
@@ -136,6 +141,11 @@ def write_program(plan: RunPlan) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(plan.program.text)
     os.replace(tmp, plan.program.path)
+
+
+def _inside(root: str, path: str) -> bool:
+    root, path = os.path.realpath(root), os.path.realpath(path)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _safe(name: str) -> str:

@@ -30,11 +30,14 @@ class ProjectConfig:
     problems: list[str] = field(default_factory=list)  # what was ignored, for the log
 
 
-def find_pyproject(start_dir: str, stop_dir: Optional[str]) -> Optional[str]:
-    """The nearest pyproject.toml from `start_dir` upwards, not above `stop_dir`
-    (the workspace folder) when given."""
-    here = os.path.abspath(start_dir)
-    stop = os.path.abspath(stop_dir) if stop_dir else None
+def find_pyproject(start_dir: str, stop_dir: str) -> Optional[str]:
+    """The nearest pyproject.toml from `start_dir` upwards, never above `stop_dir`
+    (the trusted folder): a file there would make an untrusted folder's
+    `[tool.fuselens] entry` run. None when `start_dir` is not inside `stop_dir`."""
+    here = os.path.realpath(start_dir)
+    stop = os.path.realpath(stop_dir)
+    if here != stop and not here.startswith(stop.rstrip(os.sep) + os.sep):
+        return None
     while True:
         candidate = os.path.join(here, "pyproject.toml")
         if os.path.isfile(candidate):
@@ -92,7 +95,10 @@ def _apply(config: ProjectConfig, section: dict[str, Any]) -> None:
 
 
 def config_for(document_path: str, workspace_root: Optional[str]) -> Optional[ProjectConfig]:
-    """The project config that applies to a document, if any."""
+    """The project config that applies to a document, if any: only from inside
+    `workspace_root` (the trusted folder); without one, none."""
+    if not workspace_root:
+        return None
     path = find_pyproject(os.path.dirname(os.path.abspath(document_path)), workspace_root)
     return load_config(path) if path else None
 

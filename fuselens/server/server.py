@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from urllib.parse import unquote
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from fuselens import __version__
+from fuselens import __version__, private_dirs
 from fuselens.events import Report
 from fuselens.server import analysis, planning
 from fuselens.server.analysis import AnalysisManager, RunPlan
@@ -28,13 +27,19 @@ from fuselens.server.insights import CompiledFunction, compiled_functions
 from fuselens.server.program import split_lines
 from fuselens.server.resolve import Resolver
 from fuselens.server.settings import Settings
+from fuselens.server.trust import any_trust, boundary_for
 
 log = logging.getLogger(__name__)
 
 UNTRUSTED_MESSAGE = (
     "fuselens: this workspace is not trusted, so fuselens ran no code. It analyses torch.compile by "
     "running your program; trust the workspace (in VS Code: Manage Workspace Trust), or have "
-    'your editor send initializationOptions {"trusted": true} or the setting fuselens.trusted = true.'
+    'your editor send initializationOptions {"trusted": true} (trusts its workspace folders) or '
+    '{"trustedRoots": ["/path/to/project"]}.'
+)
+OUTSIDE_MESSAGE = (
+    "fuselens: {path} lies outside every trusted folder ({roots}), so fuselens ran nothing for it and read "
+    "no configuration around it. Open its folder as a workspace folder or add it to trustedRoots."
 )
 
 
@@ -75,9 +80,19 @@ class FuselensServer(LanguageServer):
         self.config_ready = asyncio.Event()
         self.progress_boxes: dict[str, dict[str, str]] = {}  # unit -> {"token": ...} of its run
         self.untrusted_told = False
-        # Made on first use (a notebook run, a written report): most sessions never need it.
-        self.scratch_dir = os.path.join(tempfile.gettempdir(), f"fuselens-lsp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.outside_told: set[str] = set()  # paths already told they lie outside trusted folders
+        self._scratch_dir: Optional[str] = None
         self._result_counter = 0
+        # A killed server cannot remove its scratch folder: the next one does.
+        private_dirs.clean_stale_scratch()
+
+    @property
+    def scratch_dir(self) -> str:
+        """This server's private scratch folder (0700, under the user's cache
+        root), made on first use: most sessions never need it."""
+        if self._scratch_dir is None:
+            self._scratch_dir = private_dirs.scratch_dir("lsp")
+        return self._scratch_dir
 
     # ---- capabilities -------------------------------------------------------
     def client_supports(self, dotted: str) -> bool:
@@ -115,14 +130,28 @@ class FuselensServer(LanguageServer):
                 return uri, split_lines(doc.source)
         return None
 
-    def workspace_root_for(self, path: str) -> Optional[str]:
-        best = None
-        for folder in self.workspace.folders.values():
-            root = to_fs_path(folder.uri)
-            if root and (path == root or path.startswith(root.rstrip(os.sep) + os.sep)):
-                if best is None or len(root) > len(best):
-                    best = root
-        return best or self.workspace.root_path
+    def workspace_folders(self) -> list[str]:
+        """The client's workspace folders (its root when it sent none)."""
+        folders = [p for p in (to_fs_path(f.uri) for f in self.workspace.folders.values()) if p]
+        if not folders and self.workspace.root_path:
+            folders = [self.workspace.root_path]
+        return folders
+
+    def boundary_for(self, path: str) -> Optional[str]:
+        """The trusted folder that bounds a run of `path` (None: `path` may not run)."""
+        return boundary_for(path, self.settings, self.workspace_folders())
+
+    def refuse_outside(self, path: str) -> None:
+        """Say once per file that it lies outside every trusted folder."""
+        if path in self.outside_told:
+            return
+        self.outside_told.add(path)
+        from fuselens.server.trust import trusted_roots
+
+        roots = ", ".join(trusted_roots(self.settings, self.workspace_folders())) or "none"
+        message = OUTSIDE_MESSAGE.format(path=path, roots=roots)
+        log.warning(message)
+        self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=message))
 
     def plan_for(self, uri: str) -> Optional[RunPlan]:
         """The run plan for a text document or notebook (cell) URI."""
@@ -133,15 +162,22 @@ class FuselensServer(LanguageServer):
         if not path or not uri.startswith("file:"):
             log.info("not analysing %s: not a file on disk", uri)
             return None
+        boundary = self.boundary_for(path)
+        if boundary is None:
+            self.refuse_outside(path)
+            return None
         doc = self.open_document(uri)
         text = doc.source if doc is not None else planning.read_text(path)
         version = doc.version if doc is not None else None
-        return planning.script_plan(
-            uri, path, text, version, self.settings, self.workspace_root_for(path),
+        plan = planning.script_plan(
+            uri, path, text, version, self.settings, boundary,
             open_text=lambda p: self.open_text(_file_uri(p)),
         )
+        if plan is None:
+            self.refuse_outside(path)
+        return plan
 
-    def _notebook_plan(self, notebook: types.NotebookDocument) -> RunPlan:
+    def _notebook_plan(self, notebook: types.NotebookDocument) -> Optional[RunPlan]:
         cells, versions = [], {}
         for cell in notebook.cells:
             if cell.kind != types.NotebookCellKind.Code:
@@ -153,7 +189,10 @@ class FuselensServer(LanguageServer):
             if doc.version is not None:
                 versions[cell.document] = doc.version
         path = to_fs_path(notebook.uri) if notebook.uri.startswith("file:") else None
-        root = self.workspace_root_for(path) if path else self.workspace.root_path
+        root = self.boundary_for(path) if path else None
+        if root is None:  # an unsaved notebook has no folder, so no trusted one
+            self.refuse_outside(path or notebook.uri)
+            return None
         return planning.notebook_plan(notebook.uri, path, cells, versions, self.settings, root, self.scratch_dir)
 
     # ---- running ------------------------------------------------------------
@@ -162,6 +201,22 @@ class FuselensServer(LanguageServer):
             planning.write_program(plan)
         return await analysis.run_plan(plan, on_event)
 
+    def warm_up(self) -> None:
+        """Start a worker (Python, torch, hooks) before the first save needs
+        it, once some folder is trusted: from the first trusted folder, which
+        is the worker's cwd while it imports."""
+        from fuselens.server.trust import trusted_roots
+
+        roots = [r for r in trusted_roots(self.settings, self.workspace_folders()) if os.path.isdir(r)]
+        if not roots or self.settings.run_on == "manual":
+            return
+        from fuselens.capture.runner import prestart
+
+        try:
+            prestart(roots[0])
+        except OSError:
+            log.warning("could not start a spare worker", exc_info=True)
+
     def tell_untrusted(self) -> None:
         if not self.untrusted_told:
             self.untrusted_told = True
@@ -169,7 +224,7 @@ class FuselensServer(LanguageServer):
 
     def schedule(self, uri: str, use_cache: bool = True) -> Optional[asyncio.Task]:
         """Analyse the unit of `uri` now (cancelling its running analysis)."""
-        if not self.settings.trusted:
+        if not any_trust(self.settings):
             self.tell_untrusted()
             return None
         plan = self.plan_for(uri)
@@ -182,7 +237,7 @@ class FuselensServer(LanguageServer):
 
     def deliver_cached(self, uri: str) -> bool:
         """Publish cached results for `uri` without running anything."""
-        if not self.settings.trusted:
+        if not any_trust(self.settings):
             return False
         plan = self.plan_for(uri)
         report = self.manager.cached(plan) if plan is not None else None
@@ -255,7 +310,7 @@ class FuselensServer(LanguageServer):
             self.uri_unit[uri] = plan.unit
         for uri in sorted(result.uris | stale_uris):
             self.publish(uri, [f.diagnostic for f in findings.get(uri, [])], plan.versions.get(uri))
-        if self.pull_diagnostics and self.client_supports("workspace.diagnostics.refresh_support"):
+        if self.pull_diagnostics:  # chosen only for clients that support the refresh
             self.workspace_diagnostic_refresh(None)
         if self.client_supports("workspace.code_lens.refresh_support"):
             self.workspace_code_lens_refresh(None)
@@ -288,7 +343,13 @@ class FuselensServer(LanguageServer):
             pass
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.scratch_dir, ignore_errors=True)
+        """Stop the spare worker and remove this server's scratch folder (also
+        done at exit and, after a SIGKILL, by the next server's start)."""
+        if "fuselens.capture.runner" in sys.modules:
+            sys.modules["fuselens.capture.runner"].stop_spares()
+        if self._scratch_dir is not None:
+            private_dirs.remove_scratch(self._scratch_dir)
+            self._scratch_dir = None
 
 
 def _file_uri(path: str) -> str:

@@ -18,6 +18,7 @@ RUN_ON_VALUES = ("save", "open", "manual")
 # camelCase keys as editors write them -> Settings field names.
 _KEYS = {
     "trusted": "trusted",
+    "trustedRoots": "trusted_roots",
     "runOn": "run_on",
     "inlayHints": "inlay_hints",
     "backend": "backend",
@@ -29,9 +30,11 @@ _KEYS = {
 
 @dataclass
 class Settings:
-    """What the user configured. `trusted` gates every run of user code."""
+    """What the user configured. `trusted` and `trusted_roots` gate every run of
+    user code, per folder (trust.py)."""
 
-    trusted: bool = False
+    trusted: bool = False  # the client's workspace folders are trusted (VS Code workspace trust)
+    trusted_roots: tuple[str, ...] = ()  # folders trusted by name (absolute paths), e.g. from a Neovim config
     run_on: str = "save"  # save | open | manual
     inlay_hints: bool = False
     backend: Optional[str] = None  # force a backend; None keeps the program's own
@@ -75,6 +78,11 @@ def _flatten(raw: Any) -> dict[str, Any]:
 
 
 def _coerce(name: str, value: Any) -> Any:
+    if name == "trusted_roots":
+        if isinstance(value, str):
+            value = [value]
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value)
+        return tuple(value) if ok else _INVALID
     if name in ("trusted", "inlay_hints"):
         return value if isinstance(value, bool) else _INVALID
     if name == "run_on":

@@ -2,6 +2,7 @@
 
     fuselens tui train.py -- --epochs 1       profile a script live
     fuselens tui -m pkg.train --backend fuselens
+    fuselens tui model.py --backend fuselens -- --lr 3   our options anywhere before --
     fuselens tui --replay before.json after.json   browse recorded reports
 
 Never imports torch: the program runs in the capture worker.
@@ -42,30 +43,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_TAKES_VALUE = {"--backend", "--timeout", "--max-calls", "--set", "--export-dir"}
+
+
+class UsageError(ValueError):
+    """A command line we will not guess at."""
+
+
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Our options come before the target; everything from the target on is
-    the target's (Target.from_cli handles `-m` and `--`)."""
-    takes_value = {"--backend", "--timeout", "--max-calls", "--set", "--export-dir"}
+    """(our options, the target for Target.from_cli). Everything before `--`
+    is ours wherever it stands, before or after the target, and an option we
+    do not know is an error for argparse to report, never silently the
+    program's: `fuselens tui model.py --backend fuselens` forces the backend.
+    The program's own arguments go after `--`."""
+    if "--replay" in argv:
+        return argv, []  # recorded reports only: argparse takes them all
+    before, program = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    known = {opt for action in _parser()._actions for opt in action.option_strings}
     ours: list[str] = []
+    target: list[str] = []
     i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--replay":
-            return argv, []
-        if arg in takes_value:
-            ours += argv[i:i + 2]
-            i += 2
-            continue
-        if arg.startswith("--") and arg != "--" and ("=" in arg or arg in ("--no-sample", "--help")):
-            ours.append(arg)
+    while i < len(before):
+        arg = before[i]
+        if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
+            if target:
+                raise UsageError(f"a second target {arg!r} after {' '.join(target)!r}")
+            target = before[i:i + 2] if arg == "-m" else [arg]
+            i += len(target)
+        elif arg.startswith("-"):
+            if arg.split("=", 1)[0] not in known:
+                raise UsageError(f"unknown option {arg!r}; the program's own arguments go after --")
+            width = 2 if arg in _TAKES_VALUE else 1
+            ours += before[i:i + width]
+            i += width
+        elif target:
+            raise UsageError(f"unexpected argument {arg!r} after the target {' '.join(target)!r}; "
+                             "the program's own arguments go after --")
+        else:
+            target = [arg]
             i += 1
-            continue
-        if arg in ("-h",):
-            ours.append(arg)
-            i += 1
-            continue
-        break
-    return ours, argv[i:]
+    return ours, target + (["--", *program] if program else [])
 
 
 def parse_value(text: str):
@@ -98,7 +115,11 @@ def apply_sets(state: ToggleState, sets: list[str]) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `fuselens tui`; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    ours, rest = _split(argv)
+    try:
+        ours, rest = _split(argv)
+    except UsageError as exc:
+        print(f"fuselens tui: {exc}", file=sys.stderr)
+        return 2
     parser = _parser()
     args = parser.parse_args(ours)
     toggles = ToggleState(backend=args.backend)

@@ -18,9 +18,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from fuselens import private_dirs
 
 # Path fragments -> category, first match wins. Order matters: the guard and
 # eval-frame code of Dynamo runs on every call (wrapper), the rest of Dynamo
@@ -153,7 +154,7 @@ class Sampler:
         self.rate = rate
         self.user_roots = user_roots
         self._proc: Optional[subprocess.Popen[bytes]] = None
-        self._dir: Optional[tempfile.TemporaryDirectory[str]] = None
+        self._dir: Optional[str] = None
         self._error = ""
 
     @property
@@ -168,8 +169,8 @@ class Sampler:
         if exe is None:
             self._error = "py-spy is not installed (pip install py-spy)"
             return
-        self._dir = tempfile.TemporaryDirectory(prefix="fuselens-pyspy-")
-        out = os.path.join(self._dir.name, "profile.json")
+        self._dir = private_dirs.scratch_dir("pyspy")  # 0700 in the user's cache, removed at exit
+        out = os.path.join(self._dir, "profile.json")
         cmd = [exe, "record", "--pid", str(pid), "--format", "speedscope", "-o", out,
                "--rate", str(self.rate), "--nonblocking", "--subprocesses"]
         try:
@@ -192,7 +193,7 @@ class Sampler:
                 proc.kill()
                 _, err = proc.communicate()
             assert self._dir is not None
-            out = os.path.join(self._dir.name, "profile.json")
+            out = os.path.join(self._dir, "profile.json")
             if not os.path.exists(out):
                 lines = (err or b"").decode("utf-8", "replace").strip().splitlines()
                 reason = next((l for l in reversed(lines) if l.strip()), f"exit code {proc.returncode}")
@@ -204,7 +205,7 @@ class Sampler:
                 return HostProfile(error=f"unreadable py-spy profile: {exc}")
         finally:
             if self._dir is not None:
-                self._dir.cleanup()
+                private_dirs.remove_scratch(self._dir)
                 self._dir = None
 
     def kill(self) -> None:
@@ -214,6 +215,6 @@ class Sampler:
             proc.kill()
             proc.wait()
         if self._dir is not None:
-            self._dir.cleanup()
+            private_dirs.remove_scratch(self._dir)
             self._dir = None
 

@@ -23,13 +23,14 @@ def uri(path: os.PathLike | str) -> str:
     return pathlib.Path(path).resolve().as_uri()
 
 
-def capabilities(pull: bool = False, encodings: Optional[list[str]] = None) -> types.ClientCapabilities:
+def capabilities(pull: bool = False, encodings: Optional[list[str]] = None, refresh: bool = True) -> types.ClientCapabilities:
     """VS Code's capabilities; without `pull` the pull-diagnostics capability
-    is removed so the server must push."""
+    is removed so the server must push. `pull` without `refresh` is Neovim
+    0.10/0.11: pull diagnostics but no workspace/diagnostic/refresh."""
     caps = client_capabilities("visual-studio-code")
     if pull:  # VS Code pulls; the recorded capabilities predate pull diagnostics
         caps.text_document.diagnostic = types.DiagnosticClientCapabilities(related_document_support=False)
-        caps.workspace.diagnostics = types.DiagnosticWorkspaceClientCapabilities(refresh_support=True)
+        caps.workspace.diagnostics = types.DiagnosticWorkspaceClientCapabilities(refresh_support=refresh)
     else:
         caps.text_document.diagnostic = None
     if encodings is not None:
@@ -45,6 +46,7 @@ async def session(
     pull: bool = False,
     encodings: Optional[list[str]] = None,
     configuration: Optional[dict[str, Any]] = None,
+    refresh: bool = True,
 ) -> AsyncIterator[LanguageClient]:
     """A started, initialized client; shut down (and the server reaped) after."""
     client = make_test_lsp_client()
@@ -52,7 +54,7 @@ async def session(
         client.set_configuration(configuration, section="fuselens")
     await client.start_io(*SERVER)
     params = types.InitializeParams(
-        capabilities=capabilities(pull, encodings),
+        capabilities=capabilities(pull, encodings, refresh),
         root_uri=uri(root),
         workspace_folders=[types.WorkspaceFolder(uri=uri(root), name="ws")],
         initialization_options=init if init is not None else {"trusted": True},

@@ -16,7 +16,7 @@ import {
 } from "vscode-languageclient/node";
 import { preferPushDiagnostics } from "./logic/capabilities";
 import { uriForServer } from "./logic/commandArgs";
-import { chooseInterpreter, InterpreterChoice, serverCommandLine } from "./logic/interpreter";
+import { chooseInterpreter, InterpreterChoice, serverCommandLine, startFailure } from "./logic/interpreter";
 import { enforceTrust, initializationOptions, readSettings, FuselensSettings } from "./logic/settings";
 import { ProgressListener, trackServerProgress } from "./progress";
 import { activePythonEnvironment } from "./pythonExtension";
@@ -208,20 +208,18 @@ export class FuselensServer implements vscode.Disposable {
     } catch (err) {
       const message = err instanceof Error ? err.message : String(err);
       this.output.error(`Server failed to start: ${message}`);
-      this.emit("stopped", "failed to start");
-      void vscode.window
-        .showErrorMessage(
-          `FuseLens: the server did not start with ${this.interpreter.command.join(" ")}. Is fuselens installed in that environment (pip install fuselens)? Set fuselens.interpreter to choose another Python.`,
-          "Show Log",
-          "Open Settings",
-        )
-        .then((choice) => {
-          if (choice === "Show Log") {
-            this.output.show();
-          } else if (choice === "Open Settings") {
-            void vscode.commands.executeCommand("workbench.action.openSettings", "fuselens.interpreter");
-          }
-        });
+      const failure = startFailure(this.interpreter, trusted);
+      this.emit("stopped", failure.actions["Manage Workspace Trust"] ? "waiting for workspace trust" : "failed to start");
+      const show = failure.actions["Manage Workspace Trust"] ? vscode.window.showInformationMessage : vscode.window.showErrorMessage;
+      void show(failure.message, ...Object.keys(failure.actions)).then((choice) => {
+        if (choice === "Show Log") {
+          this.output.show();
+        } else if (choice === "Open Settings") {
+          void vscode.commands.executeCommand("workbench.action.openSettings", "fuselens.interpreter");
+        } else if (choice) {
+          void vscode.commands.executeCommand(failure.actions[choice]);
+        }
+      });
       await this.doStop();
     }
   }

@@ -4,6 +4,7 @@
 import * as fs from "fs/promises";
 import * as path from "path";
 import * as vscode from "vscode";
+import { makeNonce, withCsp } from "./logic/csp";
 import { KERNEL_SCHEME, kernelArgsFromQuery, kernelChoices, kernelSourceText, kernelUriParts } from "./logic/kernelUri";
 import { FuselensServer } from "./server";
 
@@ -54,15 +55,16 @@ let reportPanel: vscode.WebviewPanel | undefined;
 
 /**
  * Shows an HTML report file in a webview (reused between calls). The report
- * is self-contained (inline CSS/SVG/JS) and written by fuselens from the
- * analysis, so scripts are enabled but nothing may be loaded from disk.
+ * is self-contained (inline CSS and SVG, no script): scripts stay off and a
+ * strict Content-Security-Policy with a fresh nonce (logic/csp.ts) lets only
+ * the report's own style sheet apply and nothing load.
  */
 export async function showReportFile(file: string): Promise<vscode.WebviewPanel> {
-  const html = await fs.readFile(file, "utf8");
+  const html = withCsp(await fs.readFile(file, "utf8"), makeNonce());
   const title = `FuseLens: ${path.basename(file)}`;
   if (!reportPanel) {
     reportPanel = vscode.window.createWebviewPanel("fuselens.report", title, vscode.ViewColumn.Beside, {
-      enableScripts: true,
+      enableScripts: false,
       enableFindWidget: true,
       localResourceRoots: [],
       retainContextWhenHidden: true,

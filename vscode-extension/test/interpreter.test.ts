@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { chooseInterpreter, isInside, serverCommandLine } from "../src/logic/interpreter";
+import { chooseInterpreter, isInside, serverCommandLine, startFailure } from "../src/logic/interpreter";
 
 const base = { setting: [], trusted: true, workspaceFolders: ["/home/u/proj"], platform: "linux" as NodeJS.Platform };
 
@@ -41,4 +41,20 @@ test("isInside compares whole path components", () => {
   assert.equal(isInside("/a/b", "/a/b"), true);
   assert.equal(isInside("/a/bc/d", "/a/b"), false);
   assert.equal(isInside("/a", "/a/b"), false);
+});
+
+test("restricted mode with the workspace venv skipped says analysis waits for trust, not to set a setting", () => {
+  const c = chooseInterpreter({ ...base, trusted: false, pythonExtension: "/home/u/proj/.venv/bin/python" });
+  const failure = startFailure(c, false);
+  assert.match(failure.message, /Restricted Mode/);
+  assert.match(failure.message, /waits until you trust this folder/);
+  assert.doesNotMatch(failure.message, /fuselens\.interpreter/);
+  assert.deepEqual(failure.actions, { "Manage Workspace Trust": "workbench.trust.manage" });
+});
+
+test("once trusted, the same workspace venv is chosen and a failure points at the interpreter setting", () => {
+  const c = chooseInterpreter({ ...base, trusted: true, pythonExtension: "/home/u/proj/.venv/bin/python" });
+  assert.deepEqual(c.command, ["/home/u/proj/.venv/bin/python"]);
+  assert.equal(c.waitsForTrust, undefined);
+  assert.match(startFailure(c, true).message, /Set fuselens\.interpreter/);
 });

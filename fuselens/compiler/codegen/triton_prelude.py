@@ -18,7 +18,6 @@ import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from fuselens.compiler.atomic_file import write_atomically
+from fuselens.private_dirs import cache_dir, check_private_file
 
 # Helper functions every generated module starts with. They are plain @triton.jit
 # functions of tl.* ops, so they run on the GPU and in the interpreter alike.
@@ -567,9 +567,10 @@ def load_prelude(module_file: str, name: str) -> dict:
 
 def warm_prelude() -> dict:
     """This process's prelude, loaded before any graph asks (compile workers)."""
-    user = getattr(os, "getuid", lambda: 0)()
     name = prelude_file_name(prelude_text(_interpreting()))
-    return _prelude_names(os.path.join(tempfile.gettempdir(), f"fuselens_prelude_{user}"), name)
+    # In the user's private cache, never a shared folder: another account that made
+    # /tmp/fuselens_prelude_<uid> first used to get its module imported here.
+    return _prelude_names(cache_dir("triton_prelude"), name)
 
 
 def _prelude_names(directory: str, name: str) -> dict:
@@ -588,6 +589,7 @@ def _import_prelude(directory: str, name: str) -> dict:
             raise RuntimeError(f"a module in {directory} was generated for another Triton prelude than this "
                                f"process prints ({name}): a module of another fuselens or target")
         write_atomically(path, text)
+    check_private_file(path)  # raises UnsafePathError for a file or folder another account can write
     mod_name = name[:-3]
     spec = importlib.util.spec_from_file_location(mod_name, path)
     mod = importlib.util.module_from_spec(spec)
