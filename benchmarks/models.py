@@ -12,8 +12,8 @@ Columns per model and backend: wall ms/step (GPU: `triton.testing.do_bench`
 median; CPU: median of timed steps), ratio Inductor/this (above 1: faster than
 Inductor), GPU kernel ms/step, launches/step and host ms/step (wall minus kernel
 time) from torch.profiler over a few steps, cold compile s (first call, fresh
-caches), peak memory of a step, and the max error against eager (inference: the
-output's relative norm error; training: the worst parameter gradient's).
+caches), peak memory of a step, and the error against eager (relative norm error
+of the output, or in training of all gradients together).
 `--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
 `cuda_graphs` option. `--profile` writes the top kernels of each backend.
 """
