@@ -146,3 +146,17 @@ def test_gather_passes_through_a_float_copy_with_device_arguments():
     gm = traced(loss, logits, target)
     assert gather_through_pointwise(gm)
     assert [n.args[0].op for n in gm.graph.nodes if n.target is aten.gather.default] == ["placeholder"]
+
+
+def test_gather_passes_through_the_reshape_of_a_causal_lm_loss():
+    # transformers' ForCausalLMLoss: logits.float(), then .view(-1, vocab), then cross_entropy
+    logits, labels = torch.randn(2, 8, 1003).bfloat16(), torch.randint(0, 1003, (2, 8))
+
+    def loss(l, t):
+        return F.cross_entropy(l.float().view(-1, 1003), t.view(-1))
+
+    gm = traced(loss, logits, labels)
+    assert gather_through_pointwise(gm)
+    gathers = [n for n in gm.graph.nodes if n.target is aten.gather.default]
+    assert len(gathers) == 1 and gathers[0].meta["val"].dtype == torch.bfloat16  # reads the logits themselves
+    torch.testing.assert_close(gm(logits, labels), loss(logits, labels), rtol=1e-5, atol=1e-5)

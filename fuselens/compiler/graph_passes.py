@@ -231,7 +231,12 @@ def _pointwise(node: torch.fx.Node) -> bool:
 def _push_gather(bld: _Builder, src: Any, dim: int, idx: torch.fx.Node, depth: int) -> Optional[torch.fx.Node]:
     """`gather(src, dim, idx)` computed from gathers of `src`'s pointwise inputs, or
     None when `src` is not a pointwise op whose operands allow it."""
-    if not isinstance(src, torch.fx.Node) or depth > _MAX_PUSH_DEPTH or not _pointwise(src):
+    if not isinstance(src, torch.fx.Node) or depth > _MAX_PUSH_DEPTH:
+        return None
+    if src.op == "call_function" and src.target in _RESHAPES:
+        sunk = _sink_reshape(bld, src)
+        return _push_gather(bld, sunk, dim, idx, depth + 1) if sunk is not None else None
+    if not _pointwise(src):
         return None
     full = tuple(_val(src).shape)
     gathered_shape = tuple(_val(idx).shape)
@@ -257,6 +262,33 @@ def _push_gather(bld: _Builder, src: Any, dim: int, idx: torch.fx.Node, depth: i
 
 class _CannotPush(Exception):
     pass
+
+
+_RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+def _sink_reshape(bld: _Builder, view: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """`reshape(f(x, y), shape)` as `f(reshape(x, shape), reshape(y, shape))` for a
+    pointwise `f` whose tensor operands all have its full shape (cross-entropy's
+    `logits.float().view(-1, vocab)`), so a gather can pass the reshape; None otherwise."""
+    inner = view.args[0]
+    if not isinstance(inner, torch.fx.Node) or not _pointwise(inner):
+        return None
+    full = tuple(_val(inner).shape)
+
+    def operand(a: Any) -> Any:
+        v = _val(a)
+        if not isinstance(a, torch.fx.Node) or not isinstance(v, torch.Tensor) or v.dim() == 0:
+            return a
+        if tuple(v.shape) != full:
+            raise _CannotPush
+        return bld.call(view.target, a, *view.args[1:])
+
+    try:
+        args = torch.fx.node.map_arg(inner.args, operand)
+        return bld.call(inner.target, *args, **inner.kwargs)
+    except Exception:  # noqa: BLE001 - _CannotPush, or an operand whose strides cannot be viewed
+        return None
 
 
 def gather_through_pointwise(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
