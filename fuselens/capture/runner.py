@@ -10,6 +10,7 @@ megabytes neither blocks on a full pipe nor grows the parent.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import os
 import select
@@ -40,6 +41,10 @@ class _Tail:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        # Where to pass the program's output through as it runs (the report
+        # CLI's terminal); None keeps it only in the tail.
+        self.echo: Optional[Any] = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._buf = bytearray()
         self._lock = threading.Condition()
         self._ended = False
@@ -51,6 +56,12 @@ class _Tail:
             self._ended = False
 
     def feed(self, chunk: bytes) -> None:
+        if self.echo is not None:
+            try:
+                self.echo.write(self._decoder.decode(chunk.replace(OUTPUT_END, b"")))
+                self.echo.flush()
+            except (OSError, ValueError):
+                self.echo = None
         with self._lock:
             self._buf += chunk
             if self._buf.endswith(OUTPUT_END):
@@ -341,15 +352,19 @@ class _Worker:
         deliver(RunInfo(target="", exit_code=code))
 
 
-def analyze(target: Target, options: Optional[RunOptions] = None, on_event: Optional[EventCallback] = None) -> Report:
+def analyze(target: Target, options: Optional[RunOptions] = None, on_event: Optional[EventCallback] = None,
+            echo: Optional[tuple[Any, Any]] = None) -> Report:
     """Run `target` once in a fresh worker; return the folded Report.
 
     `on_event(event)` is called (from this thread) for every event as it
     arrives, before the Report is complete. Never raises for anything the
     user program does: errors, exits, timeouts and kills become
-    `Report.errors` entries."""
+    `Report.errors` entries. `echo=(out, err)` passes the program's stdout
+    and stderr through to these text streams as it runs."""
     options = options or RunOptions()
     worker = _Worker(target.cwd, options.env, options.output_limit_bytes)
+    if echo is not None:
+        worker.stdout.echo, worker.stderr.echo = echo
     try:
         return worker.run(target, options, on_event)
     finally:

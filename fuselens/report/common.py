@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from fuselens.capture.guardtext import MAX_TEXT, clip as clip_text  # noqa: F401  (one home for the limit)
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
