@@ -17,10 +17,12 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from fuselens.capture import faultstack
 from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target
@@ -116,6 +118,9 @@ class _Worker:
             "--control-fd",
             str(ctl_r),
         ]
+        fd, self.fault_file = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt")
+        os.close(fd)
+        env = {**env, faultstack.ENV: self.fault_file}
         try:
             self.proc = subprocess.Popen(
                 cmd,
@@ -175,6 +180,10 @@ class _Worker:
     def _finish(self) -> None:
         for t in self._threads:
             t.join(timeout=2)
+        try:
+            os.unlink(self.fault_file)
+        except OSError:
+            pass
         try:
             os.close(self._events_fd)
         except OSError:
@@ -318,6 +327,12 @@ class _Worker:
 
     def _report_death(self, outcome: str, options: RunOptions, deliver, state) -> None:
         """The run did not finish normally: kill what is left, say why."""
+        if outcome == "timeout" and faultstack.DUMP_SIGNAL is not None and self.alive():
+            try:  # where was it stuck? faulthandler writes the stacks
+                os.kill(self.proc.pid, faultstack.DUMP_SIGNAL)
+                time.sleep(0.5)
+            except OSError:
+                pass
         if outcome in ("timeout", "cancelled"):
             self.kill()
         try:
@@ -326,6 +341,7 @@ class _Worker:
             self.kill()
             code = self.proc.wait()
         self._drain_events(deliver, state)
+        where = faultstack.read_location(self.fault_file)  # before _finish removes the file
         self._finish()
         if outcome == "timeout":
             error = ErrorEntry("timeout", f"killed after the {options.timeout_s:g} s timeout")
@@ -347,6 +363,11 @@ class _Worker:
                 f"the fuselens worker failed to start (exit code {code})",
                 traceback="\n".join(tail),
             )
+        if error is not None and error.kind in ("timeout", "killed") and outcome != "cancelled":
+            error.location = where
+            if error.location is not None:
+                stuck = "was running" if outcome == "timeout" else "crashed at"
+                error.message += f"; it {stuck} {os.path.basename(error.location.file)}:{error.location.line}"
         if error is not None:
             deliver(error)
         deliver(RunInfo(target="", exit_code=code))

@@ -294,6 +294,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    from fuselens.capture import faultstack
+
+    faultstack.install_in_worker()  # a hang or a crash names the line it was on
     channel = Channel(args.events_fd)
     control = os.fdopen(args.control_fd, "r", encoding="utf-8")
     worker = Worker(channel)
