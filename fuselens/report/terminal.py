@@ -268,6 +268,10 @@ class _View:
             self.fixes(fixes, first.fix)
             if self.verbose:
                 for rc in group:
+                    for sc in rc.shape_changes:
+                        self.note("changed", f"{rc.compile_id}: {common.shape_change_text(sc)}")
+                    for dc in rc.dtype_changes:
+                        self.note("dtype", f"{rc.compile_id}: {dc}")
                     for raw in rc.raw_reasons:
                         self.note("torch says", raw)
             self.c.print()
