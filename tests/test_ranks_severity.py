@@ -97,10 +97,10 @@ def test_crashed_rank_names_the_line_of_its_faulthandler_dump(tmp_path):
     for rank, done in ((0, True), (1, False)):
         path = run / f"rank-{rank:05d}.jsonl"
         path.write_text("\n".join(_rank_lines(rank, [], done=done)) + "\n")
-    (run / "rank-00001.fault").write_text(
+    (run / "fault-00001.txt").write_text(
         "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
         f'  File "{user}", line 7 in step\n  File "{user}", line 12 in <module>\n')
-    assert fault_file(str(run / "rank-00001.jsonl")) == str(run / "rank-00001.fault")
+    assert fault_file(str(run / "rank-00001.jsonl")) == str(run / "fault-00001.txt")
     report = merge_run_dir(str(run))
     killed = [e for e in report.errors if e.kind == "killed"]
     assert killed and killed[0].ranks == [1]

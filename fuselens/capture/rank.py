@@ -156,6 +156,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     worker = Worker(out)  # type: ignore[arg-type]  (RankFile is a Channel)
     info = worker.run(target, options)
     code = info.exit_code or 0
+    try:  # no crash: an empty dump file is only clutter in the run directory
+        if os.path.getsize(os.environ[faultstack.ENV]) == 0:
+            os.remove(os.environ[faultstack.ENV])
+    except OSError:
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit: the program's atexit handlers and non-daemon threads already

@@ -49,9 +49,11 @@ RANK_GLOB = "rank-*.jsonl"
 
 
 def fault_file(events_path: str) -> str:
-    """The faulthandler dump beside a rank's event file (capture/rank.py)."""
-    base = events_path[: -len(".jsonl")] if events_path.endswith(".jsonl") else events_path
-    return base + ".fault"
+    """The faulthandler dump beside a rank's event file (capture/rank.py):
+    DIR/rank-00001.jsonl -> DIR/fault-00001.txt (not matched by RANK_GLOB)."""
+    folder, name = os.path.split(events_path)
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    return os.path.join(folder, "fault-" + stem.removeprefix("rank-") + ".txt")
 LAUNCH_GLOB = "launch-*.jsonl"
 
 
