@@ -57,6 +57,25 @@ class SourceLocation:
 
 
 @dataclass
+class FixAdvice:
+    """One fix from the catalogue (fuselens/fixcatalog.py, keyed by cause)
+    for one finding. `edit` says how the fix changes the program, so that the
+    report can verify it and the language server can apply it; advice-only
+    fixes have no edit. `preferred` is only ever True for a fix that was
+    verified: applied to a copy of the program, re-run, and the program still
+    succeeded without the finding it targets."""
+
+    cause: str  # catalogue key, e.g. "input-size", "global-mutated", "item"
+    title: str  # one line, imperative
+    detail: str = ""  # why it works, in the user's terms
+    edit: str = ""  # "mark_dynamic" | "dynamic_true" | "config" | "" (advice only)
+    args: list[str] = field(default_factory=list)  # mark_dynamic: [name, dim]; config: [name, value]
+    verified: Optional[bool] = None  # None: not tried
+    preferred: bool = False
+    verify_note: str = ""  # what the verification run showed, one line
+
+
+@dataclass
 class GraphBreak:
     """Graph breaks at the same location with the same reason are one entry
     with `count` > 1 (the parent merges them)."""
@@ -75,6 +94,10 @@ class GraphBreak:
     # DistributedDataParallel.forward, which Dynamo skips by design before
     # compiling the wrapped module: nothing for the user to fix.
     origin: str = ""
+    fixes: list[FixAdvice] = field(default_factory=list)  # from the fix catalogue, best first
+    # The user's own explanation when torch's misleads (optimizer.step()
+    # is not a user-inserted graph_break()); torch's text stays in `reason`.
+    explained: str = ""
 
     def key(self) -> tuple:
         return (self.location.file, self.location.line, self.location.cell, self.reason)
@@ -107,6 +130,8 @@ class Recompile:
     # happened (where a mark_dynamic call would go); None when unknown.
     call_site: Optional[SourceLocation] = None
     ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks that recompiled
+    fixes: list[FixAdvice] = field(default_factory=list)  # from the fix catalogue, best first
+    cause: str = ""  # catalogue key of the failed guard ("input-size", "dtype", ...)
 
 
 @dataclass
@@ -225,6 +250,8 @@ class RunInfo:
     max_calls_reached: bool = False
     stdout_tail: str = ""
     stderr_tail: str = ""
+    # "warm": compile caches as the user has them; "cold": turned off (--cold)
+    caches: str = ""
 
 
 @dataclass

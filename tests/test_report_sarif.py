@@ -83,7 +83,7 @@ def test_graph_break_result_points_at_the_user_line_with_reason_and_hint():
     assert gb["relatedLocations"][0]["physicalLocation"]["region"]["startLine"] == 46
 
 
-def test_absolute_paths_become_relative_to_the_repo_root():
+def test_absolute_paths_become_relative_to_the_repo_root_and_results_outside_it_are_dropped():
     r = Report(run=RunInfo(target="/repo/train.py"), graph_breaks=[
         GraphBreak(SourceLocation("/repo/src/my model.py", 7, "f"), "reason"),
         GraphBreak(SourceLocation("/elsewhere/lib.py", 3, "g"), "reason"),
@@ -92,7 +92,7 @@ def test_absolute_paths_become_relative_to_the_repo_root():
     check_sarif(log)
     arts = [x["locations"][0]["physicalLocation"]["artifactLocation"] for x in log["runs"][0]["results"]]
     assert arts[0] == {"uri": "src/my%20model.py", "uriBaseId": "%SRCROOT%"}
-    assert arts[1] == {"uri": "file:///elsewhere/lib.py"}
+    assert len(arts) == 1  # code scanning shows only the repository's files
     assert log["runs"][0]["originalUriBaseIds"]["%SRCROOT%"]["uri"] == "file:///repo/"
 
 

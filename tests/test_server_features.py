@@ -55,7 +55,8 @@ async def test_recompile_on_new_batch_size_offers_mark_dynamic_and_dynamic_true(
         titles = [a.title for a in actions]
         assert len(actions) == 2, titles
         mark, dynamic = actions
-        assert "mark_dynamic" in mark.title and mark.is_preferred
+        # Unverified (the server does not re-run the program): offered, never preferred.
+        assert "mark_dynamic" in mark.title and not mark.is_preferred
         fixed = _apply(text, mark, doc)
         ast.parse(fixed)
         assert "    torch._dynamo.mark_dynamic(batch, 0)\n    scale(batch)" in fixed

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from fuselens.capture import rankmerge
 from fuselens.capture.runner import _drain, _Tail, _worker_env
@@ -82,9 +82,12 @@ class _Outcome:
 
 
 def analyze_distributed(launch: TorchrunLaunch, options: Optional[RunOptions] = None,
-                        cancel: Optional[threading.Event] = None) -> Report:
+                        cancel: Optional[threading.Event] = None,
+                        echo: Optional[tuple[Any, Any]] = None) -> Report:
     """Run the torchrun job under capture and return the merged Report.
-    Never raises for what the program does; `cancel.set()` stops the run."""
+    Never raises for what the program does; `cancel.set()` stops the run.
+    `echo=(out, err)` passes the job's stdout and stderr (torchrun's and
+    every rank's) through to these streams as it runs, as `analyze` does."""
     options = options or RunOptions()
     run_dir = os.path.abspath(launch.run_dir or tempfile.mkdtemp(prefix="fuselens-run-"))
     os.makedirs(run_dir, exist_ok=True)
@@ -94,6 +97,8 @@ def analyze_distributed(launch: TorchrunLaunch, options: Optional[RunOptions] = 
     proc = subprocess.Popen(cmd, cwd=launch.cwd or None, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     out, err = _Tail(options.output_limit_bytes), _Tail(options.output_limit_bytes)
+    if echo is not None:
+        out.echo, err.echo = echo
     threads = [threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True),
                threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)]
     for t in threads:

@@ -40,7 +40,6 @@ def _library_dirs() -> list[str]:
 
 
 _LIBRARY_DIRS: Optional[list[str]] = None
-_LIB_MARKERS = (os.sep + "torch" + os.sep, os.sep + "triton" + os.sep, os.sep + "functorch" + os.sep)
 
 
 def is_user_file(filename: str) -> bool:
@@ -58,7 +57,9 @@ def is_user_file(filename: str) -> bool:
     if any(real.startswith(d) for d in _LIBRARY_DIRS):
         # A user script under site-packages/torch? No: everything there is torch.
         return False
-    if any(m in real for m in _LIB_MARKERS) and "site-packages" in real:
+    if "site-packages" in real or "dist-packages" in real:
+        # Installed libraries (transformers, torchvision...) are not the
+        # user's code: a finding points at the user's innermost frame.
         return False
     return True
 
@@ -114,3 +115,28 @@ def innermost_user(frames: Iterable[tuple[str, int, str]]) -> Optional[SourceLoc
 def user_stack(frames: Iterable[tuple[str, int, str]]) -> list[SourceLocation]:
     """Only the user's frames, outermost first."""
     return [make_location(f, l, fn) for f, l, fn in frames if is_user_file(f)]
+
+
+_DEF_CACHE: dict[str, list[tuple[int, int, int]]] = {}
+
+
+def enclosing_def_line(filename: str, line: int) -> Optional[int]:
+    """The `def` line of the innermost function of `filename` whose body
+    holds `line`: the code identity of a Dynamo resume function (which is
+    named after its function but is not that code object)."""
+    import ast
+
+    if filename not in _DEF_CACHE:
+        spans: list[tuple[int, int, int]] = []
+        try:
+            with open(filename, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                    spans.append((node.lineno, node.end_lineno or node.lineno, first))
+        except (OSError, SyntaxError, ValueError):
+            pass
+        _DEF_CACHE[filename] = spans
+    inside = [s for s in _DEF_CACHE[filename] if s[0] <= line <= s[1]]
+    return max(inside)[0] if inside else None

@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from fuselens.capture import frames as fr
 from fuselens.capture.protocol import DONE, control_line
+from fuselens.capture.rankmerge import fault_file
 from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, RankInfo, RunInfo, encode_event
 
@@ -137,7 +138,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     target = Target.from_dict(request["target"])
     options = RunOptions.from_dict(request.get("options") or {})
     identity = identity_from_env()
-    out = RankFile(rank_file(args.run_dir, identity.rank), identity)
+    events_path = rank_file(args.run_dir, identity.rank)
+    out = RankFile(events_path, identity)
+    from fuselens.capture import faultstack
+
+    os.environ[faultstack.ENV] = fault_file(events_path)
+    faultstack.install_in_worker()  # a segfault names the line it was on (read when merging)
     out.event(identity)
     stopper = _Stopper(out, identity)
     signal.signal(signal.SIGTERM, stopper.on_signal)
@@ -150,6 +156,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     worker = Worker(out)  # type: ignore[arg-type]  (RankFile is a Channel)
     info = worker.run(target, options)
     code = info.exit_code or 0
+    try:  # no crash: an empty dump file is only clutter in the run directory
+        if os.path.getsize(os.environ[faultstack.ENV]) == 0:
+            os.remove(os.environ[faultstack.ENV])
+    except OSError:
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit: the program's atexit handlers and non-daemon threads already

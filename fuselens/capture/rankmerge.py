@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Optional
 
+from fuselens.capture import faultstack
 from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE
 from fuselens.events import (
@@ -45,6 +46,14 @@ from fuselens.events import (
 )
 
 RANK_GLOB = "rank-*.jsonl"
+
+
+def fault_file(events_path: str) -> str:
+    """The faulthandler dump beside a rank's event file (capture/rank.py):
+    DIR/rank-00001.jsonl -> DIR/fault-00001.txt (not matched by RANK_GLOB)."""
+    folder, name = os.path.split(events_path)
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    return os.path.join(folder, "fault-" + stem.removeprefix("rank-") + ".txt")
 LAUNCH_GLOB = "launch-*.jsonl"
 
 
@@ -153,10 +162,13 @@ def rank_report(stream: RankStream) -> Report:
         builder.add(ErrorEntry("internal", f"{stream.malformed} malformed line(s) in {os.path.basename(stream.path)}"))
     rank = stream.identity.rank
     if not stream.done:
+        location = faultstack.read_location(fault_file(stream.path)) if stream.path else None
+        where = f" while at line {location.line} ({location.function})" if location else ""
         builder.add(ErrorEntry(
             "killed",
-            f"rank {rank} ended without an end record (killed with SIGKILL, crashed in native code, "
+            f"rank {rank} ended without an end record{where} (killed with SIGKILL, crashed in native code, "
             "or its file is incomplete)",
+            location=location,
         ))
     builder.wall_s = stream.wall_s
     report = builder.build()

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import codecs
+import functools
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from fuselens import parent_watch
+from fuselens.capture import faultstack
 from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target
@@ -42,6 +46,10 @@ class _Tail:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        # Where to pass the program's output through as it runs (the report
+        # CLI's terminal); None keeps it only in the tail.
+        self.echo: Optional[Any] = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._buf = bytearray()
         self._lock = threading.Condition()
         self._ended = False
@@ -53,6 +61,12 @@ class _Tail:
             self._ended = False
 
     def feed(self, chunk: bytes) -> None:
+        if self.echo is not None:
+            try:
+                self.echo.write(self._decoder.decode(chunk.replace(OUTPUT_END, b"")))
+                self.echo.flush()
+            except (OSError, ValueError):
+                self.echo = None
         with self._lock:
             self._buf += chunk
             if self._buf.endswith(OUTPUT_END):
@@ -93,6 +107,13 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+@functools.lru_cache(maxsize=1)
+def _fault_dir() -> str:
+    from fuselens.private_dirs import scratch_dir
+
+    return scratch_dir("faults")
+
+
 class _Worker:
     """One worker process and its pipes. Runs are sequential."""
 
@@ -108,6 +129,10 @@ class _Worker:
             "--control-fd",
             str(ctl_r),
         ]
+        # the worker's stack dump (hang, crash): in our private scratch folder, not /tmp
+        fd, self.fault_file = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt", dir=_fault_dir())
+        os.close(fd)
+        env = {**env, faultstack.ENV: self.fault_file}
         try:
             self.proc = subprocess.Popen(
                 cmd,
@@ -167,6 +192,10 @@ class _Worker:
     def _finish(self) -> None:
         for t in self._threads:
             t.join(timeout=2)
+        try:
+            os.unlink(self.fault_file)
+        except OSError:
+            pass
         try:
             os.close(self._events_fd)
         except OSError:
@@ -310,6 +339,12 @@ class _Worker:
 
     def _report_death(self, outcome: str, options: RunOptions, deliver, state) -> None:
         """The run did not finish normally: kill what is left, say why."""
+        if outcome == "timeout" and faultstack.DUMP_SIGNAL is not None and self.alive():
+            try:  # where was it stuck? faulthandler writes the stacks
+                os.kill(self.proc.pid, faultstack.DUMP_SIGNAL)
+                time.sleep(0.5)
+            except OSError:
+                pass
         if outcome in ("timeout", "cancelled"):
             self.kill()
         try:
@@ -318,6 +353,7 @@ class _Worker:
             self.kill()
             code = self.proc.wait()
         self._drain_events(deliver, state)
+        where = faultstack.read_location(self.fault_file)  # before _finish removes the file
         self._finish()
         if outcome == "timeout":
             error = ErrorEntry("timeout", f"killed after the {options.timeout_s:g} s timeout")
@@ -339,6 +375,11 @@ class _Worker:
                 f"the fuselens worker failed to start (exit code {code})",
                 traceback="\n".join(tail),
             )
+        if error is not None and error.kind in ("timeout", "killed") and outcome != "cancelled":
+            error.location = where
+            if error.location is not None:
+                stuck = "was running" if outcome == "timeout" else "crashed at"
+                error.message += f"; it {stuck} {os.path.basename(error.location.file)}:{error.location.line}"
         if error is not None:
             deliver(error)
         deliver(RunInfo(target="", exit_code=code))
@@ -414,15 +455,19 @@ def stop_spares() -> None:
 atexit.register(stop_spares)
 
 
-def analyze(target: Target, options: Optional[RunOptions] = None, on_event: Optional[EventCallback] = None) -> Report:
+def analyze(target: Target, options: Optional[RunOptions] = None, on_event: Optional[EventCallback] = None,
+            echo: Optional[tuple[Any, Any]] = None) -> Report:
     """Run `target` once in a fresh worker; return the folded Report.
 
     `on_event(event)` is called (from this thread) for every event as it
     arrives, before the Report is complete. Never raises for anything the
     user program does: errors, exits, timeouts and kills become
-    `Report.errors` entries."""
+    `Report.errors` entries. `echo=(out, err)` passes the program's stdout
+    and stderr through to these text streams as it runs."""
     options = options or RunOptions()
     worker = _Worker(target.cwd, options.env, options.output_limit_bytes)
+    if echo is not None:
+        worker.stdout.echo, worker.stderr.echo = echo
     try:
         return worker.run(target, options, on_event)
     finally:

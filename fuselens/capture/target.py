@@ -113,6 +113,9 @@ class RunOptions:
     output_limit_bytes: tail kept of the program's stdout and of its stderr.
     env:              extra environment variables for the program.
     extra:            free-form, forwarded to the worker untouched.
+    cold_caches:      turn Inductor's and fuselens' compile caches off for the
+                      run (every graph is compiled and logged afresh); by
+                      default they are left as the user has them.
     """
 
     backend: Optional[str] = None
@@ -124,6 +127,7 @@ class RunOptions:
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
     env: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    cold_caches: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from fuselens import fixcatalog
+from fuselens.capture import callsite, guardtext
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
 from fuselens.capture.ddp import break_origin
@@ -67,7 +69,10 @@ class TraceHandler(logging.Handler):
         self._strings: dict[int, str] = {}
         self._pending: dict[str, _Pending] = {}
         self._seen_breaks: set[tuple] = set()
-        self._def_lines: dict[tuple[str, str], int] = {}
+        self._break_compiles: set[str] = set()  # compile ids that logged a graph break
+        # (file, def line) -> [(input, dim)] of its last size recompile: the
+        # input an intermediate's size comes from.
+        self._last_sizes: dict[tuple[str, int], list[tuple[str, int]]] = {}
         self.frames_by_compile: dict[str, tuple[str, int, str]] = {}
         self._frame_code: dict[str, tuple[str, str, int]] = {}  # frame id -> (co_name, co_filename, firstlineno)
         self._lock = threading.RLock()
@@ -78,6 +83,8 @@ class TraceHandler(logging.Handler):
         with self._lock:
             self._pending.clear()
             self._seen_breaks.clear()
+            self._break_compiles.clear()
+            self._last_sizes.clear()
             self.frames_by_compile.clear()
             self._frame_code.clear()
 
@@ -159,9 +166,11 @@ class TraceHandler(logging.Handler):
             origin=break_origin(parsed.frames, parsed.explanation),
         )
         key = (cid,) + gb.key()
+        self._break_compiles.add(cid)
         if key in self._seen_breaks:  # a restarted attempt logs the same break again
             return
         self._seen_breaks.add(key)
+        gb.explained, gb.fixes = fixcatalog.graph_break_fixes(gb)
         self._emit(gb)
 
     def _on_chromium(self, cid: str, payload: Optional[str]) -> None:
@@ -203,8 +212,6 @@ class TraceHandler(logging.Handler):
         co_name = str(m.get("co_name") or "")
         co_file = str(m.get("co_filename") or "")
         first = int(m.get("co_firstlineno") or 0)
-        if co_name and not fr.is_generated_function(co_name):
-            self._def_lines.setdefault((co_file, co_name), first)
         frame_key = cid.split("/")[0]
         if co_name:
             self._frame_code[frame_key] = (co_name, co_file, first)
@@ -220,7 +227,9 @@ class TraceHandler(logging.Handler):
             self._emit_recompile(cid, co_name, co_file, first, pending, hit_limit)
         elif hit_limit:
             self._emit_recompile(cid, co_name, co_file, first, _Pending(), True)
-        if fail_type and not hit_limit:
+        # A graph break that Dynamo handled by running the rest eagerly is
+        # already reported as a graph break; it is not a second finding.
+        if fail_type and not hit_limit and cid not in self._break_compiles:
             loc = None
             if m.get("fail_user_frame_filename") and fr.is_user_file(str(m["fail_user_frame_filename"])):
                 loc = fr.make_location(str(m["fail_user_frame_filename"]), int(m.get("fail_user_frame_lineno") or 0))
@@ -251,51 +260,82 @@ class TraceHandler(logging.Handler):
 
     def _emit_recompile(self, cid: str, co_name: str, co_file: str, first: int, p: _Pending, hit_limit: bool) -> None:
         function = fr.user_function_name(co_name)
-        def_line = self._def_lines.get((co_file, function)) or fr.resume_line(co_name) or first
         if not co_file and p.start:
             co_file = p.start[0]
-        location = fr.make_location(co_file, def_line, function) if co_file else SourceLocation("<unknown>", 0, function)
-        reasons, shapes, dtypes, fixes = [], [], [], []
-        for raw in p.raw_reasons:
+        # Code identity: the file and first line of the code object, never
+        # its name (two `forward`s in one file are two functions).
+        def_line = first
+        if fr.is_generated_function(co_name):
+            def_line = fr.enclosing_def_line(co_file, fr.resume_line(co_name) or first) or fr.resume_line(co_name) or first
+        call = callsite.parse_call(p.call_site.code) if p.call_site is not None else None
+        if co_file and fr.is_user_file(co_file):
+            location = fr.make_location(co_file, def_line, function)
+        elif p.call_site is not None:
+            # Library code was compiled (an nn.Module wrapper, transformers'
+            # `wrapper`): point at the user's call and name what they called.
+            location = p.call_site
+            function = call.callee if call is not None else p.call_site.function or function
+        else:
+            location = fr.make_location(co_file, def_line, function) if co_file else SourceLocation("<unknown>", 0, function)
+        identity = (location.file, location.line)
+        raws = guardtext.latest_entry(p.raw_reasons)
+        reasons, shapes, dtypes, fixes, causes = [], [], [], [], []
+        sizes: list[tuple[str, int]] = []
+        for raw in raws:
             g = tracetext.translate_guard(raw, co_name)
             dynamic = self._became_dynamic(p, g)
+            shown = callsite.user_argument(g.input_name, call) if g.input_name else None
+            if shown:
+                g.text = g.text.replace(f"'{g.input_name}'", f"'{shown}'")
+                g.input_name = shown
             if g.text not in reasons:
                 reasons.append(g.text)
             if g.kind in ("size", "stride", "value", "rank"):
                 new = g.new
                 if g.kind == "value":
                     new = str((p.dynamic.get((f"L['{g.input_name}']", "scalar")) or {}).get("new", ""))
-                change = ShapeChange(g.input_name, g.dim, g.old, new, became_dynamic=dynamic)
+                change = ShapeChange(g.input_name, g.dim, g.old, guardtext.short_value(new), became_dynamic=dynamic)
                 if change not in shapes:
                     shapes.append(change)
             if g.kind == "dtype":
                 entry = f"{g.input_name}: {g.old} -> {g.new}"
                 if entry not in dtypes:
                     dtypes.append(entry)
-            fix = tracetext.fix_for(g, dynamic)
-            if fix and fix not in fixes:
-                fixes.append(fix)
+            intermediate = g.input_name.startswith("the intermediate") or fr.is_generated_function(co_name)
+            root = ""
+            if g.kind == "size" and intermediate:
+                root = next((n for n, d in self._last_sizes.get(identity, []) if d == g.dim), "")
+            elif g.kind == "size" and g.dim is not None:
+                sizes.append((g.input_name, g.dim))
+            for advice in fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, intermediate=intermediate, input_name=root):
+                if all(advice.title != f.title for f in fixes):
+                    fixes.append(advice)
+            causes.append(fixes[0].cause if fixes else g.kind)
+        if sizes:
+            self._last_sizes[identity] = sizes
         reasons.extend(s for s in p.specializations if s not in reasons)
         if hit_limit:
             reasons.append(
                 "recompile limit reached (torch._dynamo.config.recompile_limit): Dynamo stopped compiling this function and runs it eagerly"
             )
-            if fixes:
-                fixes[0] += "; or raise torch._dynamo.config.recompile_limit"
-            else:
-                fixes.append("remove the cause of the recompiles above, or raise torch._dynamo.config.recompile_limit")
+        fix = fixes[0].title if fixes else ""
+        if hit_limit:
+            fix = f"{fix}; or raise torch._dynamo.config.recompile_limit" if fix else \
+                "remove the cause of the recompiles above, or raise torch._dynamo.config.recompile_limit"
         self._emit(
             Recompile(
                 function=function,
                 location=location,
                 compile_id=cid,
-                reasons=reasons,
-                raw_reasons=list(p.raw_reasons),
+                reasons=[guardtext.clip(r) for r in reasons],
+                raw_reasons=[guardtext.short_guard(r) for r in raws],
                 shape_changes=shapes,
                 dtype_changes=dtypes,
-                fix=fixes[0] if fixes else "",
+                fix=fix,
                 hit_limit=hit_limit,
                 call_site=p.call_site,
+                fixes=fixes,
+                cause=causes[0] if causes else "",
             )
         )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fuselens.capture.frames import make_location, resume_line, user_function_name
+from fuselens.capture.guardtext import clip, guard_value, short_value
 
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<fn>.+?)\s*$')
 _GB_ID_RE = re.compile(r"/gb/gb(?P<id>\d+)\.html")
@@ -190,7 +191,7 @@ def user_name(source: str, function: str = "") -> str:
     if m:
         line = resume_line(function)
         where = f" at line {line}" if line else ""
-        return f"the intermediate value #{m.group('n')} carried over the graph break{where}"
+        return f"the intermediate value carried over the graph break{where}"
     # Inside a larger expression (`len(___stack0) == 2`): name it inline.
     return re.sub(r"___stack(\d+)", r"<value #\1 carried over the graph break>", name)
 
@@ -224,7 +225,7 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     m = _TENSOR_OTHER_RE.match(head)
     if m:
         name = user_name(m.group("name"), function)
-        return GuardFailure(f"tensor '{name}' {m.group('rest')}", raw, name, kind="other")
+        return GuardFailure(clip(f"tensor '{name}' {m.group('rest')}"), raw, name, kind="other")
     guard_line = None
     # The "User stack trace" has the full path; the `# file:line` comment on
     # the guard line is truncated by torch to a fixed width.
@@ -235,22 +236,43 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     g = _GUARD_AT_RE.search(head)
     if g and guard_line is None:
         guard_line = (g.group("file").strip(), int(g.group("line")), user_function_name(g.group("fn")))
+    if head.startswith("GLOBAL_STATE changed"):
+        what = head.split(":", 1)[-1].strip()
+        if "autocast" in what:
+            return GuardFailure(clip(f"autocast was switched between calls ({what})"), raw, kind="autocast")
+        if "grad" in what:
+            return GuardFailure(clip(f"grad mode changed between calls ({what})"), raw, kind="grad_mode")
+        return GuardFailure(clip(f"global torch state changed between calls ({what})"), raw, kind="global_state")
     m = _VALUE_RE.match(head)
     if m and ("___" not in m.group("lhs") or _STACK_RE.match(m.group("lhs"))):
         name = user_name(m.group("lhs"), function)
-        value = m.group("value").strip()
+        value = short_value(guard_value(head) or m.group("value"))
         where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
         if name.startswith("the intermediate"):
             return GuardFailure(
                 f"{name} changed: the code after the break was specialized to its value {value}",
                 raw, name, None, value, "", kind="stack_value", guard_line=guard_line,
             )
+        if m.group("lhs").startswith("G["):  # a module global the compiled code reads (and often changes)
+            return GuardFailure(
+                f"global '{name}' changed: the code was specialized to {name} == {value}{where}",
+                raw, name, None, value, "", kind="global_value", guard_line=guard_line,
+            )
+        kind = "value" if _is_number(value) else "object_value"
         return GuardFailure(
             f"value of '{name}' changed: the code was specialized to {name} == {value}{where}",
-            raw, name, None, value, "", kind="value", guard_line=guard_line,
+            raw, name, None, value, "", kind=kind, guard_line=guard_line,
         )
     expr = head.split("#", 1)[0].strip()
-    return GuardFailure(f"guard failed: {user_name(expr, function)}", raw, kind="other", guard_line=guard_line)
+    return GuardFailure(f"guard failed: {clip(user_name(expr, function))}", raw, kind="other", guard_line=guard_line)
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+        return True
+    except ValueError:
+        return value in ("True", "False")
 
 
 def fix_for(failure: GuardFailure, became_dynamic: bool) -> str:

@@ -129,6 +129,7 @@ class Worker:
             python_version=platform.python_version(),
             device=_device(torch),
             exit_code=0,
+            caches="cold" if options.cold_caches else "warm",
         )
         started = time.monotonic()
         with _environment(options.env), _inductor_config(options), _compiler_options(options, self._emit):
@@ -238,15 +239,17 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _inductor_config(options: RunOptions) -> Iterator[None]:
-    """Caches off (Inductor is silent about cached graphs), provenance on
-    (kernel -> node -> user line), then the user's overrides."""
+    """Caches as the user has them unless `cold_caches` (Inductor is silent
+    about cached graphs, so a cold run shows every fusion log, at the cost of
+    compiling everything again), provenance on (kernel -> node -> user line),
+    then the user's overrides."""
     try:
         import torch._inductor.config as cfg
     except ImportError:
         yield
         return
     patch: dict[str, Any] = {}
-    if hasattr(cfg, "force_disable_caches"):
+    if options.cold_caches and hasattr(cfg, "force_disable_caches"):
         patch["force_disable_caches"] = True
     trace_cfg = getattr(cfg, "trace", None)
     if trace_cfg is not None and hasattr(trace_cfg, "provenance_tracking_level"):
@@ -303,6 +306,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)
     parent_watch.die_with_parent()  # first: a killed server or TUI must not leave the program running
+    from fuselens.capture import faultstack
+
+    faultstack.install_in_worker()  # a hang or a crash names the line it was on
     channel = Channel(args.events_fd)
     control = os.fdopen(args.control_fd, "r", encoding="utf-8")
     worker = Worker(channel)

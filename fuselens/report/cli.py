@@ -43,7 +43,9 @@ exit codes:
   3  fuselens failed internally
 
 --fail-on categories: {", ".join(common.FAIL_CATEGORIES)} (comma separated;
-  "any" = graph-break,recompile,error)"""
+  "any" = graph-break,recompile,error). `error` is a program that failed (raised, exited
+  non-zero, hung, crashed) or a torchrun job whose ranks diverged; `fallback` an op our backend ran in ATen, `eager-fallback` a graph
+  that ran eagerly after its compile failed, `internal` a fuselens bug: these ran correctly."""
 
 
 class UsageError(Exception):
@@ -78,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when the report has these findings: graph-break,recompile,error,...")
     p.add_argument("--no-time-kernels", dest="time_kernels", action="store_false",
                    help="do not profile kernel calls (faster; the report has no kernel times)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="terminal: every graph, kernel, fusion decision, fallback and torch's own text "
+                        "(default: a summary that fits a screen)")
+    p.add_argument("--cold", action="store_true",
+                   help="turn compile caches off for the run (every graph compiled and logged afresh; slower). "
+                        "By default caches are left as you have them")
+    p.add_argument("--no-verify-fixes", dest="verify_fixes", action="store_false",
+                   help="do not re-run the program with each fix applied (no fix is then marked verified/preferred)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="terminal: only findings and the summary; no progress line")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="terminal colours")
@@ -121,13 +131,14 @@ def _main(argv: list[str]) -> int:
     elif args.merge:
         report = _distributed(torchrun_cli.merged, args.merge)
     elif torchrun_cli.wanted(args, program_args):
-        report = _distributed(torchrun_cli.run, args, program_args, _options(args))
+        report = _distributed(torchrun_cli.run, args, program_args, _options(args), _echo(args))
     else:
         report = _run(args, program_args)
         if report is None:
             return EXIT_INTERNAL
 
-    text = render(report, args.format, color=_use_color(args), quiet=args.quiet, width=_width(args))
+    text = render(report, args.format, color=_use_color(args), quiet=args.quiet, width=_width(args),
+                  verbose=getattr(args, "verbose", False))
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -148,14 +159,14 @@ def _main(argv: list[str]) -> int:
 
 
 def render(report: Report, fmt: str, *, color: bool = False, quiet: bool = False, width: int = 100,
-           root: Optional[str] = None) -> str:
+           root: Optional[str] = None, verbose: bool = False) -> str:
     """The report in `fmt` (one of FORMATS). Paths are shown relative to the
     current directory; SARIF URIs relative to the repository root."""
     cwd = os.getcwd()
     if fmt == "terminal":
         from fuselens.report.terminal import render_terminal
 
-        return render_terminal(report, width=width, color=color, quiet=quiet, root=root or cwd)
+        return render_terminal(report, width=width, color=color, quiet=quiet, root=root or cwd, verbose=verbose)
     if fmt == "json":
         from fuselens.report.json_format import render_json
 
@@ -190,7 +201,7 @@ def repo_root(start: str) -> str:
 
 # -- running -------------------------------------------------------------------
 def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
-    from fuselens.capture import RunOptions, Target, TargetError, analyze
+    from fuselens.capture import Target, TargetError, analyze
 
     if args.module and args.target:
         raise UsageError(f"give either a target or -m MODULE, not both ({args.target!r} and -m {args.module})")
@@ -205,11 +216,16 @@ def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
     except TargetError as exc:
         raise UsageError(str(exc)) from None
     options = _options(args)
+    echo = _echo(args)
     show_progress = not args.quiet and sys.stderr.isatty()
     try:
         if show_progress:
-            return _analyze_with_progress(analyze, target, options)
-        return analyze(target, options)
+            report = _analyze_with_progress(analyze, target, options, echo)
+        else:
+            report = analyze(target, options, echo=echo)
+        if args.verify_fixes and target.kind == "script":
+            _verify(report, target, options)
+        return report
     except Exception as exc:  # capture itself failed: a fuselens bug, not the program's
         print(f"fuselens report: internal error while running {target.label()}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -220,7 +236,15 @@ def _options(args: argparse.Namespace) -> Any:
     from fuselens.capture import RunOptions
 
     return RunOptions(backend=args.backend, timeout_s=args.timeout, max_calls=args.max_calls,
-                      time_kernels=args.time_kernels)
+                      time_kernels=args.time_kernels, cold_caches=args.cold)
+
+
+def _echo(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Where the program's (stdout, stderr) pass through as it runs. When the
+    report itself goes to stdout in a machine format, the program's stdout
+    goes to stderr so that the JSON/SARIF stays parseable."""
+    machine = args.format != "terminal" and not args.output
+    return (sys.stderr if machine else sys.stdout, sys.stderr)
 
 
 def _distributed(fn: Callable[..., Report], *fn_args: Any) -> Report:
@@ -231,7 +255,23 @@ def _distributed(fn: Callable[..., Report], *fn_args: Any) -> Report:
         raise UsageError(str(exc)) from None
 
 
-def _analyze_with_progress(analyze: Callable[..., Report], target: Any, options: Any) -> Report:
+def _verify(report: Report, target: Any, options: Any) -> None:
+    """Re-run copies of the program with each editable fix applied (quietly,
+    no kernel timing) so that only fixes that work are preferred."""
+    import dataclasses
+
+    from fuselens.capture import Target, analyze
+    from fuselens.report.verify import verify_report
+
+    quiet = dataclasses.replace(options, time_kernels=False)
+
+    def run(path: str) -> Report:
+        return analyze(Target("script", path, list(target.args), target.cwd, path), quiet)
+
+    verify_report(report, target.value, run)
+
+
+def _analyze_with_progress(analyze: Callable[..., Report], target: Any, options: Any, echo: Any = None) -> Report:
     """A one-line spinner on stderr, updated with counts as events arrive."""
     from rich.console import Console
 
@@ -246,7 +286,7 @@ def _analyze_with_progress(analyze: Callable[..., Report], target: Any, options:
                                                     ("CompiledGraph", "graphs"), ("Kernel", "kernels")) if k in seen]
             status.update(f"{label}  " + ", ".join(parts) if parts else label)
 
-        return analyze(target, options, on_event=on_event)
+        return analyze(target, options, on_event=on_event, echo=echo)
 
 
 # -- small helpers ---------------------------------------------------------------

@@ -6,12 +6,16 @@ Pure functions over `fuselens.events`; no I/O, no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from fuselens.capture.guardtext import MAX_TEXT, clip as clip_text  # noqa: F401  (one home for the limit)
 from fuselens.events import (
     CompiledGraph,
+    ErrorEntry,
+    FusionDecision,
     GraphBreak,
     Kernel,
     Recompile,
@@ -44,8 +48,20 @@ PHASE_ORDER = (
     "compile",
 )
 
-# `--fail-on` categories and what each one counts.
-FAIL_CATEGORIES = ("graph-break", "recompile", "recompile-limit", "error", "fusion-blocked", "any")
+# `--fail-on` categories and what each one counts. `error` is only a program
+# that failed (raised, exited non-zero, hung, crashed) or a distributed run
+# whose ranks diverged (different graphs per rank: the job can deadlock);
+# what fell back and still ran correctly has its own category.
+FAIL_CATEGORIES = ("graph-break", "recompile", "recompile-limit", "error", "fallback", "eager-fallback",
+                   "internal", "fusion-blocked", "any")
+
+# ErrorEntry.kind -> its severity category. Only FAILURE_KINDS are errors.
+FAILURE_KINDS = ("exception", "exit", "syntax", "timeout", "killed", "divergence")
+NOTE_CATEGORY = {
+    "fallback": "fallback",  # an op runs in ATen between our kernels: correct, maybe slower
+    "compile": "eager-fallback",  # a graph ran eagerly after its compile failed: correct, slower
+    "internal": "internal",  # fuselens misread something: a fuselens bug, not the program's
+}
 
 # Colour-blind friendly pastel palette (Tableau 20 light tones) for kernels.
 KERNEL_PALETTE = (
@@ -203,6 +219,21 @@ class Counts:
     fused: int
     not_fused: int
     errors: int
+    notes: int = 0
+
+
+def is_failure(err: ErrorEntry) -> bool:
+    """True when the program failed (its result is missing or wrong)."""
+    return err.kind in FAILURE_KINDS
+
+
+def failures(report: Report) -> list[ErrorEntry]:
+    return [e for e in report.errors if is_failure(e)]
+
+
+def notes(report: Report) -> list[ErrorEntry]:
+    """Fallbacks and fuselens' own notes: findings, not errors."""
+    return [e for e in report.errors if not is_failure(e)]
 
 
 def counts(report: Report) -> Counts:
@@ -217,7 +248,8 @@ def counts(report: Report) -> Counts:
         kernels=len(report.kernels),
         fused=sum(1 for f in report.fusion if f.decision == "fused"),
         not_fused=sum(1 for f in report.fusion if f.decision == "not_fused"),
-        errors=len(report.errors),
+        errors=len(failures(report)),
+        notes=len(notes(report)),
     )
 
 
@@ -233,6 +265,8 @@ def summary_line(report: Report) -> str:
         parts.append(plural(c.recompiles, "recompile") + limit)
     if c.errors:
         parts.append(plural(c.errors, "error"))
+    if c.notes:
+        parts.append(plural(c.notes, "fallback note"))
     return ", ".join(parts) if parts else "no graph breaks, recompiles or errors"
 
 
@@ -255,7 +289,54 @@ def failing_findings(report: Report, categories: Iterable[str]) -> list[str]:
         "error": c.errors > 0,
         "fusion-blocked": c.not_fused > 0,
     }
+    for err in notes(report):
+        have[NOTE_CATEGORY.get(err.kind, "internal")] = True
     cats = set(categories)
     if "any" in cats:
         cats |= {"graph-break", "recompile", "error"}
     return [name for name in FAIL_CATEGORIES if name in cats and have.get(name)]
+
+
+def recompiles_by_function(recompiles: list[Recompile]) -> list[list[Recompile]]:
+    """Recompiles grouped by compiled code (file and def line, not name),
+    in order of first appearance; each group in compile order."""
+    groups: dict[tuple, list[Recompile]] = {}
+    for rc in recompiles:
+        key = (rc.location.file, rc.location.line, rc.location.cell)
+        groups.setdefault(key, []).append(rc)
+    return list(groups.values())
+
+
+def merged_kernels(kernels: list[Kernel]) -> list[Kernel]:
+    """Kernels of recompiled graphs share names: one entry per (name, kind,
+    device) with calls and times added and `graph_id` listing the compiles.
+    Slowest first, then in order of appearance."""
+    merged: dict[tuple, Kernel] = {}
+    for k in kernels:
+        key = (k.name, k.kind, k.device)
+        cid = k.graph_id.split(":")[0] if k.graph_id else ""
+        if key not in merged:
+            merged[key] = dataclasses.replace(k, graph_id=cid, source_lines=list(k.source_lines),
+                                              ranks=list(k.ranks))
+            continue
+        m = merged[key]
+        m.calls += k.calls
+        m.total_time_us += k.total_time_us
+        if cid and cid not in m.graph_id.split(", "):
+            m.graph_id = f"{m.graph_id}, {cid}" if m.graph_id else cid
+        m.source_lines += [s for s in k.source_lines if s not in m.source_lines]
+        m.ranks += [r for r in k.ranks if r not in m.ranks]
+    order = list(merged.values())
+    return sorted(order, key=lambda k: (-k.total_time_us, order.index(k)))
+
+
+def blocked_reasons(blocked: list[FusionDecision]) -> list[tuple[tuple[str, str], int]]:
+    """Not-fused decisions counted by rule (the first reason stands for the
+    others: they differ only in node names), most frequent first."""
+    count: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for d in blocked:
+        key = d.rule or d.reason
+        count[key] = count.get(key, 0) + 1
+        first.setdefault(key, d.reason)
+    return sorted((((k if k != first[k] else "", first[k]), n) for k, n in count.items()), key=lambda kv: -kv[1])

@@ -57,7 +57,8 @@ RULES: tuple[Rule, ...] = (
          "through memory. The message says why and which option would change it.",
          common.TROUBLESHOOTING_DOCS, "note"),
     Rule("error", "ProgramError", "the program failed under torch.compile",
-         "The analysed program raised, exited with an error, timed out or was killed.",
+         "The analysed program raised, exited with an error, timed out or was killed, or the ranks of "
+         "a distributed run compiled different graphs (a divergence: the job can deadlock).",
          common.TROUBLESHOOTING_DOCS, "error", ("torch.compile", "correctness")),
     Rule("compile-fallback", "CompileFallback", "a graph or op fell back to eager",
          "A backend failed to compile a graph or lowered an op to an eager fallback; the code runs "
@@ -128,6 +129,13 @@ class _Builder:
     def add(self, rule_id: str, loc: SourceLocation, text: str, key: str, *, level: Optional[str] = None,
             related: Optional[list[SourceLocation]] = None, properties: Optional[dict[str, Any]] = None) -> None:
         rule = RULES[RULE_INDEX[rule_id]]
+        if _outside(os.path.normpath(loc.file if os.path.isabs(loc.file) else os.path.join(self.root, loc.file)), self.root):
+            # Code scanning shows results in the repository only; a program
+            # failure elsewhere is still said, as a notification.
+            if rule_id == "error":
+                self.notifications.append({"level": rule.level, "message": {"text": text},
+                                           "descriptor": {"id": rule_id, "index": RULE_INDEX[rule_id]}})
+            return
         uri = self.artifact(loc.file)["uri"]
         digest = hashlib.sha256(f"{rule_id}\0{uri}\0{loc.function}\0{key}".encode()).hexdigest()[:32]
         # Identical findings in one file get :1, :2... so fingerprints stay unique.
@@ -152,10 +160,10 @@ class _Builder:
     def graph_breaks(self) -> None:
         for gb in self.report.graph_breaks:
             times = f" (hit {gb.count} times)" if gb.count > 1 else ""
-            parts = [f"Graph break{times}: {gb.reason}."]
+            parts = [f"Graph break{times}: {gb.explained or gb.reason}."]
             if gb.explanation:
                 parts.append(gb.explanation)
-            parts += [f"Hint: {h}" for h in gb.hints]
+            parts += [f"Fix: {f.title}." for f in gb.fixes[:1]] or [f"Hint: {h}" for h in gb.hints]
             if gb.registry_id:
                 parts.append(f"See {common.gb_doc_url(gb)}")
             props = {"count": gb.count, "compileId": gb.compile_id}
@@ -171,7 +179,10 @@ class _Builder:
             parts = [f"'{rc.function}' {what} (compile {rc.compile_id}): {common.recompile_headline(rc)}."]
             parts += [f"Changed: {common.shape_change_text(sc)}." for sc in rc.shape_changes]
             parts += [f"Dtype: {d}." for d in rc.dtype_changes]
-            if rc.fix:
+            best = next((f for f in rc.fixes if f.preferred), None)
+            if best is not None:
+                parts.append(f"Fix (verified): {best.title}.")
+            elif rc.fix:
                 parts.append(f"Fix: {rc.fix}")
             key = "|".join(sorted({sc.input_name for sc in rc.shape_changes} | set(rc.dtype_changes))) or "guard"
             self.add(rule, rc.location, " ".join(parts), key, properties={"compileId": rc.compile_id})

@@ -19,6 +19,7 @@ from rich.text import Text
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
+    FixAdvice,
     FusionDecision,
     GraphBreak,
     Kernel,
@@ -30,6 +31,8 @@ from fuselens.report import charts, common, ranks_view
 
 # How many ops of a graph to list before "... and N more".
 MAX_OPS_SHOWN = 40
+MAX_KERNELS_SUMMARY = 8  # slowest first
+MAX_FUSION_SUMMARY = 8
 TRACEBACK_TAIL_LINES = 6
 
 
@@ -40,10 +43,13 @@ def render_terminal(
     color: bool = False,
     quiet: bool = False,
     root: Optional[str] = None,
+    verbose: bool = False,
 ) -> str:
     """The report as terminal text. `color` adds ANSI styles; `quiet` keeps
     only findings (errors, graph breaks, recompiles) and the summary; paths
-    inside `root` are shown relative to it."""
+    inside `root` are shown relative to it. By default it is a summary that
+    fits a screen (findings with their fixes, the top kernels and blocked
+    fusions, merged across recompiles); `verbose` lists everything."""
     buf = io.StringIO()
     console = Console(
         file=buf,
@@ -54,10 +60,11 @@ def render_terminal(
         emoji=False,
         legacy_windows=False,
     )
-    v = _View(console, root)
+    v = _View(console, root, verbose)
     v.header(report)
     v.ranks(report)
-    v.errors(report.errors)
+    v.errors(common.failures(report))
+    v.notes(common.notes(report))
     v.graph_breaks(ranks_view.user_breaks(report))
     v.recompiles(report.recompiles)
     v.ddp(report)
@@ -74,9 +81,10 @@ def render_terminal(
 class _View:
     """Writes sections to one console; small methods, one per section."""
 
-    def __init__(self, console: Console, root: Optional[str]):
+    def __init__(self, console: Console, root: Optional[str], verbose: bool = False):
         self.c = console
         self.root = root
+        self.verbose = verbose
 
     # -- pieces -----------------------------------------------------------
     def where(self, loc: Optional[SourceLocation]) -> str:
@@ -146,6 +154,8 @@ class _View:
             facts.append(f"wall {common.fmt_seconds(report.timings.wall_s)}")
         if common.compile_seconds(report):
             facts.append(f"compile {common.fmt_seconds(common.compile_seconds(report))}")
+        if run.caches:
+            facts.append(f"{run.caches} caches")
         if run.max_calls_reached:
             facts.append("stopped at --max-calls")
         self.c.print(Text(" · ".join(facts), style="dim"))
@@ -153,20 +163,61 @@ class _View:
     def errors(self, errors: list[ErrorEntry]) -> None:
         if not errors:
             return
-        self.section(f"Errors ({len(errors)})")
+        diverged = any(e.kind == "divergence" for e in errors)
+        failed = any(e.kind != "divergence" for e in errors)
+        why = ("the program failed; its ranks diverged (the job can deadlock)" if diverged and failed
+               else "ranks diverged: the job can deadlock" if diverged else "the program failed")
+        self.section(f"Errors ({len(errors)})", why)
         for err in errors:
-            first, *_ = err.message.splitlines() or [""]
-            self.headline(self.where(err.location), f"error[{err.kind}]", "bold red", first,
-                          f"(compile {err.compile_id})" if err.compile_id else "")
-            self.source(err.location)
-            self.note("on", ranks_view.ranks_label(err.ranks))
-            if err.location and err.location.function:
-                self.note("in", err.location.function)
-            if err.traceback:
-                tail = [ln for ln in err.traceback.rstrip().splitlines() if ln.strip()][-TRACEBACK_TAIL_LINES:]
-                for ln in tail:
-                    self.c.print(Text(f"    {ln}", style="dim"))
-            self.c.print()
+            self.error(err, "error", "bold red")
+
+    def error(self, err: ErrorEntry, level: str, style: str) -> None:
+        first, *_ = err.message.splitlines() or [""]
+        self.headline(self.where(err.location), f"{level}[{err.kind}]", style, first,
+                      f"(compile {err.compile_id})" if err.compile_id else "")
+        self.source(err.location)
+        self.note("on", ranks_view.ranks_label(err.ranks))
+        if err.location and err.location.function:
+            self.note("in", err.location.function)
+        if err.traceback:
+            tail = [ln for ln in err.traceback.rstrip().splitlines() if ln.strip()][-TRACEBACK_TAIL_LINES:]
+            for ln in tail:
+                self.hanging(Text("   "), Text(ln), "dim")
+        self.c.print()
+
+    def notes(self, notes: list[ErrorEntry]) -> None:
+        """Fallbacks: the program ran correctly; these cost speed only."""
+        if not notes:
+            return
+        self.section(f"Fallbacks ({len(notes)})", "the program ran correctly; these may cost speed")
+        if self.verbose:
+            for err in notes:
+                self.error(err, "warning", "bold yellow")
+            return
+        by_kind: dict[str, list[ErrorEntry]] = {}
+        for err in notes:
+            by_kind.setdefault(err.kind, []).append(err)
+        for kind, errs in by_kind.items():
+            cat = common.NOTE_CATEGORY.get(kind, "internal")
+            firsts = sorted({e.message.splitlines()[0].split(" in graph ")[0] for e in errs if e.message})
+            shown = "; ".join(firsts[:3]) + (f"; ... and {len(firsts) - 3} more" if len(firsts) > 3 else "")
+            ranks = ranks_view.ranks_label(sorted({r for e in errs for r in e.ranks}))
+            shown += f" (on {ranks})" if ranks else ""
+            self.hanging(Text(f"  warning[{cat}] ×{len(errs)}", style="bold yellow"), Text(shown))
+        self.c.print(Text("  (--verbose lists each one)", style="dim"))
+
+    def fixes(self, fixes: list[FixAdvice], fallback: str = "") -> None:
+        """The catalogue's fixes: a verified one is marked preferred."""
+        shown = fixes if self.verbose else fixes[:2]
+        for f in shown:
+            if f.preferred:
+                self.note("fix (verified)", f.title, "green")
+            else:
+                self.note("fix", f.title + (" (tried: did not work)" if f.verified is False else ""), "green")
+            if f.detail and (self.verbose or f is shown[0]):
+                self.note("because", f.detail)
+        if not fixes and fallback:
+            self.note("fix", fallback, "green")
 
     def graph_breaks(self, breaks: list[GraphBreak]) -> None:
         if not breaks:
@@ -176,44 +227,64 @@ class _View:
         for gb in sorted(breaks, key=lambda g: -g.count):
             extra = f"[{gb.registry_id}]" if gb.registry_id else ""
             count = f" ×{gb.count}" if gb.count > 1 else ""
-            self.headline(self.where(gb.location), f"graph-break{count}", "bold yellow", gb.reason, extra)
+            self.headline(self.where(gb.location), f"graph-break{count}", "bold yellow", gb.explained or gb.reason, extra)
             self.source(gb.location)
             self.note("on", ranks_view.ranks_label(gb.ranks))
             where = gb.location.function
             self.note("in", f"{where}, compile {gb.compile_id}" if where and gb.compile_id else where or "")
-            if gb.gb_type and gb.gb_type != gb.reason:
+            if gb.explained:
+                self.note("torch says", gb.reason)
+            elif gb.gb_type and gb.gb_type != gb.reason:
                 self.note("type", gb.gb_type)
-            self.note("why", gb.explanation)
-            for hint in gb.hints:
-                self.note("hint", hint, "green")
+            if self.verbose or not gb.explained:
+                self.note("why", gb.explanation)
+            self.fixes(gb.fixes)
+            if self.verbose or not gb.fixes:
+                for hint in gb.hints:
+                    self.note("hint", hint, "green")
             if len(gb.user_stack) > 1:
                 self.note("called from", " <- ".join(self.where(s) for s in reversed(gb.user_stack[:-1])))
             self.note("docs", common.gb_doc_url(gb))
             self.c.print()
 
     def recompiles(self, recompiles: list[Recompile]) -> None:
+        """Grouped per compiled function (file and def line): a timeline of
+        causes, each recompile once, then the fixes for the group."""
         if not recompiles:
             return
-        self.section(f"Recompiles ({len(recompiles)})")
-        for rc in recompiles:
-            code = "recompile-limit" if rc.hit_limit else "recompile"
-            self.headline(self.where(rc.location), code, "bold magenta",
-                          f"{rc.function}: {common.recompile_headline(rc)}", f"(compile {rc.compile_id})")
-            self.source(rc.location)
-            self.note("on", ranks_view.ranks_label(rc.ranks))
-            if rc.call_site is not None:
-                self.note("called at", self.where(rc.call_site))
-            for reason in rc.reasons[1:]:
-                self.note("guard", reason)
-            for sc in rc.shape_changes:
-                self.note("changed", common.shape_change_text(sc))
-            for dc in rc.dtype_changes:
-                self.note("dtype", dc)
-            if rc.hit_limit:
+        groups = common.recompiles_by_function(recompiles)
+        self.section(f"Recompiles ({len(recompiles)})", f"in {common.plural(len(groups), 'function')}")
+        for group in groups:
+            first = group[0]
+            limit = any(rc.hit_limit for rc in group)
+            code = "recompile-limit" if limit else "recompile"
+            count = f" ×{len(group)}" if len(group) > 1 else ""
+            self.headline(self.where(first.location), f"{code}{count}", "bold magenta",
+                          f"{first.function}: {common.recompile_headline(first)}")
+            self.source(first.location)
+            self.note("on", ranks_view.ranks_label(sorted({r for rc in group for r in rc.ranks})))
+            if first.call_site is not None and first.call_site != first.location:
+                self.note("called at", self.where(first.call_site))
+            timeline = group if self.verbose or len(group) <= 6 else group[:3] + group[-2:]
+            for i, rc in enumerate(timeline):
+                if timeline is not group and i == 3:
+                    self.c.print(Text(f"    ... {len(group) - 5} more like these", style="dim"))
+                self.hanging(Text(f"    {rc.compile_id:>5}", style="magenta"), Text(common.recompile_headline(rc)))
+            if limit:
                 self.note("limit", "recompile limit reached: Dynamo gave up and runs this function eagerly", "red")
-            self.note("fix", rc.fix, "green")
-            for raw in rc.raw_reasons:
-                self.note("torch says", raw)
+            fixes: list[FixAdvice] = []
+            for rc in group:
+                fixes += [f for f in rc.fixes if all(f.title != g.title for g in fixes)]
+            fixes.sort(key=lambda f: not f.preferred)
+            self.fixes(fixes, first.fix)
+            if self.verbose:
+                for rc in group:
+                    for sc in rc.shape_changes:
+                        self.note("changed", f"{rc.compile_id}: {common.shape_change_text(sc)}")
+                    for dc in rc.dtype_changes:
+                        self.note("dtype", f"{rc.compile_id}: {dc}")
+                    for raw in rc.raw_reasons:
+                        self.note("torch says", raw)
             self.c.print()
 
     def ranks(self, report: Report) -> None:
@@ -253,6 +324,9 @@ class _View:
     def graphs(self, report: Report) -> None:
         if not report.graphs:
             return
+        if not self.verbose:
+            self.section(f"Compiled graphs ({len(report.graphs)})", "--verbose lists their ops")
+            return
         self.section(f"Compiled graphs ({len(report.graphs)})")
         for g in report.graphs:
             self.graph(report, g)
@@ -265,29 +339,34 @@ class _View:
         ops = g.ops[:MAX_OPS_SHOWN]
         more = f", ... and {len(g.ops) - len(ops)} more" if len(g.ops) > len(ops) else ""
         if ops:
-            self.c.print(Text(f"    ops: {', '.join(ops)}{more}"))
+            self.hanging(Text("    ops:"), Text(f"{', '.join(ops)}{more}"))
         ks = common.kernels_of(report, g)
         if ks:
-            self.c.print(Text(f"    kernels: {', '.join(k.name for k in ks)}"))
+            self.hanging(Text("    kernels:"), Text(", ".join(k.name for k in ks)))
         self.c.print()
 
     def kernels(self, report: Report) -> None:
         if not report.kernels:
             return
+        merged = common.merged_kernels(report.kernels)
         total = common.kernel_time_us(report)
-        self.section(f"Kernels ({len(report.kernels)})", f"{common.fmt_us(total)} in total" if total else "not timed")
-        timed = common.kernels_by_time(report)
-        order = timed + [k for k in report.kernels if k not in timed]
-        for k in order:
+        detail = f"{common.fmt_us(total)} in total" if total else "not timed"
+        if len(merged) != len(report.kernels):
+            detail += f"; {len(report.kernels)} across recompiles, merged by name"
+        self.section(f"Kernels ({len(merged)})", detail)
+        shown = merged if self.verbose else merged[:MAX_KERNELS_SUMMARY]
+        for k in shown:
             self.kernel(k)
+        if len(shown) < len(merged):
+            self.c.print(Text(f"  ... {len(merged) - len(shown)} more (--verbose)", style="dim"))
 
     def kernel(self, k: Kernel) -> None:
         """`name  kind device · calls · time`, then its fused ops and user
         lines, each wrapping under itself (names are long; tables crop)."""
         line = Text(k.name, style="bold cyan")
         facts = [f"{k.kind} {k.device}".strip()]
-        if k.graph_id:  # the same name recurs across recompiles of one function
-            facts.append(f"compile {k.graph_id.split(':')[0]}")
+        if k.graph_id:  # merged kernels list every compile they came from
+            facts.append(f"compile {k.graph_id}")
         if k.calls:
             facts.append(common.plural(k.calls, "call"))
         if k.total_time_us:
@@ -297,7 +376,7 @@ class _View:
         line.append("  " + " · ".join(facts), style="dim")
         self.c.print(line)
         if k.ops:
-            self.hanging(Text("    ops: "), Text(", ".join(_short_op(o) for o in k.ops)))
+            self.hanging(Text("    ops:"), Text(", ".join(_short_op(o) for o in k.ops)))
         if k.source_lines:
             self.hanging(Text("    from:"), Text(_lines_label(k.source_lines, self.root)))
 
@@ -307,6 +386,15 @@ class _View:
         blocked = [d for d in decisions if d.decision == "not_fused"]
         fused = [d for d in decisions if d.decision == "fused"]
         self.section(f"Fusion decisions ({len(decisions)})", f"{len(fused)} fused, {len(blocked)} not fused")
+        if not self.verbose:
+            # Merged across recompiles and graphs: one line per reason.
+            for (rule, reason), n in common.blocked_reasons(blocked)[:MAX_FUSION_SUMMARY]:
+                line = Text(f"  not fused ×{n} " if n > 1 else "  not fused ", style="bold red")
+                line.append(f"[{rule}] " if rule else "", style="dim")
+                self.hanging(line, Text(reason))
+            if blocked or fused:
+                self.c.print(Text("  (--verbose lists each decision)", style="dim"))
+            return
         for d in blocked + fused:  # the actionable ones first
             ok = d.decision == "fused"
             line = Text("  fused     " if ok else "  not fused ", style="green" if ok else "bold red")

@@ -67,11 +67,12 @@ def launch_of(args: argparse.Namespace, program_args: list[str]) -> Any:
         raise TorchrunUsage(str(exc)) from None
 
 
-def run(args: argparse.Namespace, program_args: list[str], options: Any) -> Report:
-    """Run the job under capture; the merged report of all ranks."""
+def run(args: argparse.Namespace, program_args: list[str], options: Any, echo: Any = None) -> Report:
+    """Run the job under capture; the merged report of all ranks. `echo`:
+    where the job's (stdout, stderr) pass through as it runs."""
     from fuselens.capture.distributed import analyze_distributed
 
-    return analyze_distributed(launch_of(args, program_args), options)
+    return analyze_distributed(launch_of(args, program_args), options, echo=echo)
 
 
 def merged(path: str) -> Report:

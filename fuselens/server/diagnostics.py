@@ -161,7 +161,8 @@ def _recompiles(recompiles: list[Recompile], resolver: Resolver) -> list[Finding
         diag = _diagnostic(resolver, uri, line, code, severity, "\n".join(lines))
         fix = {"kind": RECOMPILE, "function": rc.function,
                "changes": [[c.input_name, c.dim] for c in rc.shape_changes],
-               "def_line": rc.location.line}
+               "def_line": rc.location.line,
+               "verified": [f.edit for f in rc.fixes if f.preferred]}
         out.append(Finding(uri, line, code, diag, fix))
     return out
 
@@ -175,6 +176,7 @@ _ERROR_TITLES = {
     "compile": "A compiled graph fell back to eager",
     "fallback": "Fallback to eager",
     "internal": "fuselens failed (please report)",
+    "divergence": "The ranks diverged (the job can deadlock)",
 }
 
 

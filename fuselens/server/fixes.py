@@ -103,8 +103,15 @@ def recompile_fixes(index: SourceIndex, spec: dict[str, Any]) -> list[Optional[F
         for call, stmt in index.call_sites(site)[:3]:
             marks.append(mark_dynamic_fix(index, site, call, stmt, name, dim))
     marks = [m for m in marks if m is not None]
-    if len(marks) == 1:
-        marks[0].preferred = True  # one unambiguous call site: the targeted fix
+    # Preferred only when `fuselens report` verified the same catalogue fix
+    # (fuselens/fixcatalog.py, report/verify.py): a mark_dynamic that looks
+    # right can crash with ConstraintViolationError.
+    verified = set(spec.get("verified", []))
+    for fix in marks + [dynamic_true_fix(index, site)]:
+        if fix is not None and (("mark_dynamic" in fix.title and "mark_dynamic" in verified)
+                                or ("dynamic=True" in fix.title and "dynamic_true" in verified)):
+            fix.preferred = True
+            break
     return marks + [dynamic_true_fix(index, site)]
 
 

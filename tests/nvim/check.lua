@@ -43,13 +43,15 @@ local applied = nil
 for _, response in pairs(responses) do
   for _, action in ipairs(response.result or {}) do
     table.insert(summary.actions, action.title)
-    if action.isPreferred and not applied then
+    -- Unverified fixes are never preferred (only `fuselens report` verifies):
+    -- take the mark_dynamic one.
+    if (action.isPreferred or string.find(action.title or "", "mark_dynamic", 1, true)) and not applied then
       vim.lsp.util.apply_workspace_edit(action.edit, "utf-16")
       applied = action.title
     end
   end
 end
-if not applied then fail("no preferred quick-fix among " .. #summary.actions .. " actions") end
+if not applied then fail("no mark_dynamic quick-fix among " .. #summary.actions .. " actions") end
 summary.applied = applied
 
 vim.cmd("write! " .. vim.fn.fnameescape(fixed))

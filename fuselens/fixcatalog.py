@@ -1,0 +1,129 @@
+"""The fix catalogue: for each cause of a graph break or a recompile, the
+fixes that work, best first. Pure, no torch: the worker fills
+`Recompile.fixes` / `GraphBreak.fixes` from it, the report verifies the ones
+with an edit (fuselens/report/verify.py) and the language server turns the
+same entries into quick-fixes (fuselens/server/fixes.py).
+
+One entry per cause; a fix that cannot work for a cause is not listed for it
+(`dynamic=True` does not help a bytes value; `mark_dynamic` cannot name a
+value computed inside the compiled function).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fuselens.events import FixAdvice, GraphBreak
+
+def _dynamic_true(cause: str = "input-size") -> FixAdvice:
+    """A new object each time: the report marks fixes verified in place."""
+    why = ("Python ints become symbols instead of constants" if cause == "python-scalar"
+           else "every size is compiled as a symbol, so new sizes reuse the compiled code")
+    return FixAdvice(cause, "compile with dynamic=True", why, edit="dynamic_true")
+
+
+def _mark_dynamic(name: str, dim: int) -> FixAdvice:
+    return FixAdvice(
+        "input-size", f"mark {name} dynamic at dim {dim} before the call: torch._dynamo.mark_dynamic({name}, {dim})",
+        "compiles that dimension as a symbol from the first call; fails with ConstraintViolationError if "
+        "the code needs a fixed size there", edit="mark_dynamic", args=[name, str(dim)],
+    )
+
+
+def _config(name: str, value: str, cause: str, why: str) -> FixAdvice:
+    return FixAdvice(cause, f"set torch._dynamo.config.{name} = {value}", why, edit="config",
+                     args=[f"torch._dynamo.config.{name}", value])
+
+
+def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: bool = False,
+                    input_name: str = "") -> list[FixAdvice]:
+    """Fixes for one failed guard. `kind` is tracetext.GuardFailure.kind;
+    `intermediate` says `name` was computed inside the compiled function
+    (a value carried over a graph break), `input_name` the input it comes
+    from when known."""
+    if kind == "size" and intermediate and not input_name and name.startswith("the intermediate"):
+        return [FixAdvice(
+            "intermediate-size", "remove the graph break before it, or compile with dynamic=True",
+            "a value computed before the graph break changed size (often a data-dependent size such as "
+            "nonzero's); without the break it never leaves the graph", edit="")] + [_dynamic_true("intermediate-size")]
+    if kind == "size" and intermediate:
+        root = f" (it comes from the input {input_name})" if input_name else ""
+        fixes = [FixAdvice(
+            "intermediate-size", f"make the input's size dynamic, not {name}'s{root}",
+            f"{name} is computed inside the compiled function, so it cannot be marked; its size follows the "
+            "input's, and compiling with dynamic sizes covers both pieces around the graph break",
+        )]
+        if input_name and dim is not None:
+            fixes.append(_mark_dynamic(input_name, dim))
+        return fixes + [_dynamic_true()]
+    if kind == "size" and name and dim is not None:
+        return [_mark_dynamic(name, dim), _dynamic_true()]
+    if kind == "size":
+        return [_dynamic_true()]
+    if kind == "dtype":
+        return [FixAdvice("dtype", f"convert {name} to one dtype before the call (e.g. {name}.float())",
+                          "each dtype is a separate compile; converting at the call site keeps one")]
+    if kind == "rank":
+        return [FixAdvice("rank", f"keep the number of dims of {name} fixed (reshape before the call)",
+                          "each rank is a separate compile")]
+    if kind == "value":
+        return [FixAdvice("python-scalar", f"pass {name} as a tensor (torch.tensor({name}))",
+                          "a Python number is baked into the code: each new value compiles again; a tensor "
+                          "value is an input instead"), _dynamic_true("python-scalar")]
+    if kind == "object_value":
+        return [FixAdvice(
+            "python-object", f"compute what the compiled code needs from {name} outside it, and pass that",
+            f"Dynamo specializes on the value of {name} (bytes, str, tuples...): every new value compiles again, "
+            "and dynamic=True does not change that. Pass e.g. len(...) or a tensor "
+            "(torch.frombuffer(bytearray(b), dtype=torch.uint8)) instead")]
+    if kind == "global_value":
+        return [FixAdvice(
+            "global-mutated", f"update {name} outside the compiled function (after the call), or keep it in a tensor",
+            f"the compiled code reads {name} and bakes its value in; changing it (here, inside the compiled code) "
+            "forces a new compile on every call until the recompile limit")]
+    if kind == "stack_value":
+        return [_config("capture_scalar_outputs", "True", "item-specialized",
+                        "keeps the number read from the tensor inside the graph instead of baking it in")]
+    if kind == "autocast":
+        return [FixAdvice(
+            "autocast", "call the compiled function under one autocast setting, or enter torch.autocast inside it",
+            "autocast on and off are two compiles of the same function; both are correct, the second costs "
+            "compile time once")]
+    if kind == "grad_mode":
+        return [FixAdvice("grad-mode", "call the compiled function under one grad mode (no_grad or not)",
+                          "training and inference calls are separate compiles")]
+    return []
+
+
+
+
+def graph_break_fixes(gb: GraphBreak) -> tuple[str, list[FixAdvice]]:
+    """(an explanation in the user's terms, or "" when torch's is right; the
+    fixes) for one graph break."""
+    text = f"{gb.reason} {gb.gb_type} {gb.explanation}".lower()
+    code = (gb.location.code or "").replace(" ", "")
+    if ".step(" in code and ("graph_break()" in text or "marked as skipped" in text or "optim" in text):
+        return (
+            "optimizer.step() inside a compiled function: torch's optimizers break the graph at their step "
+            "on purpose (this is not a graph_break() you wrote)",
+            [FixAdvice("optimizer-step", "compile the optimizer step separately, outside this function",
+                       "e.g. @torch.compile def opt_step(): opt.step(); call it after the compiled forward/backward "
+                       "(see the PyTorch 'Compiling the optimizer' recipe)")],
+        )
+    if ".zero_grad(" in code and ("skipped" in text or "graph_break" in text):
+        return ("optimizer.zero_grad() inside a compiled function is run by Python between graphs",
+                [FixAdvice("optimizer-step", "call opt.zero_grad() outside the compiled function", "")])
+    if "backward()" in text or ".backward(" in code:
+        return ("loss.backward() cannot be traced into the graph by default",
+                [FixAdvice("backward", "compile the forward and loss, and call loss.backward() outside",
+                           "AOTAutograd then compiles the backward for you")])
+    if "dynamic shape operator" in text or "nonzero" in code or "dynamic_output_shape" in text:
+        return ("", [_config("capture_dynamic_output_shape_ops", "True", "data-dependent-shape",
+                             "ops whose output size depends on the data (nonzero, unique, masked_select) stay "
+                             "in the graph with a symbolic size")])
+    if "item()" in text or "_local_scalar_dense" in text or "tolist" in code:
+        explained = "reading a tensor's value into Python (.item(), .tolist()) ends the graph" if (
+            "_local_scalar_dense" in text or "tolist" in code) else ""
+        return (explained, [_config("capture_scalar_outputs", "True", "item",
+                                    "keeps the scalar read inside the graph as a symbolic value")])
+    return ("", [])

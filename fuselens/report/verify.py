@@ -1,0 +1,136 @@
+"""Verify the catalogue's fixes before one is offered as preferred.
+
+For each finding, each fix with an edit is applied to a copy of the program
+(the same edit the language server's quick-fix makes: fuselens/server/fixes.py)
+and the copy is run in a fresh capture worker. The fix is `verified` when
+the copy still runs without failing and the finding it targets is gone;
+the first verified fix of a finding becomes its `preferred` one. A fix that
+crashes (a `mark_dynamic` that raises ConstraintViolationError) is kept as
+`verified = False` and never preferred. No torch here: the runs are
+subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from fuselens.events import FixAdvice, GraphBreak, Recompile, Report
+from fuselens.report import common
+
+EDITABLE = ("mark_dynamic", "dynamic_true", "config")
+Finding = Union[GraphBreak, Recompile]
+
+
+@dataclass
+class Outcome:
+    verified: bool
+    note: str
+
+
+def edited_source(source: str, finding: Finding, fix: FixAdvice) -> Optional[str]:
+    """The program with `fix` applied, or None when the edit cannot be made
+    mechanically here (no unique call site, no torch.compile call found)."""
+    from fuselens.server import fixes as fx
+    from fuselens.server.source_index import SourceIndex
+
+    index = SourceIndex(source)
+    if index.tree is None:
+        return None
+    edit: Optional[fx.Fix] = None
+    function = finding.function if isinstance(finding, Recompile) else finding.location.function
+    if fix.edit == "config" and len(fix.args) == 2:
+        edit = fx.config_fix(index, fix.args[0], fix.args[1])
+    elif fix.edit == "dynamic_true":
+        site = index.site_for(function)
+        edit = fx.dynamic_true_fix(index, site) if site is not None else None
+    elif fix.edit == "mark_dynamic" and len(fix.args) == 2:
+        site = index.site_for(function)
+        calls = index.call_sites(site) if site is not None else []
+        if site is not None and len(calls) == 1:
+            edit = fx.mark_dynamic_fix(index, site, calls[0][0], calls[0][1], fix.args[0], int(fix.args[1]))
+    edit = fx.checked(source, edit)
+    return fx.apply_edits(source, edit.edits) if edit is not None else None
+
+
+def still_there(finding: Finding, fix: FixAdvice, after: Report) -> bool:
+    """Whether the re-run still has the finding the fix targets (lines may
+    have moved: compare the function and the cause, or the break's reason)."""
+    if isinstance(finding, Recompile):
+        return any(rc.function == finding.function and rc.cause == finding.cause for rc in after.recompiles)
+    return any(gb.reason == finding.reason and gb.location.function == finding.location.function
+               for gb in after.graph_breaks)
+
+
+def verify_report(report: Report, script: str, run: Callable[[str], Report], max_runs: int = 4) -> int:
+    """Verify the fixes of `report` (from running `script`) in place; `run(path)`
+    runs a copy and returns its report. Returns how many runs were made."""
+    try:
+        with open(script, encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        return 0
+    findings: list[Finding] = list(report.graph_breaks)
+    findings += [group[0] for group in common.recompiles_by_function(report.recompiles)]
+    groups = {id(g[0]): g for g in common.recompiles_by_function(report.recompiles)}
+    tried: dict[tuple, Outcome] = {}
+    runs = 0
+    for finding in findings:
+        siblings = groups.get(id(finding), [finding])
+        candidates = _fixes_of(siblings)
+        for fix in candidates:
+            if fix.edit not in EDITABLE:
+                continue
+            key = (fix.edit, tuple(fix.args), getattr(finding, "function", ""), getattr(finding, "cause", ""),
+                   getattr(finding, "reason", ""))
+            if key not in tried:
+                if runs >= max_runs:
+                    break
+                new = edited_source(source, finding, fix)
+                if new is None:
+                    tried[key] = Outcome(False, "could not apply the edit mechanically")
+                else:
+                    runs += 1
+                    tried[key] = _try(new, script, finding, fix, run)
+            outcome = tried[key]
+            for f in (f for rc in siblings for f in rc.fixes if f.title == fix.title):
+                f.verified, f.verify_note = outcome.verified, outcome.note
+        # One preferred fix per finding: the first that worked.
+        best = next((f for f in candidates if f.verified), None)
+        for rc in siblings:
+            for f in rc.fixes:
+                f.preferred = best is not None and f.title == best.title
+    return runs
+
+
+def _fixes_of(siblings: list) -> list[FixAdvice]:
+    out: list[FixAdvice] = []
+    for item in siblings:
+        out += [f for f in item.fixes if all(f.title != g.title for g in out)]
+    return out
+
+
+def _try(source: str, script: str, finding: Finding, fix: FixAdvice, run: Callable[[str], Report]) -> Outcome:
+    folder = os.path.dirname(os.path.abspath(script))
+    # The copy sits beside the original so that its imports and data files
+    # resolve the same way; it is removed right after the run.
+    fd, path = tempfile.mkstemp(prefix=".fuselens_fix_", suffix=".py", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(source)
+        after = run(path)
+    except OSError as exc:
+        return Outcome(False, f"could not write a copy: {exc}")
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    failed = common.failures(after)
+    if failed:
+        return Outcome(False, common.clip_text(f"the program failed with it: {failed[0].message}"))
+    if still_there(finding, fix, after):
+        return Outcome(False, "applied and re-run: the finding is still there")
+    return Outcome(True, "applied to a copy and re-run: the program ran and the finding is gone")

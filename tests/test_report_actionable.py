@@ -1,0 +1,154 @@
+"""Reports a user can act on (issue 18): real programs from tests/corpus/real
+run under capture (real workers, real torch, backend="eager" where the
+program chooses it), checked for false errors, bounded values, verified
+fixes, report length and the line of a hang or a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fuselens.capture import RunOptions, Target, analyze
+from fuselens.capture import callsite, guardtext
+from fuselens.events import ErrorEntry, GraphBreak, Report, RunInfo, SourceLocation
+from fuselens import fixcatalog
+from fuselens.report import common
+from fuselens.report.cli import render
+from fuselens.report.verify import edited_source
+
+REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "real")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "fuselens", "report", *args], cwd=REAL, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- fast units ------------------------------------------------------------------
+def test_bytes_guard_value_is_shown_as_type_size_and_short_prefix():
+    raw = "0/0: header == " + repr(bytes(range(256)) * 8) + "  # print(len(header)) # f.py:8 in encode"
+    short = guardtext.short_guard(raw)
+    assert "bytes[2048]" in short and len(short) <= guardtext.MAX_TEXT
+
+
+def test_each_recompile_keeps_only_the_latest_cache_entrys_failure():
+    raws = ["0/2: x == 2", "0/1: x == 1", "0/0: x == 0"]
+    assert guardtext.latest_entry(raws) == ["0/2: x == 2"]
+
+
+def test_optimizer_step_is_not_explained_as_a_user_graph_break():
+    gb = GraphBreak(SourceLocation("t.py", 14, "train_step", "opt.step()"), "Call to `torch._dynamo.graph_break()`")
+    explained, fixes = fixcatalog.graph_break_fixes(gb)
+    assert "optimizer.step()" in explained and "not a graph_break() you wrote" in explained
+    assert fixes[0].cause == "optimizer-step"
+
+
+def test_nonzero_graph_break_offers_capture_dynamic_output_shape_ops():
+    gb = GraphBreak(SourceLocation("r.py", 13, "forward", "p = m.nonzero()"), "Dynamic shape operator")
+    _, fixes = fixcatalog.graph_break_fixes(gb)
+    assert fixes[0].args == ["torch._dynamo.config.capture_dynamic_output_shape_ops", "True"]
+
+
+def test_bytes_and_globals_get_no_dynamic_true_fix_that_cannot_work():
+    for kind in ("object_value", "global_value"):
+        assert all(f.edit != "dynamic_true" for f in fixcatalog.recompile_fixes(kind, "k", None))
+
+
+def test_library_wrapper_inputs_are_named_by_the_users_call():
+    call = callsite.parse_call("logits = compiled(input_ids, mask=m).logits")
+    assert callsite.user_argument("args[0]", call) == "input_ids"
+    assert callsite.user_argument("kwargs['mask']", call) == "m"
+
+
+def test_fallbacks_are_not_errors_and_have_their_own_fail_on_categories():
+    r = Report(run=RunInfo(target="p.py"), errors=[ErrorEntry("fallback", "sort runs in ATen"),
+                                                    ErrorEntry("compile", "graph ran eagerly")])
+    assert common.failing_findings(r, ["error"]) == []
+    assert common.failing_findings(r, ["fallback", "eager-fallback"]) == ["fallback", "eager-fallback"]
+
+
+# -- real programs -----------------------------------------------------------------
+CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switch.py", "train_step.py"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", CORRECT)
+def test_fail_on_error_exits_0_on_a_program_that_ran_correctly(program):
+    proc = _cli(program, "--fail-on", "error", "--no-verify-fixes", "-q")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_program_output_passes_through_and_report_fits_a_screen():
+    proc = _cli("bytes_key.py", "--no-verify-fixes")
+    assert "header bytes: 2049" in proc.stdout  # the program's own print
+    assert len(proc.stdout.splitlines()) <= 150
+    assert "bytes[2049]" in proc.stdout or "bytes[2049]" in _cli("bytes_key.py", "-v", "--no-verify-fixes").stdout
+
+
+@pytest.mark.slow
+def test_no_guard_value_longer_than_200_chars_in_any_format():
+    report = analyze(Target.from_cli(["bytes_key.py"], cwd=REAL), RunOptions(timeout_s=120))
+    assert report.recompiles
+    for rc in report.recompiles:
+        for text in rc.reasons + rc.raw_reasons + [s.old for s in rc.shape_changes] + [s.new for s in rc.shape_changes]:
+            assert len(text) <= 200, text
+    for fmt in ("json", "md", "html", "sarif", "terminal"):
+        out = render(report, fmt, root=REAL, verbose=True)
+        longest = max((len(m) for m in re.findall(r"b'(?:[^'\\…\n]|\\.)*", out)), default=0)
+        assert longest <= 200, fmt
+
+
+@pytest.mark.slow
+def test_each_preferred_fix_applied_runs_and_removes_its_finding():
+    proc = _cli("intermediate_shape.py", "-f", "json", "-o", "/tmp/fuselens_t18.json", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open("/tmp/fuselens_t18.json", encoding="utf-8") as f:
+        report = Report.from_json(f.read())
+    preferred = [(rc, f) for rc in report.recompiles for f in rc.fixes if f.preferred]
+    assert preferred, "a verified fix is offered for the batch-size recompile"
+    assert len({f.title for _, f in preferred}) == 1  # one preferred fix, never offered twice
+    rc, fix = preferred[0]
+    with open(os.path.join(REAL, "intermediate_shape.py"), encoding="utf-8") as f:
+        source = f.read()
+    fixed = edited_source(source, rc, fix)
+    copy = os.path.join(REAL, ".fixed_intermediate_shape.py")
+    with open(copy, "w", encoding="utf-8") as f:
+        f.write(fixed)
+    try:
+        after = analyze(Target.from_cli([copy], cwd=REAL), RunOptions(timeout_s=120))
+    finally:
+        os.unlink(copy)
+    assert not common.failures(after)
+    assert not [r for r in after.recompiles if r.function == rc.function and r.cause == rc.cause]
+
+
+@pytest.mark.slow
+def test_hf_model_recompile_points_at_the_users_call_and_names_its_variable():
+    report = analyze(Target.from_cli(["hf_gpt2.py"], cwd=REAL), RunOptions(timeout_s=240))
+    assert report.recompiles
+    rc = report.recompiles[0]
+    assert rc.location.file.endswith("hf_gpt2.py") and rc.location.line == 15
+    assert "input_ids" in rc.fixes[0].title
+    assert len(render(report, "terminal", width=120).splitlines()) <= 150
+
+
+def test_a_hang_names_the_line_it_was_stuck_on():
+    report = analyze(Target.from_cli(["hang.py"], cwd=REAL), RunOptions(timeout_s=2))
+    (err,) = common.failures(report)
+    assert err.kind == "timeout" and err.location is not None
+    assert (os.path.basename(err.location.file), err.location.line) == ("hang.py", 7)
+
+
+def test_a_segfault_names_the_line_that_crashed():
+    report = analyze(Target.from_cli(["segfault.py"], cwd=REAL), RunOptions(timeout_s=60))
+    (err,) = common.failures(report)
+    assert err.kind == "killed" and err.location is not None
+    assert (os.path.basename(err.location.file), err.location.line) == ("segfault.py", 6)
