@@ -160,3 +160,37 @@ def test_gather_passes_through_the_reshape_of_a_causal_lm_loss():
     gathers = [n for n in gm.graph.nodes if n.target is aten.gather.default]
     assert len(gathers) == 1 and gathers[0].meta["val"].dtype == torch.bfloat16  # reads the logits themselves
     torch.testing.assert_close(gm(logits, labels), loss(logits, labels), rtol=1e-5, atol=1e-5)
+
+
+def test_causal_lm_loss_views_the_logits_before_converting_them():
+    from fuselens.compiler.graph_passes import reshapes_before_pointwise
+
+    logits, labels = torch.randn(2, 8, 1003).bfloat16(), torch.randint(0, 1003, (2, 8))
+
+    def loss(l, t):
+        return F.cross_entropy(l.float().view(-1, 1003), t.view(-1))
+
+    gm = traced(loss, logits, labels)
+    gather_through_pointwise(gm)
+    assert reshapes_before_pointwise(gm)
+    # the float conversion now runs on the [16, 1003] view, the shape of the row reductions
+    converts = [n for n in gm.graph.nodes if n.target in (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+                and n.meta["val"].numel() == 16 * 1003]
+    assert converts and all(tuple(n.meta["val"].shape) == (16, 1003) for n in converts)
+    torch.testing.assert_close(gm(logits, labels), loss(logits, labels), rtol=1e-5, atol=1e-5)
+
+
+def test_causal_lm_loss_compiles_to_one_row_kernel_without_a_float_copy():
+    logits, labels = torch.randn(2, 8, 1003).bfloat16(), torch.randint(0, 1003, (2, 8))
+
+    def loss(l, t):
+        return F.cross_entropy(l.float().view(-1, 1003), t.view(-1))
+
+    with sink.collect() as events:
+        out = torch.compile(loss, backend="fuselens")(logits, labels)
+    torch.testing.assert_close(out, loss(logits, labels), rtol=1e-5, atol=1e-5)
+    from fuselens.events import Kernel
+
+    kernels = [k for k in events if isinstance(k, Kernel) and k.kind == "cpp"]
+    copies = [k for k in kernels if set(k.ops) <= {"aten._to_copy.default", "prims.convert_element_type.default"}]
+    assert not copies, [k.name for k in kernels]

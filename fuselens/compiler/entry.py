@@ -243,6 +243,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, target: str, example_inputs: Sequenc
     from fuselens.compiler import graph_passes
 
     done = graph_passes.gather_through_pointwise(gm)
+    done += graph_passes.reshapes_before_pointwise(gm)
     if target == "triton" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
         done += graph_passes.pad_unaligned_matmuls(gm)
         if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there

@@ -14,6 +14,12 @@ as `GraphRewrite` records, which the backend reports as fusion decisions.
   row_values)`. Cross-entropy gathers one element a row of log_softmax(logits):
   pushed through, the full log_softmax (and the float copy of the logits) is never
   written; only the row reductions read the logits.
+* `reshapes_before_pointwise`: `reshape(f(x), shape)` is `f(reshape(x, shape))`
+  when `f` is pointwise and `x` has its full shape. A causal LM's loss converts the
+  `[batch, seq, vocab]` logits to float and views them as `[batch*seq, vocab]`
+  before its row reductions: with the view after the conversion the two have
+  different iteration spaces and the float copy is written in full (0.4 ms of
+  GPT-2's step); with the view first the conversion fuses into the reductions.
 * `channels_last_convolutions` (GPU inference): cuDNN computes 16-bit
   convolutions in NHWC; given NCHW tensors it transposes every input and output
   (ResNet-50: 67 transpose kernels a step). Convert the graph's convolution
@@ -367,4 +373,41 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
         out.replace_input_with(n, copy)
     gm.graph.lint()
     gm.recompile()
+    return done
+
+
+def reshapes_before_pointwise(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
+    """The rule of the module docstring, where the pointwise op's only user is the
+    reshape (no work is duplicated)."""
+    mode = _fake_mode(gm)
+    done: list[GraphRewrite] = []
+    if mode is None:
+        return done
+    changed = True
+    while changed:  # a chain of pointwise ops: the reshape moves up one op a round
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in _RESHAPES:
+                continue
+            inner = node.args[0]
+            if not isinstance(inner, torch.fx.Node) or len(inner.users) != 1 or not _pointwise(inner):
+                continue
+            if not any(isinstance(a, torch.fx.Node) and isinstance(_val(a), torch.Tensor) and _val(a).dim() > 0
+                       for a in inner.args):
+                continue
+            sunk = _sink_reshape(_Builder(gm, node, mode), node)
+            if sunk is None or tuple(_val(sunk).shape) != tuple(_val(node).shape):
+                continue
+            if tuple(_val(sunk).stride()) != tuple(_val(node).stride()):
+                continue  # another layout than eager's: leave it
+            node.replace_all_uses_with(sunk)
+            gm.graph.erase_node(node)
+            gm.graph.erase_node(inner)
+            done.append(GraphRewrite("reshape-before-pointwise", node.name,
+                                     f"{node.name} reshapes the inputs of {inner.name} ({inner.target}) instead of "
+                                     "its result, so it runs in the shape its consumers iterate"))
+            changed = True
+    if done:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
     return done
