@@ -101,6 +101,7 @@ class Launcher:
         self._numels = ns["_numels"]
         self.stats_calls = 0
         self.stats_us = 0.0
+        self._launched: set[tuple] = set()  # (config, numels) launched once: later launches are timed
         self.pending: list[tuple[Any, Any]] = []
         self.graph_id = ""
         self._plans: dict[tuple, tuple] = {}
@@ -287,6 +288,14 @@ class Launcher:
             self._launch(cfg, xn, rn, args)
             return
         dev = next((a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor)), None)
+        warm = (cfg, xn, rn)
+        if warm not in self._launched:
+            # the first launch of a configuration may compile the binary (JIT, or waiting
+            # for a compile worker) between the events: untimed, so reported times are
+            # the kernel's own (issue 17: a pointwise kernel read 390 us a call over 3 calls)
+            self._launched.add(warm)
+            self._launch(cfg, xn, rn, args)
+            return
         if dev is not None and dev.type == "cuda" and not torch.cuda.is_current_stream_capturing():
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
