@@ -121,6 +121,8 @@ class CaseResult:
     backend_ops: list[str] = field(default_factory=list)  # Dynamo-level targets seen
     nodes: NodeAccounting = field(default_factory=NodeAccounting)
     seconds: float = 0.0  # compile + first call
+    # grad cases (benchmarks/opinfo_grad.py): the backward graphs' share of `nodes`
+    backward: NodeAccounting = field(default_factory=NodeAccounting)
 
     @property
     def key(self) -> str:
@@ -133,6 +135,7 @@ class CaseResult:
     def from_dict(cls, data: dict[str, Any]) -> "CaseResult":
         data = dict(data)
         data["nodes"] = NodeAccounting(**data.get("nodes", {}))
+        data["backward"] = NodeAccounting(**data.get("backward", {}))
         return cls(**data)
 
 
