@@ -218,12 +218,15 @@ def _clone_all(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_clone(t) for t in tensors]
 
 
-def build_case(op: Any, sample: Any, variant: str) -> Optional[tuple[Callable, list[torch.Tensor]]]:
+def build_case(
+    op: Any, sample: Any, variant: str, fn_target: Optional[Callable] = None
+) -> Optional[tuple[Callable, list[torch.Tensor]]]:
     """A function of the sample's tensors calling the op variant, with every
     non-tensor argument baked in as a constant, and those tensors. None when
-    the op has no such variant or the sample cannot use it."""
+    the op has no such variant or the sample cannot use it. `fn_target`
+    replaces `op.op` for the fn variant."""
     if variant == "fn":
-        target = op.op
+        target = fn_target or op.op
     elif variant == "inplace":
         target = op.inplace_variant
         if target is None or getattr(sample, "broadcasts_input", False):
