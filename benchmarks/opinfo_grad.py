@@ -253,8 +253,11 @@ def _finish(result: h.CaseResult, problem: Optional[tuple[str, str]], counting: 
         problem = ("graph fallback", fell_back[0])
     if problem is None:
         has_backward = any(isinstance(e, CompiledGraph) and e.stage == "aot_backward" for e in events)
-        if counting is not None and not (result.graphs and has_backward):
-            result.status, result.category = "not_compiled", "backend compiled no backward graph"
+        if counting is not None and not result.graphs:
+            result.status, result.category = "not_compiled", "backend saw no graph (Dynamo graph break)"
+        elif counting is not None and not has_backward:
+            # e.g. a forward of views alone: AOTAutograd replays views in eager autograd
+            result.status, result.category = "not_compiled", "forward compiled, no backward graph"
         return result
     result.status, (result.category, result.detail) = "fail", problem
     if problem[0].startswith("dynamo "):

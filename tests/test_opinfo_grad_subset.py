@@ -62,7 +62,7 @@ CPP_SUBSET: dict[str, tuple[str, str]] = {
 }
 # The Triton target in the interpreter: slow, so one sample of fewer ops, still every family.
 TRITON_SUBSET: dict[str, str] = {
-    "sin": "pointwise", "mul": "pointwise", "logsumexp": "reductions", "amax": "reductions", "cat": "views",
+    "sin": "pointwise", "mul": "pointwise", "logsumexp": "reductions", "amax": "reductions", "tril": "views",
     "gather": "indexing", "nn.functional.layer_norm": "norms", "nn.functional.cross_entropy": "losses",
     "nn.functional.scaled_dot_product_attention": "attention", "index_add": "scatter",
     "nn.functional.conv2d": "convolutions", "softmax": "softmax",
