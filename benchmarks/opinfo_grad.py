@@ -7,7 +7,7 @@ marks which tensors are differentiable). `run_grad_case`:
 1. eager, twice, under two RNG seeds: outputs (after the sample's
    `output_process_fn_grad`), then `torch.autograd.grad` of every
    differentiable output against a fixed random cotangent (seeded by its
-   shape), w.r.t. every leaf that requires grad. Results that differ between
+   size), w.r.t. every leaf that requires grad. Results that differ between
    the two runs are random or nondeterministic: not comparable (skip).
 2. the same through `torch.compile(fn, backend=...)` on fresh leaves, with the
    compiler's events collected over forward *and* backward (AOTAutograd
@@ -93,7 +93,7 @@ def _leaf_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def cotangent(out: torch.Tensor) -> torch.Tensor:
-    """A fixed random grad_output for `out`: seeded by its shape so eager and
+    """A fixed random grad_output for `out`: seeded by its size so eager and
     compiled runs (and reruns) use the same one."""
     gen = torch.Generator().manual_seed(1000 + out.numel())
     return torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.dtype)
@@ -134,7 +134,10 @@ def graph_fallbacks(events: list[Any]) -> list[str]:
 
 
 def _compiled_grads(fn: Callable, tensors: list[torch.Tensor], post: Callable, backend: Any,
-                    options: Optional[dict]) -> tuple[Any, h.CountingBackend, list[Any]]:
+                    options: Optional[dict]) -> tuple[Any, Optional[h.CountingBackend], list[Any]]:
+    """Outputs and gradients through torch.compile (fresh Dynamo cache), the
+    counting wrapper of a named backend (None for a backend function), and the
+    compiler's events over forward and backward."""
     torch._dynamo.reset()
     counting = h.CountingBackend(backend) if isinstance(backend, str) else None
     kwargs: dict[str, Any] = {"backend": counting or backend, "dynamic": False}
