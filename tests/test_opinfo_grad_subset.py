@@ -65,7 +65,9 @@ TRITON_SUBSET: dict[str, str] = {
     # logaddexp2: its backward's 2 ** x has a 0-d base (_fl_pow once failed on it in the interpreter)
     "logaddexp2": "pointwise",
     "sin": "pointwise", "mul": "pointwise", "logsumexp": "reductions", "amax": "reductions", "tril": "views",
-    "gather": "indexing", "nn.functional.layer_norm": "norms", "nn.functional.cross_entropy": "losses",
+    "gather": "indexing", "nn.functional.layer_norm": "norms",
+    # renorm: its backward takes a float64 sqrt (tl.sqrt_rn, float32 only, once printed for it)
+    "renorm": "norms", "nn.functional.cross_entropy": "losses",
     "nn.functional.scaled_dot_product_attention": "attention", "index_add": "scatter",
     "nn.functional.conv2d": "convolutions", "softmax": "softmax",
 }
