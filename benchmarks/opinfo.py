@@ -3,6 +3,7 @@
     python -m benchmarks.opinfo                       # every float32 CPU op, 3 samples each
     python -m benchmarks.opinfo --backend eager --ops add,softmax --max-samples 0
     python -m benchmarks.opinfo --json /tmp/opinfo.json --variants fn,inplace,out
+    python -m benchmarks.opinfo --grad --max-samples 1 --workdir /tmp/grad   # gradients, float32+float64
 
 Prints the pass rate, failures by category and op, skips by reason, and the
 fraction of ATen nodes that went into generated kernels versus extern/ATen
@@ -36,6 +37,7 @@ def _worker(args: argparse.Namespace) -> int:
     already in the file are skipped (that is how a restart resumes)."""
     import torch
 
+    from benchmarks import opinfo_grad as g
     from benchmarks import opinfo_harness as h
 
     if args.threads:
@@ -60,8 +62,22 @@ def _worker(args: argparse.Namespace) -> int:
 
     def cases_of(op: Any) -> Any:
         for variant in variants_of[h.full_name(op)]:
+            if variant in g.GRAD_DTYPES:
+                try:
+                    samples = g.grad_samples(op, g.GRAD_DTYPES[variant], max_samples)
+                except Exception:  # a broken sample generator is not our business
+                    continue
+                yield from ((op, index, sample, variant) for index, sample in samples)
+                continue
             budget = max_samples if variant == "fn" else mutating_samples
             yield from h.iter_cases([op], (variant,), budget)
+
+    def run(op: Any, index: int, sample: Any, variant: str) -> Any:
+        if variant in g.GRAD_DTYPES:
+            return g.run_grad_case(op, index, sample, variant, args.backend, options=options,
+                                   timeout_s=args.case_timeout)
+        return h.run_case(op, index, sample, variant, args.backend, options=options,
+                          dynamic=args.dynamic, timeout_s=args.case_timeout)
 
     with results.open("a") as fh:
         cases = (c for op in ops for c in cases_of(op))
@@ -73,10 +89,7 @@ def _worker(args: argparse.Namespace) -> int:
             fh.write(json.dumps({"key": key, "started": True}) + "\n")
             fh.flush()
             try:
-                res = h.run_case(
-                    op, index, sample, variant, args.backend, options=options,
-                    dynamic=args.dynamic, timeout_s=args.case_timeout,
-                )
+                res = run(op, index, sample, variant)
             except Exception as exc:  # a bug of this harness: visible, never a pass
                 res = h.CaseResult(op=h.full_name(op), variant=variant, sample=index, status="fail",
                                    category="harness error", detail=f"{type(exc).__name__}: {exc}")
@@ -101,9 +114,11 @@ def _read_results(path: Path) -> tuple[list[dict], Optional[str]]:
     return [r for r in finished.values() if r is not None], (dangling[-1] if dangling else None)
 
 
-def run_ops(op_names: list[str], args: argparse.Namespace, results: Path, log: Path) -> list[dict]:
+def run_ops(op_names: list[str], args: argparse.Namespace, results: Path, log: Path,
+            env: Optional[dict[str, str]] = None) -> list[dict]:
     """Drive one worker over `op_names` until every case has a result,
-    restarting it after crashes. Returns the result dicts."""
+    restarting it after crashes. Returns the result dicts. `env`: the worker's
+    environment (default: this process's), e.g. with TRITON_INTERPRET=1."""
     from benchmarks.opinfo_harness import CaseResult
 
     cmd = [
@@ -119,7 +134,7 @@ def run_ops(op_names: list[str], args: argparse.Namespace, results: Path, log: P
         cmd += ["--dynamic"]
     for _attempt in range(200):
         with log.open("a") as lf:
-            proc = subprocess.run(cmd, cwd=REPO, stdout=lf, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, cwd=REPO, stdout=lf, stderr=subprocess.STDOUT, env=env)
         _, dangling = _read_results(results)
         if proc.returncode == 0 and dangling is None:
             break
@@ -167,6 +182,14 @@ def summarize(records: list[dict], out: Any = sys.stdout) -> dict[str, Any]:
     if lowered + extern - library:
         p(f"  of the extern nodes {library} are library calls by design (matmul, convolution, SDPA); "
           f"lowered / (lowered + ATen fallback) = {lowered / (lowered + extern - library):.1%}")
+    bw_low = sum(r.get("backward", {}).get("lowered", 0) for r in records)
+    bw_ext = sum(r.get("backward", {}).get("extern", 0) for r in records)
+    if bw_low + bw_ext:
+        bw_lib = sum(1 for r in records for op in r.get("backward", {}).get("extern_ops", [])
+                     if op.split(".")[1:2] and op.split(".")[1] in LIBRARY_OPS)
+        p(f"backward graphs: lowered {bw_low}, extern {bw_ext} ({bw_lib} library calls by design); "
+          f"lowered fraction {bw_low / (bw_low + bw_ext):.1%}, "
+          f"lowered / (lowered + ATen fallback) {bw_low / max(bw_low + bw_ext - bw_lib, 1):.1%}")
     graph_fallbacks = sum(r["nodes"]["graph_fallbacks"] for r in records)
     if graph_fallbacks:
         p(f"whole graphs that fell back to eager (compile error, result still right): {graph_fallbacks}")
@@ -195,6 +218,7 @@ def summarize(records: list[dict], out: Any = sys.stdout) -> dict[str, Any]:
     seconds = sum(r["seconds"] for r in records)
     p(f"\ncompile+first-call time over all cases: {seconds:.0f} s")
     return {"cases": len(records), "status": dict(by_status), "pass_rate": rate, "lowered_fraction": frac,
+            "backward_lowered": bw_low, "backward_extern": bw_ext,
             "lowered": lowered, "extern": extern, "no_kernel": no_kernel, "failing_ops": failing_ops}
 
 
@@ -223,6 +247,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes in parallel")
     ap.add_argument("--json", default="", help="write every case result here")
     ap.add_argument("--show-failures", type=int, default=30)
+    ap.add_argument("--grad", action="store_true", help="gradient cases (benchmarks/opinfo_grad.py): every "
+                    "autograd op, forward+backward compiled, in float32 and float64 (sets --variants unless it names only grad_float32 or grad_float64)")
+    ap.add_argument("--workdir", default="", help="keep the workers' results here; a rerun resumes from them")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--results", default="", help=argparse.SUPPRESS)
     ap.add_argument("--summarize", default="", help="print the summary of a saved --json file and exit")
@@ -239,7 +266,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from benchmarks import opinfo_harness as h
 
-    names = [h.full_name(op) for op in h.float32_cpu_ops()]
+    if args.grad:
+        from benchmarks import opinfo_grad as g
+
+        if not set(args.variants.split(",")) <= set(g.GRAD_DTYPES):  # e.g. --variants grad_float32 alone
+            args.variants = ",".join(g.GRAD_DTYPES)
+        names = [h.full_name(op) for op in g.grad_ops()]
+    else:
+        names = [h.full_name(op) for op in h.float32_cpu_ops()]
     if args.ops:
         wanted = args.ops.split(",")
         unknown = [n for n in wanted if n.partition(":")[0] not in names]
@@ -247,7 +281,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"unknown ops: {unknown}", file=sys.stderr)
             return 2
         names = wanted
-    workdir = Path(tempfile.mkdtemp(prefix="fuselens-opinfo-"))
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fuselens-opinfo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     chunks = [names[i :: args.jobs] for i in range(args.jobs)]
     records: list[dict] = []
     start = time.time()

@@ -121,6 +121,8 @@ class CaseResult:
     backend_ops: list[str] = field(default_factory=list)  # Dynamo-level targets seen
     nodes: NodeAccounting = field(default_factory=NodeAccounting)
     seconds: float = 0.0  # compile + first call
+    # grad cases (benchmarks/opinfo_grad.py): the backward graphs' share of `nodes`
+    backward: NodeAccounting = field(default_factory=NodeAccounting)
 
     @property
     def key(self) -> str:
@@ -133,6 +135,7 @@ class CaseResult:
     def from_dict(cls, data: dict[str, Any]) -> "CaseResult":
         data = dict(data)
         data["nodes"] = NodeAccounting(**data.get("nodes", {}))
+        data["backward"] = NodeAccounting(**data.get("backward", {}))
         return cls(**data)
 
 
@@ -215,12 +218,15 @@ def _clone_all(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [_clone(t) for t in tensors]
 
 
-def build_case(op: Any, sample: Any, variant: str) -> Optional[tuple[Callable, list[torch.Tensor]]]:
+def build_case(
+    op: Any, sample: Any, variant: str, fn_target: Optional[Callable] = None
+) -> Optional[tuple[Callable, list[torch.Tensor]]]:
     """A function of the sample's tensors calling the op variant, with every
     non-tensor argument baked in as a constant, and those tensors. None when
-    the op has no such variant or the sample cannot use it."""
+    the op has no such variant or the sample cannot use it. `fn_target`
+    replaces `op.op` for the fn variant."""
     if variant == "fn":
-        target = op.op
+        target = fn_target or op.op
     elif variant == "inplace":
         target = op.inplace_variant
         if target is None or getattr(sample, "broadcasts_input", False):

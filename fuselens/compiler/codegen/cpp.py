@@ -43,6 +43,7 @@ class _Scope:
     cache: dict[str, CVal] = field(default_factory=dict)
     values: dict[str, CVal] = field(default_factory=dict)  # member name -> value in this scope
     indent: int = 0
+    stored: set[str] = field(default_factory=set)  # buffers this body has stored to so far
 
 
 class CppKernel:
@@ -70,6 +71,9 @@ class CppKernel:
         # C offsets each buffer is loaded / stored at (in-place reuse needs them equal)
         self.load_offsets: dict[str, set[str]] = {}
         self.store_offsets: dict[str, set[str]] = {}
+        # (output, input) where the body loads the input after storing the output:
+        # writing that output over that input would overwrite elements not yet loaded
+        self.load_after_store: set[tuple[str, str]] = set()
         self.outer_names: set[str] = set()  # values defined outside the inner loop
         self.widened: dict[str, CVal] = {}  # float64 value -> the float32 value it converts
         self.rounded: set[str] = set()  # bfloat16 values known to be representable
@@ -126,6 +130,7 @@ class CppKernel:
         spec = self.graph.buffers[name]
         off = cexpr(self.simplify(index))
         self.load_offsets.setdefault(name, set()).add(off)
+        self.load_after_store.update((o, name) for o in self.scope.stored)
         if spec.dtype in HALVES:
             v = self.emit(f"fl_from_{HALVES[spec.dtype]}({self.ptr(name)}[{off}])", spec.dtype)
             self.rounded.add(v.name)
@@ -145,6 +150,7 @@ class CppKernel:
     def store(self, node: ComputeNode, v: CVal, idx: Sequence[Expr]) -> None:
         off = cexpr(self.simplify(ir.offset_of(idx, node.stride)))
         self.store_offsets.setdefault(node.name, set()).add(off)
+        self.scope.stored.add(node.name)
         val = str(v)
         if node.dtype in HALVES:  # to its 16 bits; a loaded or cast bfloat16 value is its top half
             src = self.unrounded.get(v.name)
@@ -577,9 +583,12 @@ class CppKernel:
 
     def _inplace_candidates(self) -> dict[str, list[str]]:
         """Inputs a pointwise kernel reads only at the very element it stores (same
-        dtype and layout): writing the output over such an input is safe, because
-        every element is loaded before it is overwritten and no iteration reads
-        another's element. Reductions read rows several times: never in place."""
+        dtype and layout), and loads before that store in the loop body: writing the
+        output over such an input is safe, because every element is loaded before
+        it is overwritten and no iteration reads another's element. (A kernel with
+        several outputs may store one before it loads an input another output
+        needs: that input is no candidate for the first.) Reductions read rows
+        several times: never in place."""
         if self.g.rflags is not None or self.trig_redo:
             return {}  # a redone block (large sin/cos arguments) reads its inputs again
         out: dict[str, list[str]] = {}
@@ -590,7 +599,7 @@ class CppKernel:
             so = self.graph.buffers[o]
             cands = []
             for b in self.reads:
-                if b in self.writes or self.load_offsets.get(b) != offs:
+                if b in self.writes or self.load_offsets.get(b) != offs or (o, b) in self.load_after_store:
                     continue
                 sb = self.graph.buffers[b]
                 if (sb.dtype == so.dtype and ir.same_sizes(sb.size, so.size) and ir.same_sizes(sb.stride, so.stride)

@@ -40,7 +40,7 @@ _FLOAT_UNARY: dict[str, tuple[str, str]] = {
     "log": ("tl.log({x})", "tl.log({x})"),
     "log2": ("tl.log2({x})", "tl.log2({x})"),
     "log10": ("(tl.log({x}) * 0.4342944819032518)", "libdevice.log10({x})"),
-    "sqrt": ("tl.sqrt_rn({x})", "tl.sqrt_rn({x})"),
+    "sqrt": ("tl.sqrt_rn({x})", "tl.sqrt_rn({x})"),  # float64: _FLOAT64_UNARY
     "rsqrt": ("_fl_rsqrt({x})", "_fl_rsqrt({x})"),
     "reciprocal": ("(1.0 / {x})", "(1.0 / {x})"),
     "sin": ("tl.sin({x})", "tl.sin({x})"),
@@ -74,6 +74,11 @@ _FLOAT_BINARY: dict[str, tuple[str, str]] = {
     "nextafter": ("_fl_nextafter({a}, {b})", "_fl_nextafter({a}, {b})"),
     "fmod": ("({a} - _fl_trunc({a} / {b}) * {b})", "libdevice.fmod({a}, {b})"),
 }
+
+
+# float64 forms where the table's differ: tl.sqrt_rn takes float32 alone (the
+# interpreter raises, a GPU compile fails); float64's tl.sqrt is correctly rounded
+_FLOAT64_UNARY: dict[str, str] = {"sqrt": "tl.sqrt({x})"}
 
 
 @dataclass
@@ -188,7 +193,8 @@ class TritonOps:
                 if op == "frac":
                     return self.constant(0, x.dtype)
                 x = self.to_dtype(x, torch.float32)  # int -> float math (sqrt of an int tensor)
-            return self._emit(form.format(x=x), x.dtype)
+            own = _FLOAT64_UNARY.get(op, form) if x.dtype == torch.float64 else form
+            return self._emit(own.format(x=x), x.dtype)
 
         return unary
 
@@ -334,7 +340,8 @@ class TritonOps:
             if e == 1.0:
                 return a
             if e == 0.5:
-                return self._emit(f"tl.sqrt_rn({a})", a.dtype)
+                form = _FLOAT64_UNARY["sqrt"] if a.dtype == torch.float64 else "tl.sqrt_rn({x})"
+                return self._emit(form.format(x=a), a.dtype)
             if e == -0.5:
                 return self._emit(f"_fl_rsqrt({a})", a.dtype)
             if e == -1.0:

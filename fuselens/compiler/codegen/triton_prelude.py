@@ -364,7 +364,10 @@ def _fl_atanh(x):
 @triton.jit
 def _fl_pow(a, b):
     # a ** b from exp2/log2 with torch's special cases (negative bases with
-    # integral exponents, 0 ** negative = inf, x ** 0 = 1, 1 ** y = 1)
+    # integral exponents, 0 ** negative = inf, x ** 0 = 1, 1 ** y = 1).
+    # One shape for both: a 0-d base (2 ** x prints tl.full([], 2.0)) compared and
+    # &-ed with a block mask fails in Triton's interpreter (numpy bitwise_and).
+    a, b = tl.broadcast(a, b)
     r = tl.exp2(b * tl.log2(tl.abs(a)))
     bi = _fl_floor(b)
     isint = bi == b
