@@ -17,6 +17,8 @@ we cannot run here) to prove the choice and its on-disk cache.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -543,3 +545,22 @@ if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
     sys.path.insert(0, str(ROOT))
     _worker(sys.argv[2])
 
+
+
+def test_bfloat16_casts_round_to_nearest_even_in_every_triton_target():
+    # Triton's interpreter truncates float32 -> bfloat16 (-8.4784 became -8.4375, eager
+    # gives -8.5): the kernels round through the prelude's _fl_to_bf16 on every target
+    code = r'''
+import torch, fuselens.compiler
+g = torch.Generator().manual_seed(0)
+x = torch.randn(4096, generator=g) * 10
+x[:4] = torch.tensor([-8.4784, float("nan"), float("inf"), 3.3895e38])
+f = lambda x: (x.bfloat16(), (x * 3).bfloat16() + 1)
+out = torch.compile(f, backend="fuselens", options={"target": "triton", "compile_workers": 0})(x)
+for a, b in zip(out, f(x)):
+    assert torch.equal(a.nan_to_num(), b.nan_to_num()), (a[:4], b[:4])
+print("ok")
+'''
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

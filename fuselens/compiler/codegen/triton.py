@@ -341,7 +341,9 @@ class TritonKernel:
             off = f"{off} + tl.zeros_like({self.axis_index[a]})"
         mask = self.mask_for(level_axes)
         val = v.name
-        if self.rep_dtype(node.dtype) != node.dtype:
+        if node.dtype == torch.bfloat16:
+            val = f"_fl_to_bf16({val})"  # rounded to nearest even on every target (the prelude)
+        elif self.rep_dtype(node.dtype) != node.dtype:
             val = f"{val}.to({TL_DTYPES[node.dtype]})"
         self.line(f"tl.store({self.ptr(node.name, True)} + ({off}), {val}" + (f", {mask})" if mask else ")"))
 

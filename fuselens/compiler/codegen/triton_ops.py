@@ -169,7 +169,8 @@ class TritonOps:
             return self._emit(f"({x} != 0)", dtype)
         if dtype in (torch.bfloat16, torch.float16) and x.dtype.is_floating_point:
             # an explicit cast in the graph: round as eager does, keep float32 in registers
-            return self._emit(f"{x}.to({TL_DTYPES[dtype]}).to(tl.float32)", dtype)
+            down = f"_fl_to_bf16({x})" if dtype == torch.bfloat16 else f"{x}.to({TL_DTYPES[dtype]})"
+            return self._emit(f"{down}.to(tl.float32)", dtype)
         src, dst = self.rep(x.dtype), self.rep(dtype)
         if src == dst:
             return TVal(x.name, dtype)

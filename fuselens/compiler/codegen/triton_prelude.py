@@ -413,6 +413,11 @@ from triton.language import core as _fl_core
 
 
 @triton.jit
+def _fl_to_bf16(x):
+    return x.to(tl.bfloat16)  # the hardware conversion rounds to nearest even
+
+
+@triton.jit
 def _fl_rcp_approx(x):
     return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
@@ -442,6 +447,16 @@ def _fl_sincos(x):
     return _fl_sincos_poly((p >> 32).to(tl.int32), (p & 0xffffffff).to(tl.uint32).to(tl.float32, bitcast=True))
 '''
 TL_HELPERS = '''
+@triton.jit
+def _fl_to_bf16(x):
+    # float32 -> bfloat16, rounded to nearest even in integer arithmetic: Triton's
+    # interpreter truncates (-8.4784 became -8.4375 where eager gives -8.5)
+    b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    r = b + 0x7FFF + ((b >> 16) & 1)
+    r = tl.where(x != x, b | 0x400000, r)
+    return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
 @triton.jit
 def _fl_rcp_approx(x):
     return 1.0 / x
