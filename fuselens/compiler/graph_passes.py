@@ -86,8 +86,8 @@ def _static(*xs: Any) -> bool:
 
 
 def _ld_dims(t: torch.Tensor) -> Optional[int]:
-    """Which dim of a 2-D operand is its leading dimension's extent: 1 for row-major
-    (ld = size(1)... strides (ld, 1)), 0 for column-major; None for other layouts."""
+    """A 2-D operand's layout: 1 for row-major (strides (ld, 1)), 0 for column-major
+    (strides (1, ld)); None for other layouts, which are left alone."""
     if t.stride(1) == 1:
         return 1
     if t.stride(0) == 1:
