@@ -43,6 +43,57 @@ def run_b() -> Report:
 # ---- kernel rows and differences -------------------------------------
 
 
+def _with_times(report: Report, times: dict[str, float], extra: list[Kernel] = ()) -> Report:
+    """A copy of `report` whose kernels (by name) take the given total times."""
+    copy = Report.from_json(report.to_json())
+    for k in copy.kernels:
+        k.total_time_us = times.get(k.name, k.total_time_us)
+    copy.kernels.extend(extra)
+    return copy
+
+
+def test_noise_is_the_spread_of_a_kernels_time_over_runs_with_the_same_toggles(run_b):
+    # issue 19.11: three runs of one configuration; extern_mm_0 swings 1795 -> 900 -> 1795 (±100%)
+    runs = [run_b, _with_times(run_b, {"extern_mm_0": 900.0}), _with_times(run_b, {"extern_mm_0": 1795.0})]
+    noise = model.kernel_noise(runs, ["fusion=off"] * 3)
+    assert noise["0/0:dynamo/extern_mm_0"] == pytest.approx(895.0)
+    assert noise["0/0:dynamo/cpp_gelu_1"] == 0.0
+    # a different configuration is not a repeat: one run of each measures nothing
+    assert model.kernel_noise([run_b, runs[1]], ["fusion=on", "fusion=off"]) == {}
+    # a swing within the noise is "~", not a difference
+    rows = {r.name: r for r in model.kernel_rows(runs[2], runs[1], noise)}
+    mm = rows["extern_mm_0"]
+    assert mm.delta_us == pytest.approx(895.0) and mm.noise_us == pytest.approx(895.0)
+    assert mm.significant is False and model.delta_text(mm) == ("~", "noise")
+
+
+def test_a_difference_beyond_the_noise_is_shown_and_unmeasured_noise_is_marked(run_b):
+    runs = [run_b, _with_times(run_b, {"cpp_gelu_1": 1300.0})]
+    noise = model.kernel_noise(runs, ["x", "x"])  # cpp_gelu_1: 10 µs of noise
+    slower = _with_times(run_b, {"cpp_gelu_1": 2600.0})
+    gelu = {r.name: r for r in model.kernel_rows(slower, runs[1], noise)}["cpp_gelu_1"]
+    assert gelu.significant is True
+    assert model.delta_text(gelu) == ("+1.30 ms +100%", "worse")
+    # no repeated runs: the raw difference with "?", never red or green
+    gelu = {r.name: r for r in model.kernel_rows(slower, run_b)}["cpp_gelu_1"]
+    assert gelu.noise_us is None and gelu.significant is None
+    assert model.delta_text(gelu) == ("+1.31 ms +102% ?", "unmeasured")
+    # sorting by delta ranks differences within the noise as no difference
+    within = model.kernel_rows(_with_times(run_b, {"extern_mm_0": 3000.0}), run_b, {"0/0:dynamo/extern_mm_0": 5000.0})
+    assert model.sort_rows(within, "delta")[0].name != "extern_mm_0"
+
+
+def test_graph_label_tells_kernels_of_the_same_name_apart():
+    assert model.graph_label("0/0:dynamo") == "0/0"
+    assert model.graph_label("1/2:dynamo#1") == "1/2#1"
+    assert model.graph_label("0/0:aot_backward") == "0/0 bwd"
+    assert model.graph_label("") == ""
+    a = Kernel(name="cpp_fused_mean_0", kind="cpp", graph_id="0/0:dynamo", calls=1, total_time_us=5.0)
+    b = Kernel(name="cpp_fused_mean_0", kind="cpp", graph_id="0/1:dynamo", calls=1, total_time_us=7.0)
+    rows = model.sort_rows(model.kernel_rows(Report(RunInfo(target="t"), kernels=[b, a])), "graph")
+    assert [model.graph_label(r.graph_id) for r in rows] == ["0/0", "0/1"]
+
+
 def test_first_run_rows_have_share_mean_and_bandwidth_but_no_delta(run_a):
     rows = {r.name: r for r in model.kernel_rows(run_a)}
     ln = rows["cpp_fused_layer_norm_gelu_0"]

@@ -136,6 +136,64 @@ async def test_a_toggle_in_replay_mode_changes_nothing_and_says_why():
         assert any("replay mode" in n.message for n in app._notifications)
 
 
+class RecordedSession:
+    """A live session that answers each run with the next recorded report."""
+
+    pid = None
+
+    def __init__(self, reports: list[Report]) -> None:
+        self.reports = list(reports)
+
+    async def run_async(self, options=None, on_event=None) -> Report:
+        return self.reports.pop(0) if len(self.reports) > 1 else self.reports[0]
+
+    def close(self) -> None:
+        pass
+
+
+def cursor_key(table) -> str:
+    return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+
+async def test_the_kernel_cursor_stays_put_across_the_refresh_after_a_toggle():
+    # issue 19.11: the table jumped to the bottom after a toggle
+    a, b = recorded()
+    app = FuselensApp(Target.from_cli([__file__]), session=RecordedSession([a, b, b]), sample=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_until(pilot, lambda: len(app.reports) == 1 and not app.running, 10)
+        table = app.query_one(KernelTable)
+        table.move_cursor(row=table.get_row_index("0/0:dynamo/cpp_fused_sum_2"))
+        await pilot.press("t", "down", "down", "enter")  # fusion: on -> off, a new run
+        await wait_until(pilot, lambda: len(app.reports) == 2 and not app.running, 10)
+        await pilot.pause()
+        # a kernel that still runs keeps the cursor, wherever the sort put it now
+        assert cursor_key(table) == "0/0:dynamo/cpp_fused_sum_2" and table.cursor_row == 5
+        # a kernel that the toggle fused away: the cursor keeps its line, it does not
+        # follow the kernel to the "gone" rows at the bottom
+        table.move_cursor(row=table.get_row_index("0/0:dynamo/cpp_layer_norm_0"))
+        assert table.cursor_row == 0
+        await pilot.press("r")
+        await wait_until(pilot, lambda: len(app.reports) == 3 and not app.running, 10)
+        await pilot.pause()
+        assert cursor_key(table) == "0/0:dynamo/cpp_layer_norm_0" and table.cursor_row == 0
+        # run 3 repeats run 2's toggles: the same times are within the (zero) noise
+        assert str(table.get_cell("0/0:dynamo/extern_mm_0", "delta")) == "~"
+
+
+async def test_a_gone_kernel_under_the_cursor_leaves_the_cursor_on_its_line():
+    a, b = recorded()
+    app = FuselensApp(Target.from_cli([__file__]), session=RecordedSession([a, b]), sample=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_until(pilot, lambda: len(app.reports) == 1 and not app.running, 10)
+        table = app.query_one(KernelTable)
+        assert cursor_key(table) == "0/0:dynamo/cpp_fused_layer_norm_gelu_0"  # top row
+        await pilot.press("r")
+        await wait_until(pilot, lambda: len(app.reports) == 2 and not app.running, 10)
+        await pilot.pause()
+        assert table.cursor_row == 0 and cursor_key(table) == "0/0:dynamo/cpp_layer_norm_0"
+        assert table.get_row_index("0/0:dynamo/cpp_fused_layer_norm_gelu_0") == table.row_count - 2
+
+
 # ---- live: the real worker -------------------------------------------
 
 

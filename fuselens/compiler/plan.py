@@ -107,7 +107,17 @@ class Planner:
         outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
         self._insert_frees(outputs)
         taken = self._reuse_dying_inputs()
-        timing = {n: KernelStats() for n in self.kernels} if self.timing else None
+        timing = None
+        if self.timing:
+            timing = {n: KernelStats() for n in self.kernels}
+            # library calls (mm, conv, fallbacks) are timed too, under their Kernel event name
+            from fuselens.compiler.explain import extern_kernel_names
+
+            names = extern_kernel_names(self.sched)
+            for step in self.plan:
+                if isinstance(step, ExternCall) and step.name in names and step.name not in self.views:
+                    step.timed = names[step.name]
+                    timing[step.timed] = KernelStats()
         # tuples of sizes/strides are single slots: flatten in SymEval by making each a tuple expr
         self.symeval.exprs = [e if not isinstance(e, tuple) else _TupleExpr(e) for e in self.symeval.exprs]
         symbol_sources = {}

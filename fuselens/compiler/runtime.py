@@ -98,6 +98,9 @@ class ExternCall:
     # output -> the dtype the kernels expect: torch's meta function and ATen can disagree
     # (_batch_norm_with_update_functional's bfloat16 running stats are float32 in meta)
     dtypes: dict = field(default_factory=dict)
+    # the Kernel event name (extern_mm_0) when time_kernels is on: the call is timed on the
+    # host clock like a C++ kernel; None for views re-created by the runtime (not kernels)
+    timed: Optional[str] = None
 
 
 @dataclass
@@ -172,7 +175,12 @@ class GraphRunner:
             elif isinstance(step, ExternCall):
                 a = _resolve(step.args, env, slots)
                 k = _resolve(step.kwargs, env, slots)
-                out = step.target(*a, **k)
+                if self.timing is not None and step.timed is not None:
+                    t0 = time.perf_counter()
+                    out = step.target(*a, **k)
+                    self.record_time(step.timed, time.perf_counter() - t0)
+                else:
+                    out = step.target(*a, **k)
                 if isinstance(step.outputs, list):
                     for n, v in zip(step.outputs, out):
                         if n is not None:

@@ -286,15 +286,24 @@ class _Printer:
             # a view the runtime re-runs: the Tensor method, not the OpOverload (~1 us, not ~8)
             rest = ", ".join(self.arg(x) for x in step.args[1:])
             call = f"{self.arg(step.args[0])}.{method}({rest})"
+        if step.timed is not None and self.r.timing is not None:  # host clock, as for C++ kernels
+            self.emit("_t0 = _pc()")
+            tail = f"_tick({step.timed!r}, _pc() - _t0)"
+        else:
+            tail = None
         if isinstance(step.outputs, list):
             tmp = "_t"
             self.emit(f"{tmp} = {call}")
+            if tail:
+                self.emit(tail)
             for i, n in enumerate(step.outputs):
                 if n is not None:
                     self.emit(f"{self.local(n)} = {tmp}[{i}]")
             self.emit(f"del {tmp}")
         else:
             self.emit(f"{self.local(step.outputs)} = {call}")
+            if tail:
+                self.emit(tail)
         for n, dt in step.dtypes.items():  # where kernels read it, in the dtype they were generated for
             if n in self.kernel_reads:
                 var, d = self.names[n], self.glob(dt, "dt")

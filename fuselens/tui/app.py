@@ -29,7 +29,7 @@ from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, Report, RunInfo
 from fuselens.tui.detail import KernelScreen
 from fuselens.tui.export import export_report, relative
-from fuselens.tui.model import FATAL_ERRORS, find_kernel, kernel_rows, sort_rows
+from fuselens.tui.model import FATAL_ERRORS, find_kernel, kernel_noise, kernel_rows, sort_rows
 from fuselens.tui.sampling import HostProfile, Sampler
 from fuselens.tui.toggles import TOGGLES_BY_KEY, ToggleState
 from fuselens.tui.widgets import (
@@ -43,7 +43,7 @@ from fuselens.tui.widgets import (
 )
 
 # `s` walks through these; a header click picks one directly.
-SORT_ORDER = ("total", "mean", "calls", "delta", "bandwidth", "name", "kind")
+SORT_ORDER = ("total", "mean", "calls", "delta", "bandwidth", "name", "kind", "graph")
 
 
 class ProfileSession(Protocol):
@@ -170,10 +170,14 @@ class FuselensApp(App):
         report = self.current
         if report is None:
             return
-        rows = kernel_rows(report, self.previous)
+        noise = kernel_noise(self.reports, self.labels)
+        rows = kernel_rows(report, self.previous, noise)
         direction = "↓" if self.sort_reverse else "↑"
-        self._main.query_one(KernelTable).show(sort_rows(rows, self.sort_column, self.sort_reverse),
-                                         f"{self.sort_column} {direction}")
+        label = f"{self.sort_column} {direction}"
+        if self.previous is not None:
+            label += (" · Δ beyond run-to-run noise, ~ within" if noise
+                      else " · Δ ?: noise unmeasured, r repeats a run")
+        self._main.query_one(KernelTable).show(sort_rows(rows, self.sort_column, self.sort_reverse), label)
         run_no = len(self.reports)
         self._main.query_one(KernelChart).show(rows)
         self._main.query_one(SummaryBar).show(report, self.previous, run_no, self.labels[-1])
@@ -316,7 +320,7 @@ class FuselensApp(App):
     def action_cycle_sort(self) -> None:
         index = SORT_ORDER.index(self.sort_column) if self.sort_column in SORT_ORDER else -1
         column = SORT_ORDER[(index + 1) % len(SORT_ORDER)]
-        self.sort_reverse = column not in ("name", "kind")
+        self.sort_reverse = column not in ("name", "kind", "graph")
         self.sort_column = column
 
     def action_focus_panel(self, panel_id: str) -> None:
@@ -376,7 +380,7 @@ class FuselensApp(App):
         if sort_key == self.sort_column:
             self.sort_reverse = not self.sort_reverse
         else:
-            self.sort_reverse = sort_key not in ("name", "kind")
+            self.sort_reverse = sort_key not in ("name", "kind", "graph")
             self.sort_column = sort_key
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

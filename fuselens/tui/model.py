@@ -7,7 +7,7 @@ every number on screen is tested here without an app.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from fuselens.events import ErrorEntry, FusionDecision, Kernel, Report
@@ -44,6 +44,18 @@ class KernelRow:
     delta_us: Optional[float] = None  # total_us minus the previous run's
     status: str = "first"
     device: str = "cpu"
+    # run-to-run spread of total_us measured over repeated runs (None: not measured)
+    noise_us: Optional[float] = None
+
+    @property
+    def significant(self) -> Optional[bool]:
+        """Whether the difference to the previous run exceeds the run-to-run
+        noise: True/False, None when no repeated runs measured the noise."""
+        if self.delta_us is None or self.status != "same":
+            return None
+        if self.noise_us is None:
+            return None
+        return abs(self.delta_us) > self.noise_us
 
 
 @dataclass(frozen=True)
@@ -125,10 +137,45 @@ def _row(kernel: Kernel, total: float, previous: Optional[Kernel], status: str) 
     )
 
 
-def kernel_rows(report: Report, previous: Optional[Report] = None) -> list[KernelRow]:
+def kernel_noise(reports: list[Report], labels: Optional[list[str]] = None) -> dict[str, float]:
+    """Run-to-run noise per kernel key, in µs of total time: runs with the
+    same label (the same toggles, so the same program and compiler settings)
+    are repeated measurements; a kernel's noise is the largest spread
+    (max - min of its total time) within any such group of two or more runs.
+    Kernels never measured twice have no entry. Labels default to one group."""
+    if labels is None:
+        labels = [""] * len(reports)
+    groups: dict[str, list[Report]] = {}
+    for report, label in zip(reports, labels):
+        groups.setdefault(label, []).append(report)
+    noise: dict[str, float] = {}
+    for runs in groups.values():
+        if len(runs) < 2:
+            continue
+        times: dict[str, list[float]] = {}
+        for report in runs:
+            for k in report.kernels:
+                if k.calls > 0:
+                    times.setdefault(kernel_key(k), []).append(k.total_time_us)
+        for key, values in times.items():
+            if len(values) >= 2:
+                noise[key] = max(noise.get(key, 0.0), max(values) - min(values))
+    return noise
+
+
+def kernel_rows(report: Report, previous: Optional[Report] = None,
+                noise: Optional[dict[str, float]] = None) -> list[KernelRow]:
     """Rows for every kernel of `report`, then the kernels of `previous` that
     are gone. Kernels match by (graph_id, name); if the graph ids changed
-    between runs (a reset renumbers them) the name alone is tried."""
+    between runs (a reset renumbers them) the name alone is tried. `noise`
+    (from `kernel_noise`) sets each row's `noise_us`."""
+    rows = _kernel_rows(report, previous)
+    if not noise:
+        return rows
+    return [replace(r, noise_us=noise.get(r.key)) for r in rows]
+
+
+def _kernel_rows(report: Report, previous: Optional[Report]) -> list[KernelRow]:
     total = total_kernel_us(report)
     rows = []
     if previous is None:
@@ -161,12 +208,13 @@ SORT_KEYS = {
     "mean": lambda r: r.mean_us or 0.0,
     "calls": lambda r: r.calls,
     "name": lambda r: r.name,
+    "graph": lambda r: (r.graph_id, r.name),
     "kind": lambda r: (r.kind, r.name),
-    "delta": lambda r: r.delta_us if r.delta_us is not None else 0.0,
+    "delta": lambda r: r.delta_us if r.delta_us is not None and r.significant is not False else 0.0,
     "bandwidth": lambda r: r.bandwidth_gbs or 0.0,
 }
 # Numbers sort largest first by default, names A..Z.
-SORT_DEFAULT_REVERSE = {"name": False, "kind": False}
+SORT_DEFAULT_REVERSE = {"name": False, "kind": False, "graph": False}
 
 
 def sort_rows(rows: list[KernelRow], column: str, reverse: Optional[bool] = None) -> list[KernelRow]:
@@ -215,6 +263,16 @@ def decisions_for(report: Report, kernel: Kernel) -> tuple[list[FusionDecision],
     return fused, not_fused
 
 
+def graph_label(graph_id: str) -> str:
+    """A kernel's graph for the table: the compile id `0/1` ("frame/compile"),
+    with the stage when it is not the forward Dynamo graph (`0/0 bwd`)."""
+    cid, _, stage = graph_id.partition(":")
+    if stage.startswith("dynamo"):
+        return cid + stage[len("dynamo"):]
+    short = {"aot_forward": "fwd", "aot_backward": "bwd", "aot_inference": "inf"}.get(stage, stage)
+    return f"{cid} {short}".strip()
+
+
 def find_kernel(report: Optional[Report], key: str) -> Optional[Kernel]:
     if report is None:
         return None
@@ -249,6 +307,22 @@ def format_seconds(s: Optional[float]) -> str:
     if s is None:
         return "—"
     return format_us(s * 1e6)
+
+
+def delta_text(row: KernelRow) -> tuple[str, str]:
+    """The Δ cell of a kernel that ran in both runs, and its tone: "worse",
+    "better", "noise" (within the run-to-run noise: `~`) or "unmeasured"
+    (no repeated runs yet: the raw difference, with `?`)."""
+    if row.delta_us is None:
+        return "", "noise"
+    base = row.total_us - row.delta_us
+    significant = row.significant
+    if significant is False:
+        return "~", "noise"
+    text = format_delta_us(row.delta_us, base)
+    if significant is None:
+        return f"{text} ?", "unmeasured"
+    return text, "worse" if row.delta_us > 0 else "better"
 
 
 def format_delta_us(delta: Optional[float], base: Optional[float] = None) -> str:

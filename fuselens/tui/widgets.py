@@ -16,7 +16,9 @@ from textual_plotext import PlotextPlot
 from fuselens.events import Report
 from fuselens.tui.model import (
     KernelRow,
+    delta_text,
     format_delta_us,
+    graph_label,
     format_seconds,
     format_us,
     summarize,
@@ -27,6 +29,7 @@ from fuselens.tui.toggles import TOGGLES, ToggleState, format_value
 # Kernel table columns: (key, label, sort key in model.SORT_KEYS or None).
 KERNEL_COLUMNS: tuple[tuple[str, str, Optional[str]], ...] = (
     ("name", "kernel", "name"),
+    ("graph", "graph", "graph"),
     ("calls", "calls", "calls"),
     ("total", "total", "total"),
     ("delta", "Δ prev", "delta"),
@@ -60,14 +63,15 @@ def _delta_cell(row: KernelRow) -> Text:
         return _right("new", "bold yellow")
     if row.status == "gone":
         return _right(f"gone {format_delta_us(row.delta_us)}", "green")
-    base = row.total_us - (row.delta_us or 0.0)
-    text = format_delta_us(row.delta_us, base)
-    style = "red" if (row.delta_us or 0) > 0 else "green" if (row.delta_us or 0) < 0 else "dim"
+    text, tone = delta_text(row)
+    style = {"worse": "red", "better": "green", "noise": "dim", "unmeasured": "dim italic"}[tone]
     return _right(text, style)
 
 
 class KernelTable(DataTable):
     """Kernels of the current run with the difference to the previous one."""
+
+    _gone: dict = {}  # row key -> whether that row is a kernel gone since the previous run
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -76,16 +80,24 @@ class KernelTable(DataTable):
             self.add_column(label, key=key)
 
     def show(self, rows: list[KernelRow], sort_label: str) -> None:
-        """Replace the rows, keeping the cursor on the same kernel."""
-        keep = None
+        """Replace the rows, keeping the cursor on the same kernel while it
+        still runs; when it is gone (a toggle renamed or fused it) the cursor
+        keeps its line instead of following the kernel to the "gone" rows at
+        the bottom."""
+        keep, keep_index = None, 0
         if self.row_count and 0 <= self.cursor_row < self.row_count:
             keep = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+            keep_index = self.cursor_row
+        was_gone = self._gone.get(keep, False) if keep is not None else False
+        self._gone = {row.key: row.status == "gone" for row in rows}
+        scroll_y = self.scroll_y
         self.clear()
         for row in rows:
             dim = "dim" if row.status == "gone" else ""
             name = Text(row.name, style="dim strike" if row.status == "gone" else "bold")
             self.add_row(
                 name,
+                Text(graph_label(row.graph_id), style="dim"),
                 _right(str(row.calls), dim),
                 _right(format_us(row.total_us), dim),
                 _delta_cell(row),
@@ -98,11 +110,14 @@ class KernelTable(DataTable):
                 key=row.key,
             )
         self.border_subtitle = f"sorted by {sort_label}"
-        if keep is not None:
-            try:
-                self.move_cursor(row=self.get_row_index(keep))
-            except Exception:  # the kernel is gone in this run: stay at the top
-                pass
+        if keep is None or not rows:
+            return
+        if keep in self._gone and (was_gone or not self._gone[keep]):
+            target = self.get_row_index(keep)
+        else:
+            target = min(keep_index, len(rows) - 1)
+        self.scroll_y = scroll_y  # the same view, unless the cursor must move out of it
+        self.move_cursor(row=target, animate=False)
 
 
 def _short_name(name: str, width: int = 22) -> str:
@@ -284,19 +299,41 @@ class IssuesPanel(Static):
 
 
 class HostPanel(DataTable):
-    """Top Python functions in the worker by py-spy self time."""
+    """Top Python functions in the worker by py-spy self time. The numbers
+    come first and names are cut to the panel's width, so a long function
+    name never pushes self/total out of sight (the panel is ~60 columns wide
+    in a 160-column terminal)."""
+
+    NUMBERS_WIDTH = 9 + 9 + 10  # self, total, category, with their cell padding
 
     CATEGORY_STYLE = {"user": "cyan", "compile": "magenta", "wrapper": "yellow", "torch": "blue",
                       "import": "dim", "fuselens": "dim", "other": ""}
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        for key, label in (("function", "function"), ("self", "self"), ("total", "total"),
-                           ("category", "category"), ("where", "where")):
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for key, label in (("self", "self"), ("total", "total"), ("category", "category"),
+                           ("function", "function"), ("where", "where")):
             self.add_column(label, key=key)
 
+    _profile: Optional[HostProfile] = None
+
+    def on_resize(self) -> None:
+        if self._profile is not None:
+            self.show(self._profile)
+
+    def _name_width(self) -> int:
+        """Room for the function name: what the numbers leave, with ~14 columns for
+        `where`; at least 12."""
+        inner = self.size.width - 2 if self.size.width else 58
+        return max(12, min(40, inner - self.NUMBERS_WIDTH - 14))
+
     def show(self, profile: Optional[HostProfile]) -> None:
-        self.clear()
+        self._profile = profile
+        self.clear(columns=True)  # columns never shrink otherwise: names are cut to the new width
+        self._add_columns()
         if profile is None:
             self.border_subtitle = "waiting for a run"
             return
@@ -311,9 +348,9 @@ class HostPanel(DataTable):
         for stat in profile.functions:
             style = self.CATEGORY_STYLE.get(stat.category, "")
             self.add_row(
-                Text(stat.function, style="bold"),
                 _right(format_seconds(stat.self_s)),
                 _right(format_seconds(stat.total_s), "dim"),
                 Text(stat.category, style=style),
+                Text(_short_name(stat.function, self._name_width()), style="bold"),
                 Text(_short_name(f"{os.path.basename(stat.file)}:{stat.line}", 26), style="dim"),
             )
