@@ -6,6 +6,7 @@ Pure functions over `fuselens.events`; no I/O, no torch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -80,6 +81,67 @@ KERNEL_PALETTE = (
 )
 UNFUSED_FILL = "#ffffff"
 IO_FILL = "#eeeeee"
+
+
+# Fields that are not free text and keep their full value: paths (SARIF
+# maps them to URIs) and generated kernel code (a program, shown collapsed).
+UNCLIPPED_FIELDS = frozenset({"file", "target", "source"})
+# Multi-line text whose end matters most (the exception, the last output):
+# its last lines are kept, whole lines, MAX_TEXT characters in all.
+TAIL_FIELDS = frozenset({"traceback", "stdout_tail", "stderr_tail"})
+
+
+def clip_tail(text: str, limit: int = MAX_TEXT) -> str:
+    """The last lines of `text` that fit in `limit` characters, each line
+    clipped, "…" first when anything was dropped."""
+    text = str(text).rstrip()
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    size = 2  # the "…" line
+    for line in reversed([ln for ln in text.splitlines() if ln.strip()]):
+        line = clip_text(line, limit - 2)
+        if kept and size + len(line) + 1 > limit:
+            break
+        kept.insert(0, line)
+        size += len(line) + 1
+    return "\n".join(["…", *kept])
+
+
+def bounded(report: Report) -> Report:
+    """A copy of `report` where no value is longer than MAX_TEXT characters
+    (one home for the rule: every renderer starts from this). Long text keeps
+    its start and ends in "…"; tracebacks and program output keep their end.
+    Short values are unchanged."""
+    out = copy.deepcopy(report)
+    _bound(out)
+    return out
+
+
+def _bound(obj: object) -> None:
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name in UNCLIPPED_FIELDS:
+            continue
+        if isinstance(value, str):
+            if len(value) > MAX_TEXT:
+                setattr(obj, f.name, clip_tail(value) if f.name in TAIL_FIELDS else clip_text(value))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, str) and len(item) > MAX_TEXT:
+                    value[i] = clip_text(item)
+                else:
+                    _bound(item)
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                if isinstance(item, str) and len(item) > MAX_TEXT:
+                    value[k] = clip_text(item)
+                else:
+                    _bound(item)
+        else:
+            _bound(value)
 
 
 def display_path(file: str, root: Optional[str] = None) -> str:

@@ -28,6 +28,7 @@ Drawer = Callable[[Report, CompiledGraph, Optional[str], str], GraphPicture]
 def render_html(report: Report, *, root: Optional[str] = None, draw: Drawer = draw_graph) -> str:
     """The report as one HTML document. `draw` lays out graph pictures
     (graphviz by default; tests pass a drawer that reports it missing)."""
+    report = common.bounded(report)
     body = [
         _header(report, root),
         _summary(report),

@@ -23,6 +23,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
 
 def render_markdown(report: Report, *, root: Optional[str] = None) -> str:
     """The report as GitHub-flavoured Markdown."""
+    report = common.bounded(report)
     out: list[str] = []
     _header(out, report, root)
     _errors(out, report, root)

@@ -50,6 +50,7 @@ def render_terminal(
     inside `root` are shown relative to it. By default it is a summary that
     fits a screen (findings with their fixes, the top kernels and blocked
     fusions, merged across recompiles); `verbose` lists everything."""
+    report = common.bounded(report)
     buf = io.StringIO()
     console = Console(
         file=buf,
