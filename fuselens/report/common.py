@@ -16,6 +16,7 @@ from fuselens.capture.guardtext import MAX_TEXT, clip as clip_text  # noqa: F401
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
+    FixAdvice,
     FusionDecision,
     GraphBreak,
     Kernel,
@@ -296,6 +297,38 @@ def failures(report: Report) -> list[ErrorEntry]:
 def notes(report: Report) -> list[ErrorEntry]:
     """Fallbacks and fuselens' own notes: findings, not errors."""
     return [e for e in report.errors if not is_failure(e)]
+
+
+def errors_detail(errors: list[ErrorEntry]) -> str:
+    """Why the Errors section exists: a failed program, diverged ranks, or both."""
+    diverged = any(e.kind == "divergence" for e in errors)
+    failed = any(e.kind != "divergence" for e in errors)
+    return ("the program failed; its ranks diverged (the job can deadlock)" if diverged and failed
+            else "ranks diverged: the job can deadlock" if diverged else "the program failed")
+
+
+NOTES_DETAIL = "the program ran correctly; these may cost speed"
+
+
+def note_category(err: ErrorEntry) -> str:
+    """The `--fail-on` category of a fallback or note ("fallback", ...)."""
+    return NOTE_CATEGORY.get(err.kind, "internal")
+
+
+def fix_label(fix: FixAdvice) -> tuple[str, str]:
+    """(label, text) of a catalogue fix as every format shows it: a verified
+    fix is "fix (verified)"; one that was tried and failed says so."""
+    if fix.preferred:
+        return "fix (verified)", fix.title
+    return "fix", fix.title + (" (tried: did not work)" if fix.verified is False else "")
+
+
+def group_fixes(group: list[Recompile]) -> list[FixAdvice]:
+    """The fixes of a group of recompiles, each once, verified ones first."""
+    fixes: list[FixAdvice] = []
+    for rc in group:
+        fixes += [f for f in rc.fixes if all(f.title != g.title for g in fixes)]
+    return sorted(fixes, key=lambda f: not f.preferred)
 
 
 def counts(report: Report) -> Counts:

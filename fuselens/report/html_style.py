@@ -53,6 +53,7 @@ dl.notes { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px;
 dl.notes dt { color: var(--muted); font-weight: 600; }
 dl.notes dd { margin: 0; }
 .fix { color: var(--ok); }
+.fix.verified { font-weight: 600; }
 .charts { display: grid; grid-template-columns: 1fr; gap: 12px; }
 figure { margin: 0; border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; overflow-x: auto; }
 figcaption { font-weight: 600; margin-bottom: 6px; }
