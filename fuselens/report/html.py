@@ -303,9 +303,9 @@ def _kernels(report: Report, root: Optional[str]) -> str:
             f"<td>{escape(k.kind)}</td><td>{escape(k.device)}</td><td class='n'>{k.calls or '-'}</td>"
             f"<td class='n'>{time}</td><td>{ops}</td><td>{lines}</td></tr>"
         )
-    table = ('<table class="kernels"><thead><tr><th>kernel</th><th>compile</th><th>kind</th><th>device</th><th>calls</th>'
+    table = ('<div class="table-wrap"><table class="kernels"><thead><tr><th>kernel</th><th>compile</th><th>kind</th><th>device</th><th>calls</th>'
              '<th>time</th><th>fused ops</th><th>user lines</th></tr></thead><tbody>'
-             + "".join(rows) + "</tbody></table>")
+             + "".join(rows) + "</tbody></table></div>")
     return section("kernels", f"Kernels ({len(report.kernels)})", table)
 
 
@@ -324,9 +324,9 @@ def _fusion(report: Report, root: Optional[str]) -> str:
         rows.append(f"<tr><td>{verdict}</td><td>{nodes}</td><td>{kernel}</td><td>{escape(d.rule)}</td>"
                     f"<td>{prose(d.reason)}</td><td>{option}</td><td>{lines}</td></tr>")
     c = common.counts(report)
-    table = ('<table class="fusion"><thead><tr><th>decision</th><th>nodes</th><th>kernel</th><th>rule</th>'
+    table = ('<div class="table-wrap"><table class="fusion"><thead><tr><th>decision</th><th>nodes</th><th>kernel</th><th>rule</th>'
              '<th>reason</th><th>to change it</th><th>user lines</th></tr></thead><tbody>'
-             + "".join(rows) + "</tbody></table>")
+             + "".join(rows) + "</tbody></table></div>")
     return section("fusion", "Fusion decisions", table, f"{c.fused} fused, {c.not_fused} not fused")
 
 
