@@ -163,7 +163,7 @@ def _entry(err: ErrorEntry, cls: str, tag: str, root: Optional[str]) -> str:
         f'<article class="finding {cls}"><h3>{where(err.location, root)} '
         f'<span class="tag {cls}">{escape(tag)}</span> {escape(first)}</h3>'
         f"{source_line(err.location)}"
-        f"{notes([('in', f'<code>{escape(fn)}</code>' if fn else ''), ('compile', escape(err.compile_id))])}"
+        f"{notes([('in', f'<code>{escape(fn)}</code>' if fn else ''), ('compile', escape(err.compile_id)), ('why', prose(err.explained))])}"
         f"{tb}</article>"
     )
 

@@ -159,6 +159,8 @@ def _entry(out: list[str], err: ErrorEntry, level: str, root: Optional[str]) -> 
         out += [f"- **in:** {code(err.location.function)}"]
     if err.compile_id:
         out += [f"- **compile:** {esc(err.compile_id)}"]
+    if err.explained:
+        out += [f"- **why:** {prose(err.explained)}"]
     out.append("")
     if err.traceback:
         out += details("Traceback", block(err.traceback))

@@ -209,9 +209,10 @@ class _Builder:
         for err in self.report.errors:
             rule = rule_for_error(err)
             first = err.message.splitlines()[0] if err.message else err.kind
-            text = f"{err.kind}: {first}"
+            text = fit([(0, f"{err.kind}: {first}")] + ([(2, err.explained)] if err.explained else []))
             if err.location is not None:
-                self.add(rule, err.location, text, f"{err.kind}|{first}", properties={"kind": err.kind})
+                props = {"kind": err.kind, **({"explanation": err.explained} if err.explained else {})}
+                self.add(rule, err.location, text, f"{err.kind}|{first}", properties=props)
             else:
                 level = RULES[RULE_INDEX[rule]].level
                 self.notifications.append({"level": level, "message": {"text": common.clip_text(text)},

@@ -176,6 +176,7 @@ class _View:
         self.note("on", ranks_view.ranks_label(err.ranks))
         if err.location and err.location.function:
             self.note("in", err.location.function)
+        self.note("why", err.explained)
         if err.traceback:
             tail = [ln for ln in err.traceback.rstrip().splitlines() if ln.strip()][-TRACEBACK_TAIL_LINES:]
             for ln in tail:
