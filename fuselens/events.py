@@ -217,6 +217,9 @@ class ErrorEntry:
     traceback: str = ""
     compile_id: str = ""
     ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks it happened on
+    # In the user's terms, when the message alone would mislead: e.g. that it
+    # raised inside the compiler and fails only under torch.compile.
+    explained: str = ""
 
 
 @dataclass

@@ -152,3 +152,31 @@ def test_a_segfault_names_the_line_that_crashed():
     (err,) = common.failures(report)
     assert err.kind == "killed" and err.location is not None
     assert (os.path.basename(err.location.file), err.location.line) == ("segfault.py", 6)
+
+
+def test_a_crash_inside_torch_compile_is_labelled_compile_only_and_suggests_backend_eager():
+    report = analyze(Target.from_cli(["compile_only_crash.py"], cwd=REAL), RunOptions(timeout_s=120))
+    (err,) = common.failures(report)
+    assert err.kind == "exception"
+    assert err.message.startswith("fails only under torch.compile (raised in torch._dynamo, tracing step at "
+                                  "compile_only_crash.py:9)")
+    assert "--backend eager" in err.explained
+    assert (os.path.basename(err.location.file), err.location.line) == ("compile_only_crash.py", 13)
+    for fmt in ("terminal", "md", "html", "sarif"):
+        out = render(report, fmt, root=REAL)
+        assert "fails only under torch.compile" in out and "--backend eager" in out, fmt
+
+
+def test_an_exception_raised_on_the_users_own_line_is_not_labelled_compile_only():
+    report = analyze(Target.from_cli(["user_raise.py"], cwd=REAL), RunOptions(timeout_s=120))
+    (err,) = common.failures(report)
+    assert err.message.startswith("ValueError: expected 3 rows")
+    assert err.explained == ""
+    assert (os.path.basename(err.location.file), err.location.line) == ("user_raise.py", 9)
+
+
+def test_compile_only_explanation_fits_200_chars_so_the_backend_eager_advice_is_never_cut():
+    from fuselens.capture import compilecrash
+
+    _, explained = compilecrash.labelled("RuntimeError: x", "torch._inductor (lowering.py:1 in f)")
+    assert len(explained) <= guardtext.MAX_TEXT and "--backend eager" in explained

@@ -6,6 +6,7 @@ page that is not blank. Skips (saying why) where no Chromium is installed:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -66,3 +67,22 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     width, height, ink = png_ink(shot)
     assert (width, height) == (1280, 2400)
     assert ink > 0.005, f"the page looks blank (ink {ink:.4f})"
+
+
+def test_wide_fusion_and_kernel_tables_do_not_widen_the_page_at_1400px(tmp_path):
+    import copy
+
+    r = copy.deepcopy(demo_report())
+    blocked = next(d for d in r.fusion if d.decision == "not_fused")
+    blocked.nodes = ["buf_" + "x" * 150, "buf_" + "y" * 150]
+    blocked.reason = "reduction_" + "z" * 180
+    r.kernels[0].name = "cpp_fused_" + "k" * 180
+    # the page writes its own width into the DOM, which --dump-dom returns
+    probe = ("<script>document.body.setAttribute('data-width', "
+             "document.documentElement.scrollWidth + 'x' + window.innerWidth)</script></body>")
+    page = tmp_path / "wide.html"
+    page.write_text(render_html(r).replace("</body>", probe), encoding="utf-8")
+    dom = chromium(["--window-size=1400,900", "--dump-dom", "file://" + os.path.abspath(page)], tmp_path)
+    assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-2000:]
+    scroll, inner = (int(n) for n in re.search(rb'data-width="(\d+)x(\d+)"', dom.stdout).groups())
+    assert scroll <= inner, f"the page scrolls sideways: {scroll} px wide in a {inner} px window"

@@ -189,3 +189,48 @@ def test_a_kernel_keeps_its_colour_across_recompiled_graphs():
     assert common.kernel_colors(report, again) == first
     other = common.kernel_colors(report, report.graphs[1])
     assert not set(first.values()) & set(other.values())  # different kernels, different colours
+
+
+def _wide_report() -> Report:
+    """Fusion and kernel rows with long unbroken names, reasons and paths:
+    what overflowed the page at 1400 px."""
+    r = copy.deepcopy(demo_report())
+    blocked = next(d for d in r.fusion if d.decision == "not_fused")
+    blocked.nodes = ["buf_" + "x" * 150, "buf_" + "y" * 150]
+    blocked.reason = "reduction_" + "z" * 180
+    blocked.option = "torch._inductor.config." + "w" * 150
+    r.kernels[0].name = "cpp_fused_" + "k" * 180
+    return r
+
+
+class _TableParents(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.stack: list[tuple[str, str]] = []
+        self.table_parents: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.table_parents.append(self.stack[-1][1] if self.stack else "")
+        if tag not in ("br", "img", "meta", "hr", "input", "link"):
+            self.stack.append((tag, dict(attrs).get("class") or ""))
+
+    def handle_endtag(self, tag):
+        while self.stack and self.stack.pop()[0] != tag:
+            pass
+
+
+def test_wide_tables_wrap_and_scroll_inside_their_box_not_the_page():
+    from fuselens.report.html_style import CSS
+
+    html = render_html(_wide_report(), draw=lambda *a: graph_svg.GraphPicture("", "no graphviz"))
+    p = _TableParents()
+    p.feed(html)
+    assert len(p.table_parents) == 2 and set(p.table_parents) == {"table-wrap"}
+    css = " ".join(CSS.split())
+    assert ".table-wrap { max-width: 100%; overflow-x: auto; }" in css
+    cell_rule = re.search(r"th, td \{([^}]*)\}", css).group(1)
+    assert "overflow-wrap: anywhere" in cell_rule
+    # no cell is forced wider than a column of the 1180 px page
+    for width in re.findall(r"min-width:\s*(\d+)em", css):
+        assert int(width) <= 16

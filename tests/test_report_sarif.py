@@ -79,7 +79,7 @@ def test_graph_break_result_points_at_the_user_line_with_reason_and_hint():
     assert gb["level"] == "warning"
     assert "Unsupported Tensor.item() call" in gb["message"]["text"]
     assert "Hint: Set `torch._dynamo.config.capture_scalar_outputs = True`" in gb["message"]["text"]
-    assert gb["properties"] == {"count": 3, "compileId": "0/0", "registryId": "GB0124"}
+    assert gb["properties"]["count"] == 3 and gb["properties"]["registryId"] == "GB0124"
     assert gb["relatedLocations"][0]["physicalLocation"]["region"]["startLine"] == 46
 
 

@@ -21,6 +21,7 @@ import traceback
 from typing import Any, Iterator, Optional
 
 from fuselens import parent_watch
+from fuselens.capture import compilecrash
 from fuselens.capture import frames as fr
 from fuselens.capture.assemble import nest_phase
 from fuselens.capture.protocol import DONE, OUTPUT_END, READY, STARTED, control_line
@@ -198,7 +199,12 @@ class Worker:
         print(text, file=sys.stderr, end="")
         message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
         first = message.splitlines()[0] if message else type(exc).__name__
-        self._emit(ErrorEntry("exception", first, location=fr.innermost_user(_tb_frames(exc)), traceback=text))
+        explained = ""
+        site = compilecrash.compile_site(_chain(exc), message)
+        if site:
+            first, explained = compilecrash.labelled(first, site)
+        self._emit(ErrorEntry("exception", first, location=fr.innermost_user(_tb_frames(exc)), traceback=text,
+                              explained=explained))
 
 
 def _device(torch: Any) -> str:
@@ -212,6 +218,17 @@ def _device(torch: Any) -> str:
 
 def _tb_frames(exc: BaseException) -> list[tuple[str, int, str]]:
     return [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def _chain(exc: BaseException) -> list[tuple[list[str], list[tuple[str, int, str]]]]:
+    """The exception and its causes: (type names along its MRO, frames)."""
+    out, seen = [], set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(([t.__name__ for t in type(e).__mro__], _tb_frames(e)))
+        e = e.__cause__  # `raise ... from`: how Dynamo wraps a compile failure
+    return out
 
 
 def _user_traceback(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ Pure functions over `fuselens.events`; no I/O, no torch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from fuselens.capture.guardtext import MAX_TEXT, clip as clip_text  # noqa: F401
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
+    FixAdvice,
     FusionDecision,
     GraphBreak,
     Kernel,
@@ -80,6 +82,67 @@ KERNEL_PALETTE = (
 )
 UNFUSED_FILL = "#ffffff"
 IO_FILL = "#eeeeee"
+
+
+# Fields that are not free text and keep their full value: paths (SARIF
+# maps them to URIs) and generated kernel code (a program, shown collapsed).
+UNCLIPPED_FIELDS = frozenset({"file", "target", "source"})
+# Multi-line text whose end matters most (the exception, the last output):
+# its last lines are kept, whole lines, MAX_TEXT characters in all.
+TAIL_FIELDS = frozenset({"traceback", "stdout_tail", "stderr_tail"})
+
+
+def clip_tail(text: str, limit: int = MAX_TEXT) -> str:
+    """The last lines of `text` that fit in `limit` characters, each line
+    clipped, "…" first when anything was dropped."""
+    text = str(text).rstrip()
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    size = 2  # the "…" line
+    for line in reversed([ln for ln in text.splitlines() if ln.strip()]):
+        line = clip_text(line, limit - 2)
+        if kept and size + len(line) + 1 > limit:
+            break
+        kept.insert(0, line)
+        size += len(line) + 1
+    return "\n".join(["…", *kept])
+
+
+def bounded(report: Report) -> Report:
+    """A copy of `report` where no value is longer than MAX_TEXT characters
+    (one home for the rule: every renderer starts from this). Long text keeps
+    its start and ends in "…"; tracebacks and program output keep their end.
+    Short values are unchanged."""
+    out = copy.deepcopy(report)
+    _bound(out)
+    return out
+
+
+def _bound(obj: object) -> None:
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name in UNCLIPPED_FIELDS:
+            continue
+        if isinstance(value, str):
+            if len(value) > MAX_TEXT:
+                setattr(obj, f.name, clip_tail(value) if f.name in TAIL_FIELDS else clip_text(value))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, str) and len(item) > MAX_TEXT:
+                    value[i] = clip_text(item)
+                else:
+                    _bound(item)
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                if isinstance(item, str) and len(item) > MAX_TEXT:
+                    value[k] = clip_text(item)
+                else:
+                    _bound(item)
+        else:
+            _bound(value)
 
 
 def display_path(file: str, root: Optional[str] = None) -> str:
@@ -234,6 +297,38 @@ def failures(report: Report) -> list[ErrorEntry]:
 def notes(report: Report) -> list[ErrorEntry]:
     """Fallbacks and fuselens' own notes: findings, not errors."""
     return [e for e in report.errors if not is_failure(e)]
+
+
+def errors_detail(errors: list[ErrorEntry]) -> str:
+    """Why the Errors section exists: a failed program, diverged ranks, or both."""
+    diverged = any(e.kind == "divergence" for e in errors)
+    failed = any(e.kind != "divergence" for e in errors)
+    return ("the program failed; its ranks diverged (the job can deadlock)" if diverged and failed
+            else "ranks diverged: the job can deadlock" if diverged else "the program failed")
+
+
+NOTES_DETAIL = "the program ran correctly; these may cost speed"
+
+
+def note_category(err: ErrorEntry) -> str:
+    """The `--fail-on` category of a fallback or note ("fallback", ...)."""
+    return NOTE_CATEGORY.get(err.kind, "internal")
+
+
+def fix_label(fix: FixAdvice) -> tuple[str, str]:
+    """(label, text) of a catalogue fix as every format shows it: a verified
+    fix is "fix (verified)"; one that was tried and failed says so."""
+    if fix.preferred:
+        return "fix (verified)", fix.title
+    return "fix", fix.title + (" (tried: did not work)" if fix.verified is False else "")
+
+
+def group_fixes(group: list[Recompile]) -> list[FixAdvice]:
+    """The fixes of a group of recompiles, each once, verified ones first."""
+    fixes: list[FixAdvice] = []
+    for rc in group:
+        fixes += [f for f in rc.fixes if all(f.title != g.title for g in fixes)]
+    return sorted(fixes, key=lambda f: not f.preferred)
 
 
 def counts(report: Report) -> Counts:

@@ -14,7 +14,7 @@ from html import escape
 from typing import Callable, Optional
 
 from fuselens import __version__
-from fuselens.events import CompiledGraph, Kernel, Report, SourceLocation
+from fuselens.events import CompiledGraph, ErrorEntry, FixAdvice, Kernel, Report, SourceLocation
 from fuselens.report import charts, common
 from fuselens.report.graph_svg import GraphPicture, draw_graph
 from fuselens.report.html_style import CSS
@@ -28,10 +28,12 @@ Drawer = Callable[[Report, CompiledGraph, Optional[str], str], GraphPicture]
 def render_html(report: Report, *, root: Optional[str] = None, draw: Drawer = draw_graph) -> str:
     """The report as one HTML document. `draw` lays out graph pictures
     (graphviz by default; tests pass a drawer that reports it missing)."""
+    report = common.bounded(report)
     body = [
         _header(report, root),
         _summary(report),
         _errors(report, root),
+        _notes(report, root),
         _graph_breaks(report, root),
         _recompiles(report, root),
         _time_charts(report),
@@ -119,6 +121,7 @@ def _summary(report: Report) -> str:
     limit = f"{c.recompile_limits} hit the limit" if c.recompile_limits else ""
     cards = [
         card("errors", str(c.errors), "errors", c.errors > 0),
+        *([card("fallbacks", str(c.notes), "fallbacks", False, "ran correctly")] if c.notes else []),
         card("graph breaks", str(c.graph_breaks), "graph-breaks", c.graph_breaks > 0, hits),
         card("recompiles", str(c.recompiles), "recompiles", c.recompiles > 0, limit),
         card("compiled graphs", str(c.graphs), "graphs", False),
@@ -135,22 +138,45 @@ def _summary(report: Report) -> str:
 
 
 def _errors(report: Report, root: Optional[str]) -> str:
-    if not report.errors:
+    """Only a failed program or diverged ranks; fallbacks are in _notes."""
+    errors = common.failures(report)
+    if not errors:
         return ""
-    items = []
-    for err in report.errors:
-        first = err.message.splitlines()[0] if err.message else ""
-        tb = (f"<details><summary>Traceback</summary><pre>{escape(err.traceback)}</pre></details>"
-              if err.traceback else "")
-        fn = err.location.function if err.location else ""
-        items.append(
-            f'<article class="finding error"><h3>{where(err.location, root)} '
-            f'<span class="tag error">error: {escape(err.kind)}</span> {escape(first)}</h3>'
-            f"{source_line(err.location)}"
-            f"{notes([('in', f'<code>{escape(fn)}</code>' if fn else ''), ('compile', escape(err.compile_id))])}"
-            f"{tb}</article>"
-        )
-    return section("errors", f"Errors ({len(report.errors)})", "\n".join(items))
+    items = [_entry(err, "error", f"error: {err.kind}", root) for err in errors]
+    return section("errors", f"Errors ({len(errors)})", "\n".join(items), common.errors_detail(errors))
+
+
+def _notes(report: Report, root: Optional[str]) -> str:
+    found = common.notes(report)
+    if not found:
+        return ""
+    items = [_entry(err, "warn", f"warning: {common.note_category(err)}", root) for err in found]
+    return section("fallbacks", f"Fallbacks ({len(found)})", "\n".join(items), common.NOTES_DETAIL)
+
+
+def _entry(err: ErrorEntry, cls: str, tag: str, root: Optional[str]) -> str:
+    first = err.message.splitlines()[0] if err.message else ""
+    tb = (f"<details><summary>Traceback</summary><pre>{escape(err.traceback)}</pre></details>"
+          if err.traceback else "")
+    fn = err.location.function if err.location else ""
+    return (
+        f'<article class="finding {cls}"><h3>{where(err.location, root)} '
+        f'<span class="tag {cls}">{escape(tag)}</span> {escape(first)}</h3>'
+        f"{source_line(err.location)}"
+        f"{notes([('in', f'<code>{escape(fn)}</code>' if fn else ''), ('compile', escape(err.compile_id)), ('why', prose(err.explained))])}"
+        f"{tb}</article>"
+    )
+
+
+def fix_notes(fixes: list[FixAdvice]) -> list[tuple[str, str]]:
+    """(label, html) rows for the catalogue's fixes; verified ones marked."""
+    rows = []
+    for f in fixes:
+        label, text = common.fix_label(f)
+        cls = "fix verified" if f.preferred else "fix"
+        rows.append((label, f'<span class="{cls}">{prose(text)}</span>'))
+        rows.append(("because", prose(f.detail)))
+    return rows
 
 
 def _graph_breaks(report: Report, root: Optional[str]) -> str:
@@ -165,12 +191,14 @@ def _graph_breaks(report: Report, root: Optional[str]) -> str:
         stack = " ← ".join(where(s, root) for s in reversed(gb.user_stack[:-1])) if len(gb.user_stack) > 1 else ""
         items.append(
             f'<article class="finding warn"><h3>{where(gb.location, root)} '
-            f'<span class="tag warn">graph break</span> {prose(gb.reason)} {count} {rid}</h3>'
+            f'<span class="tag warn">graph break</span> {prose(gb.explained or gb.reason)} {count} {rid}</h3>'
             f"{source_line(gb.location)}"
             + notes(
                 [("in", (f"<code>{escape(fn)}</code>" if fn else "") + (f", compile {escape(gb.compile_id)}" if gb.compile_id else "")),
-                 ("type", prose(gb.gb_type) if gb.gb_type and gb.gb_type != gb.reason else ""),
-                 ("why", prose(gb.explanation))]
+                 ("torch says", prose(gb.reason) if gb.explained else ""),
+                 ("type", prose(gb.gb_type) if gb.gb_type and gb.gb_type != gb.reason else "")]
+                + fix_notes(gb.fixes)
+                + [("why", prose(gb.explanation))]
                 + [("hint", prose(h)) for h in gb.hints]
                 + [("called from", stack)]
             )
@@ -194,7 +222,9 @@ def _recompiles(report: Report, root: Optional[str]) -> str:
         pairs += [("dtype", escape(d)) for d in rc.dtype_changes]
         if rc.hit_limit:
             pairs.append(("limit", "recompile limit reached: Dynamo gave up and runs this function eagerly"))
-        pairs.append(("fix", f'<span class="fix">{prose(rc.fix)}</span>' if rc.fix else ""))
+        pairs += fix_notes(rc.fixes)
+        if not rc.fixes:
+            pairs.append(("fix", f'<span class="fix">{prose(rc.fix)}</span>' if rc.fix else ""))
         pairs += [("torch says", f"<code>{escape(r)}</code>") for r in rc.raw_reasons]
         items.append(
             f'<article class="finding {"error" if rc.hit_limit else "warn"}"><h3>{where(rc.location, root)} {tag} '
@@ -273,9 +303,9 @@ def _kernels(report: Report, root: Optional[str]) -> str:
             f"<td>{escape(k.kind)}</td><td>{escape(k.device)}</td><td class='n'>{k.calls or '-'}</td>"
             f"<td class='n'>{time}</td><td>{ops}</td><td>{lines}</td></tr>"
         )
-    table = ('<table class="kernels"><thead><tr><th>kernel</th><th>compile</th><th>kind</th><th>device</th><th>calls</th>'
+    table = ('<div class="table-wrap"><table class="kernels"><thead><tr><th>kernel</th><th>compile</th><th>kind</th><th>device</th><th>calls</th>'
              '<th>time</th><th>fused ops</th><th>user lines</th></tr></thead><tbody>'
-             + "".join(rows) + "</tbody></table>")
+             + "".join(rows) + "</tbody></table></div>")
     return section("kernels", f"Kernels ({len(report.kernels)})", table)
 
 
@@ -294,9 +324,9 @@ def _fusion(report: Report, root: Optional[str]) -> str:
         rows.append(f"<tr><td>{verdict}</td><td>{nodes}</td><td>{kernel}</td><td>{escape(d.rule)}</td>"
                     f"<td>{prose(d.reason)}</td><td>{option}</td><td>{lines}</td></tr>")
     c = common.counts(report)
-    table = ('<table class="fusion"><thead><tr><th>decision</th><th>nodes</th><th>kernel</th><th>rule</th>'
+    table = ('<div class="table-wrap"><table class="fusion"><thead><tr><th>decision</th><th>nodes</th><th>kernel</th><th>rule</th>'
              '<th>reason</th><th>to change it</th><th>user lines</th></tr></thead><tbody>'
-             + "".join(rows) + "</tbody></table>")
+             + "".join(rows) + "</tbody></table></div>")
     return section("fusion", "Fusion decisions", table, f"{c.fused} fused, {c.not_fused} not fused")
 
 

@@ -53,6 +53,7 @@ dl.notes { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px;
 dl.notes dt { color: var(--muted); font-weight: 600; }
 dl.notes dd { margin: 0; }
 .fix { color: var(--ok); }
+.fix.verified { font-weight: 600; }
 .charts { display: grid; grid-template-columns: 1fr; gap: 12px; }
 figure { margin: 0; border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; overflow-x: auto; }
 figcaption { font-weight: 600; margin-bottom: 6px; }
@@ -69,12 +70,18 @@ svg.chart { max-width: 100%; height: auto; }
   margin-right: 6px; vertical-align: -1px; }
 .notice { background: var(--warn-bg); border: 1px solid #eed888; border-radius: 6px; padding: 8px 12px; }
 .ops { line-height: 1.9; }
+/* Tables stay inside the page: long names, paths and reasons wrap anywhere
+(so a cell's narrowest width is small), and what still cannot fit scrolls
+inside its own box instead of widening the page. */
+.table-wrap { max-width: 100%; overflow-x: auto; }
 table { border-collapse: collapse; width: 100%; font-size: 13px; }
-th, td { border-bottom: 1px solid var(--line); padding: 6px 8px; text-align: left; vertical-align: top; }
+th, td { border-bottom: 1px solid var(--line); padding: 6px 8px; text-align: left; vertical-align: top;
+  overflow-wrap: anywhere; }
+td .loc, td code { overflow-wrap: anywhere; }
 th { background: var(--panel); font-weight: 600; }
 td.n { text-align: right; white-space: nowrap; }
 td details summary { font-size: 12px; color: var(--accent); cursor: pointer; }
-.kernels td:first-child { min-width: 20em; }
+.kernels td:first-child { min-width: 16em; }
 .kname { display: flex; align-items: baseline; }
 .fusion td:nth-child(2) { min-width: 9em; }
 pre.kernel-src { max-height: 480px; font-size: 12px; }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional
 
-from fuselens.events import CompiledGraph, Kernel, Report, SourceLocation
+from fuselens.events import CompiledGraph, ErrorEntry, FixAdvice, Kernel, Report, SourceLocation
 from fuselens.report import charts, common
 
 MAX_NODE_ROWS = 200
@@ -23,9 +23,11 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
 
 def render_markdown(report: Report, *, root: Optional[str] = None) -> str:
     """The report as GitHub-flavoured Markdown."""
+    report = common.bounded(report)
     out: list[str] = []
     _header(out, report, root)
     _errors(out, report, root)
+    _notes(out, report, root)
     _graph_breaks(out, report, root)
     _recompiles(out, report, root)
     _graphs(out, report, root)
@@ -120,21 +122,48 @@ def _header(out: list[str], report: Report, root: Optional[str]) -> None:
 
 
 def _errors(out: list[str], report: Report, root: Optional[str]) -> None:
-    if not report.errors:
+    """Only a failed program or diverged ranks; fallbacks are in _notes."""
+    errors = common.failures(report)
+    if not errors:
         return
-    out += [f"## Errors ({len(report.errors)})", ""]
-    for err in report.errors:
-        first = err.message.splitlines()[0] if err.message else ""
-        out += [f"### {where(err.location, root)} error: {esc(err.kind)}", "", f"> {esc(first)}", ""]
-        if err.location and err.location.code:
-            out += block(err.location.code, "python") + [""]
-        if err.location and err.location.function:
-            out += [f"- **in:** {code(err.location.function)}"]
-        if err.compile_id:
-            out += [f"- **compile:** {esc(err.compile_id)}"]
-        out.append("")
-        if err.traceback:
-            out += details("Traceback", block(err.traceback))
+    out += [f"## Errors ({len(errors)})", "", f"*{esc(common.errors_detail(errors))}*", ""]
+    for err in errors:
+        _entry(out, err, f"error: {err.kind}", root)
+
+
+def _notes(out: list[str], report: Report, root: Optional[str]) -> None:
+    notes = common.notes(report)
+    if not notes:
+        return
+    out += [f"## Fallbacks ({len(notes)})", "", f"*{esc(common.NOTES_DETAIL)}*", ""]
+    for err in notes:
+        _entry(out, err, f"warning: {common.note_category(err)}", root)
+
+
+def _fix_items(fixes: list[FixAdvice]) -> list[str]:
+    items = []
+    for f in fixes:
+        label, text = common.fix_label(f)
+        items.append(f"- **{label}:** {prose(text)}")
+        if f.detail:
+            items.append(f"  - because: {prose(f.detail)}")
+    return items
+
+
+def _entry(out: list[str], err: ErrorEntry, level: str, root: Optional[str]) -> None:
+    first = err.message.splitlines()[0] if err.message else ""
+    out += [f"### {where(err.location, root)} {esc(level)}", "", f"> {esc(first)}", ""]
+    if err.location and err.location.code:
+        out += block(err.location.code, "python") + [""]
+    if err.location and err.location.function:
+        out += [f"- **in:** {code(err.location.function)}"]
+    if err.compile_id:
+        out += [f"- **compile:** {esc(err.compile_id)}"]
+    if err.explained:
+        out += [f"- **why:** {prose(err.explained)}"]
+    out.append("")
+    if err.traceback:
+        out += details("Traceback", block(err.traceback))
 
 
 def _graph_breaks(out: list[str], report: Report, root: Optional[str]) -> None:
@@ -145,14 +174,17 @@ def _graph_breaks(out: list[str], report: Report, root: Optional[str]) -> None:
     for gb in sorted(report.graph_breaks, key=lambda g: -g.count):
         count = f" ×{gb.count}" if gb.count > 1 else ""
         rid = f" [{esc(gb.registry_id)}]({common.gb_doc_url(gb)})" if gb.registry_id else ""
-        out += [f"### {where(gb.location, root)} {prose(gb.reason)}{count}{rid}", ""]
+        out += [f"### {where(gb.location, root)} {prose(gb.explained or gb.reason)}{count}{rid}", ""]
         if gb.location.code:
             out += block(gb.location.code, "python") + [""]
         items = []
         if gb.location.function:
             items.append(f"- **in:** {code(gb.location.function)}" + (f", compile {esc(gb.compile_id)}" if gb.compile_id else ""))
+        if gb.explained:
+            items.append(f"- **torch says:** {prose(gb.reason)}")
         if gb.gb_type and gb.gb_type != gb.reason:
             items.append(f"- **type:** {prose(gb.gb_type)}")
+        items += _fix_items(gb.fixes)
         if gb.explanation:
             items.append(f"- **why:** {prose(gb.explanation)}")
         items += [f"- **hint:** {prose(h)}" for h in gb.hints]
@@ -175,7 +207,8 @@ def _recompiles(out: list[str], report: Report, root: Optional[str]) -> None:
         items += [f"- **dtype:** {esc(d)}" for d in rc.dtype_changes]
         if rc.hit_limit:
             items.append("- **limit:** recompile limit reached; Dynamo gave up and runs this function eagerly")
-        if rc.fix:
+        items += _fix_items(rc.fixes)
+        if rc.fix and not rc.fixes:
             items.append(f"- **fix:** {prose(rc.fix)}")
         items += [f"- **torch says:** {code(r)}" for r in rc.raw_reasons]
         out += items + [""]

@@ -75,7 +75,7 @@ def render_sarif(report: Report, *, root: Optional[str] = None) -> str:
     """The report as a SARIF 2.1.0 log. Absolute paths under `root` (the
     repository root; default the current directory) become relative URIs."""
     root = os.path.abspath(root or os.getcwd())
-    b = _Builder(report, root)
+    b = _Builder(common.bounded(report), root)
     b.graph_breaks()
     b.recompiles()
     b.fusion()
@@ -122,7 +122,7 @@ class _Builder:
             text = message or f"in {loc.function}"
             if loc.cell is not None:
                 text += f" (notebook cell {loc.cell}, line {loc.line})"
-            out["message"] = {"text": text}
+            out["message"] = {"text": common.clip_text(text)}
         return out
 
     # -- results ----------------------------------------------------------
@@ -133,7 +133,7 @@ class _Builder:
             # Code scanning shows results in the repository only; a program
             # failure elsewhere is still said, as a notification.
             if rule_id == "error":
-                self.notifications.append({"level": rule.level, "message": {"text": text},
+                self.notifications.append({"level": rule.level, "message": {"text": common.clip_text(text)},
                                            "descriptor": {"id": rule_id, "index": RULE_INDEX[rule_id]}})
             return
         uri = self.artifact(loc.file)["uri"]
@@ -145,7 +145,7 @@ class _Builder:
             "ruleId": rule_id,
             "ruleIndex": RULE_INDEX[rule_id],
             "level": level or rule.level,
-            "message": {"text": text},
+            "message": {"text": common.clip_text(text)},
             "locations": [self.location(loc)],
             "partialFingerprints": {FINGERPRINT_KEY: f"{digest}:{n + 1}"},
         }
@@ -160,16 +160,20 @@ class _Builder:
     def graph_breaks(self) -> None:
         for gb in self.report.graph_breaks:
             times = f" (hit {gb.count} times)" if gb.count > 1 else ""
-            parts = [f"Graph break{times}: {gb.explained or gb.reason}."]
+            parts = [(0, f"Graph break{times}: {gb.explained or gb.reason}.")]
             if gb.explanation:
-                parts.append(gb.explanation)
-            parts += [f"Fix: {f.title}." for f in gb.fixes[:1]] or [f"Hint: {h}" for h in gb.hints]
+                parts.append((3, gb.explanation))
+            parts += [(1, f"Fix: {f.title}.") for f in gb.fixes[:1]] or [(1 if i == 0 else 4, f"Hint: {h}") for i, h in enumerate(gb.hints)]
             if gb.registry_id:
-                parts.append(f"See {common.gb_doc_url(gb)}")
+                parts.append((2, f"See {common.gb_doc_url(gb)}"))
             props = {"count": gb.count, "compileId": gb.compile_id}
             if gb.registry_id:
                 props["registryId"] = gb.registry_id
-            self.add("graph-break", gb.location, " ".join(parts), gb.reason, related=gb.user_stack[:-1],
+            if gb.explanation:  # here too: the message may have no room for them
+                props["explanation"] = gb.explanation
+            if gb.hints:
+                props["hints"] = list(gb.hints)
+            self.add("graph-break", gb.location, fit(parts), gb.reason, related=gb.user_stack[:-1],
                      properties=props)
 
     def recompiles(self) -> None:
@@ -205,12 +209,13 @@ class _Builder:
         for err in self.report.errors:
             rule = rule_for_error(err)
             first = err.message.splitlines()[0] if err.message else err.kind
-            text = f"{err.kind}: {first}"
+            text = fit([(0, f"{err.kind}: {first}")] + ([(2, err.explained)] if err.explained else []))
             if err.location is not None:
-                self.add(rule, err.location, text, f"{err.kind}|{first}", properties={"kind": err.kind})
+                props = {"kind": err.kind, **({"explanation": err.explained} if err.explained else {})}
+                self.add(rule, err.location, text, f"{err.kind}|{first}", properties=props)
             else:
                 level = RULES[RULE_INDEX[rule]].level
-                self.notifications.append({"level": level, "message": {"text": text},
+                self.notifications.append({"level": level, "message": {"text": common.clip_text(text)},
                                            "descriptor": {"id": rule, "index": RULE_INDEX[rule]}})
 
     # -- the log ------------------------------------------------------------
@@ -242,6 +247,16 @@ class _Builder:
                 }
             ],
         }
+
+
+def fit(parts: list[tuple[int, str]]) -> str:
+    """Message parts (priority, text; 0 most important) joined in order; the
+    least important (priority > 1) are left out until the text fits MAX_TEXT,
+    then it is clipped."""
+    keep = list(parts)
+    while any(p > 1 for p, _ in keep) and len(" ".join(t for _, t in keep)) > common.MAX_TEXT:
+        keep.remove(max(keep, key=lambda p: p[0]))
+    return common.clip_text(" ".join(t for _, t in keep))
 
 
 def _rule(r: Rule) -> dict[str, Any]:

@@ -50,6 +50,7 @@ def render_terminal(
     inside `root` are shown relative to it. By default it is a summary that
     fits a screen (findings with their fixes, the top kernels and blocked
     fusions, merged across recompiles); `verbose` lists everything."""
+    report = common.bounded(report)
     buf = io.StringIO()
     console = Console(
         file=buf,
@@ -163,11 +164,7 @@ class _View:
     def errors(self, errors: list[ErrorEntry]) -> None:
         if not errors:
             return
-        diverged = any(e.kind == "divergence" for e in errors)
-        failed = any(e.kind != "divergence" for e in errors)
-        why = ("the program failed; its ranks diverged (the job can deadlock)" if diverged and failed
-               else "ranks diverged: the job can deadlock" if diverged else "the program failed")
-        self.section(f"Errors ({len(errors)})", why)
+        self.section(f"Errors ({len(errors)})", common.errors_detail(errors))
         for err in errors:
             self.error(err, "error", "bold red")
 
@@ -179,6 +176,7 @@ class _View:
         self.note("on", ranks_view.ranks_label(err.ranks))
         if err.location and err.location.function:
             self.note("in", err.location.function)
+        self.note("why", err.explained)
         if err.traceback:
             tail = [ln for ln in err.traceback.rstrip().splitlines() if ln.strip()][-TRACEBACK_TAIL_LINES:]
             for ln in tail:
@@ -189,7 +187,7 @@ class _View:
         """Fallbacks: the program ran correctly; these cost speed only."""
         if not notes:
             return
-        self.section(f"Fallbacks ({len(notes)})", "the program ran correctly; these may cost speed")
+        self.section(f"Fallbacks ({len(notes)})", common.NOTES_DETAIL)
         if self.verbose:
             for err in notes:
                 self.error(err, "warning", "bold yellow")
@@ -198,7 +196,7 @@ class _View:
         for err in notes:
             by_kind.setdefault(err.kind, []).append(err)
         for kind, errs in by_kind.items():
-            cat = common.NOTE_CATEGORY.get(kind, "internal")
+            cat = common.note_category(errs[0])
             firsts = sorted({e.message.splitlines()[0].split(" in graph ")[0] for e in errs if e.message})
             shown = "; ".join(firsts[:3]) + (f"; ... and {len(firsts) - 3} more" if len(firsts) > 3 else "")
             ranks = ranks_view.ranks_label(sorted({r for e in errs for r in e.ranks}))
@@ -210,10 +208,7 @@ class _View:
         """The catalogue's fixes: a verified one is marked preferred."""
         shown = fixes if self.verbose else fixes[:2]
         for f in shown:
-            if f.preferred:
-                self.note("fix (verified)", f.title, "green")
-            else:
-                self.note("fix", f.title + (" (tried: did not work)" if f.verified is False else ""), "green")
+            self.note(*common.fix_label(f), "green")
             if f.detail and (self.verbose or f is shown[0]):
                 self.note("because", f.detail)
         if not fixes and fallback:
@@ -272,11 +267,7 @@ class _View:
                 self.hanging(Text(f"    {rc.compile_id:>5}", style="magenta"), Text(common.recompile_headline(rc)))
             if limit:
                 self.note("limit", "recompile limit reached: Dynamo gave up and runs this function eagerly", "red")
-            fixes: list[FixAdvice] = []
-            for rc in group:
-                fixes += [f for f in rc.fixes if all(f.title != g.title for g in fixes)]
-            fixes.sort(key=lambda f: not f.preferred)
-            self.fixes(fixes, first.fix)
+            self.fixes(common.group_fixes(group), first.fix)
             if self.verbose:
                 for rc in group:
                     for sc in rc.shape_changes:
