@@ -128,7 +128,10 @@ def test_terminal_report_names_ranks_slowest_rank_and_ddp_buckets(ddp_split, tmp
 def test_merge_of_a_directory_written_by_two_ranks_gives_the_same_report(ddp_split):
     report, run_dir, _ = ddp_split
     merged = merge_run_dir(run_dir)
-    assert merged.to_dict() == report.to_dict()
+    # the live report is the JSON format's, which (as every format) bounds each value
+    from fuselens.report.common import bounded
+
+    assert bounded(merged).to_dict() == report.to_dict()
 
 
 def test_graph_break_on_one_rank_only_is_flagged_as_rank_divergence(divergent):
