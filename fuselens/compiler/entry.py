@@ -338,25 +338,21 @@ def _location_of(stack: str) -> Optional[SourceLocation]:
     return location_from_stack(stack)
 
 
+_KEPT_WHOLE = ("{f} runs whole in ATen in the forward too: its backward {b} reads the op's own outputs, "
+               "which its decomposition does not produce (forward and backward agree)")
+_ONE_DIRECTION = "{f} is decomposed and fused in the forward, but its backward {b} runs whole in ATen (one-direction fallback)"
+
+
 def _report_pairings(kept_whole: list[OpPairing], one_direction: list[OpPairing], compile_id: str) -> None:
-    """Findings for ops whose forward and backward were not computed alike."""
+    """Findings for ops whose forward and backward were not computed alike, one per op pair."""
     said: set[tuple[str, str]] = set()
-    for p in kept_whole:
-        if (p.forward_op, p.backward_op) in said:
-            continue
-        said.add((p.forward_op, p.backward_op))
-        sink.emit(ErrorEntry(
-            kind="fallback", location=p.location, compile_id=compile_id,
-            message=f"{p.forward_op} runs whole in ATen in the forward too: its backward {p.backward_op} reads "
-                    f"the op's own outputs, which its decomposition does not produce (forward and backward agree)"))
-    for p in one_direction:
-        if (p.forward_op, p.backward_op) in said:
-            continue
-        said.add((p.forward_op, p.backward_op))
-        sink.emit(ErrorEntry(
-            kind="fallback", location=p.location, compile_id=compile_id,
-            message=f"{p.forward_op} is decomposed and fused in the forward, but its backward {p.backward_op} "
-                    f"runs whole in ATen (one-direction fallback)"))
+    for pairs, text in ((kept_whole, _KEPT_WHOLE), (one_direction, _ONE_DIRECTION)):
+        for p in pairs:
+            if (p.forward_op, p.backward_op) in said:
+                continue
+            said.add((p.forward_op, p.backward_op))
+            sink.emit(ErrorEntry(kind="fallback", location=p.location, compile_id=compile_id,
+                                 message=text.format(f=p.forward_op, b=p.backward_op)))
 
 
 def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:
