@@ -33,6 +33,7 @@ from fuselens.capture import frames as fr
 from fuselens.capture.protocol import DONE, control_line
 from fuselens.capture.rankmerge import fault_file
 from fuselens.capture.target import RunOptions, Target
+from fuselens.capture.worker import event_line
 from fuselens.events import ErrorEntry, RankInfo, RunInfo, encode_event
 
 REQUEST_FILE = "request.json"
@@ -82,11 +83,7 @@ class RankFile:
         os.write(self.fd, b"\n" + self.tagged(line))
 
     def event(self, event: Any) -> None:
-        try:
-            line = encode_event(event)
-        except (TypeError, ValueError) as exc:
-            line = encode_event(ErrorEntry("internal", f"could not encode {type(event).__name__}: {exc}"))
-        self.send_line(line)
+        self.send_line(event_line(event))
 
 
 class _Stopper:

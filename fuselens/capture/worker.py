@@ -47,11 +47,17 @@ class Channel:
                 os._exit(0)  # the parent is gone: nobody to report to
 
     def event(self, event: Any) -> None:
-        try:
-            line = encode_event(event)
-        except (TypeError, ValueError) as exc:
-            line = encode_event(ErrorEntry("internal", f"could not encode {type(event).__name__}: {exc}"))
-        self.send_line(line)
+        self.send_line(event_line(event))
+
+
+def event_line(event: Any) -> str:
+    """One event as its JSON line; an event that cannot be encoded becomes an
+    `internal` error saying so, never a lost line (the worker's pipe and a rank's
+    file alike)."""
+    try:
+        return encode_event(event)
+    except (TypeError, ValueError) as exc:
+        return encode_event(ErrorEntry("internal", f"could not encode {type(event).__name__}: {exc}"))
 
 
 class Worker:
