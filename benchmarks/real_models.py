@@ -62,7 +62,7 @@ def build(name: str, size: str = "gpu") -> ModelCase:
             g = torch.Generator().manual_seed(0)
             return {"x": torch.randn(batch, 3, res, res, generator=g).to(device)}
 
-        return ModelCase(name, module, images, lambda out, inputs: out.float().square().mean(),
+        return ModelCase(name, module, images, lambda out, inputs: out.to(torch.promote_types(out.dtype, torch.float32)).square().mean(),
                          f"ResNet-50 {batch}x3x{res}x{res}")
     import transformers
 
