@@ -167,6 +167,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                 for tv in v if isinstance(v, tuple) else [v]:
                     if isinstance(tv, TensorValue):
                         out_sources |= sources_of(tv)
+        from fuselens.compiler.inline_pointwise import inline_pointwise
+
+        inlined = inline_pointwise(graph, out_sources)
         scheduler = Scheduler(graph, opts, out_sources)
         sched = scheduler.run()
         phases.append(("scheduling", time.perf_counter() - t))
@@ -206,6 +209,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         events = build_events(gm, graph, sched, scheduler, kernels, graph_id, compile_id, stage, function, location)
         events.extend(FusionDecision(decision="fused", nodes=[r.node], reason=r.detail, graph_id=graph_id, rule=r.rule)
                       for r in rewrites)
+        kernel_of = {n.name: grp.name for grp in sched.groups for n in grp.nodes}
+        events.extend(FusionDecision(decision="fused", nodes=[i.node, *i.readers], reason=i.reason(),
+                                     kernel=kernel_of.get(i.readers[0]), graph_id=graph_id, rule="inline")
+                      for i in inlined)
         if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (triton_runtime.py)
             runner, extra_events = finalize(runner, lib, opts, graph_id, example_inputs)
             events.extend(extra_events)

@@ -273,6 +273,10 @@ def _max_value(e: Expr, ranges: dict) -> Optional[Expr]:
         if coef < 0:
             return None
         vars_ = [v for v in t.free_symbols if v in ranges]
+        bound = _clamp_bound(rest) if coef > 0 else None
+        if bound is not None:  # a clamped index (cat, padding): at most its upper clamp
+            total += coef * bound
+            continue
         if not vars_:
             if t.is_number or all(s.is_positive for s in t.free_symbols):
                 total += t
@@ -286,6 +290,17 @@ def _max_value(e: Expr, ranges: dict) -> Optional[Expr]:
             return None
         total += c * (ranges[v] - 1)
     return total
+
+
+def _clamp_bound(e: Expr) -> Optional[Expr]:
+    """The upper bound of `Min(..., c)` over non-negative arguments (lowering clamps
+    indices as Min(Max(i, 0), n - 1)), else None."""
+    if not isinstance(e, sympy.Min):
+        return None
+    nums = [a for a in e.args if a.is_number]
+    nonneg = all((a.is_number and a >= 0) or (isinstance(a, sympy.Max) and any(b.is_number and b >= 0 for b in a.args))
+                 for a in e.args)
+    return min(nums) if nums and nonneg else None
 
 
 def _less(a: Expr, b: Expr) -> bool:

@@ -1,0 +1,209 @@
+"""Cheap pointwise nodes recomputed inside their consumers instead of stored.
+
+The scheduler fuses a producer into a consumer only when both iterate over the
+same space. Real models are full of cheap producers that are read in another
+space: Llama's rotary embedding negates half of q (`neg`, 2x4x128x32) that a
+`cat` reads inside 2x4x128x64, scales `cos` once (128x64) for four broadcasting
+multiplies, and builds 0-d `scalar_tensor`s that a `where` reads everywhere.
+Each became a kernel of its own, a launch and a buffer round trip (on the H100
+Llama inference ran 145 launches against Inductor's 110). Inductor never has
+these kernels because its pointwise IR nodes are inlined into their readers
+unless realized; this pass gives ours the same property after lowering:
+
+a pointwise node read by a compute node in another iteration space, whose
+readers are all compute nodes, that is not a graph output, and whose
+recomputation is cheap is removed from the graph; every
+reader evaluates the producer's body at the index it used to load. A reader's
+load of element `offset` of the producer's buffer becomes the producer's body
+at the logical index that offset has in the producer's (dense) layout.
+
+Cheap means: each reader element recomputes at most MAX_OPS operations (the
+producer's, times how often the reader loads it), and memory traffic does not
+grow: a producer with
+several readers is inlined only when it reads at most one buffer (each reader
+then loads that buffer where it loaded the producer). Without that rule a
+residual stream (x + attention, + MLP, ...) is recomputed layer after layer. A producer that must stay stored (a graph
+output, or read by a library call) is still recomputed by readers in other
+spaces when it is trivial (at most TRIVIAL_OPS operations: a negation, a
+constant), which removes the ordering the readers had on its kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import sympy
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
+
+MAX_OPS = 12
+TRIVIAL_OPS = 2
+
+
+@dataclass
+class Inlined:
+    """One producer recomputed in its readers: what the fusion events say."""
+
+    node: str
+    aten_op: str
+    readers: list[str]
+    ops: int
+    kept: bool  # still stored for a graph output or a library call
+
+    def reason(self) -> str:
+        where = ", ".join(self.readers)
+        why = "it is still stored for " + ("a graph output or library call" if self.kept else "")
+        base = (f"{self.node} ({self.aten_op}, {self.ops} op{'s' if self.ops != 1 else ''}) is recomputed inside "
+                f"{where} instead of stored and loaded: cheaper than a kernel and a buffer of its own")
+        return base + ("; " + why if self.kept else "")
+
+
+class _CountingOps:
+    """An ops handler counting operations (loads included) of one body."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        def op(*args: Any, **kwargs: Any) -> str:
+            self.count += 1
+            return "v"
+
+        return op
+
+
+def _op_count(node: ComputeNode) -> int:
+    counter = _CountingOps()
+    node.body(counter, [ir.index_var("d", i) for i in range(len(node.size))])
+    return counter.count
+
+
+class _InliningOps:
+    """Forwards every op to `ops`, except loads of inlined producers, which
+    evaluate the producer's body (through this handler: producers nest)."""
+
+    def __init__(self, ops: Any, producers: dict[str, ComputeNode]) -> None:
+        self._ops = ops
+        self._producers = producers
+
+    def load(self, name: str, index: Expr) -> Any:
+        p = self._producers.get(name)
+        if p is None:
+            return self._ops.load(name, index)
+        v = p.body(self, logical_index(p, index))
+        if getattr(v, "dtype", p.dtype) != p.dtype:
+            v = self._ops.to_dtype(v, p.dtype)
+        round_to = getattr(self._ops, "round_to", None)
+        return round_to(v, p.dtype) if round_to is not None else v  # a 16-bit result rounds as a stored one
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+
+def logical_index(node: ComputeNode, offset: Expr) -> list[Expr]:
+    """The index whose element sits at `offset` in `node`'s dense layout."""
+    return [sympy.Integer(0) if size == 1 else ir.ModularIndexing(offset, stride, size)
+            for size, stride in zip(node.size, node.stride)]
+
+
+def _dense(node: ComputeNode, hints: dict) -> bool:
+    dims = [d for d in range(len(node.size)) if node.size[d] != 1]
+    try:
+        dims.sort(key=lambda d: int(sympy.sympify(node.stride[d]).subs(hints)))
+    except (TypeError, ValueError):
+        return False
+    acc: Expr = sympy.Integer(1)
+    for d in dims:
+        if not ir.same_expr(node.stride[d], acc):
+            return False
+        acc = acc * node.size[d]
+    return True
+
+
+def _space(node: ComputeNode) -> Sequence[Expr]:
+    return node.full_size if node.is_reduction else node.size
+
+
+def _with_inlined(body: Any, producers: dict[str, ComputeNode]) -> Any:
+    """`body` evaluating `producers` (its own; it may grow) where it loaded them."""
+
+    def inlined(ops: Any, index: Sequence[Expr]) -> Any:
+        if isinstance(ops, _InliningOps):  # inside a reader's evaluation of this node: both sets apply
+            ops = _InliningOps(ops._ops, {**ops._producers, **producers})
+        else:
+            ops = _InliningOps(ops, producers)
+        return body(ops, index)
+
+    inlined.producers = producers  # type: ignore[attr-defined]
+    return inlined
+
+
+def _mutates(step: ExternNode) -> bool:
+    schema = getattr(getattr(step.fx_node, "target", None), "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def inline_pointwise(graph: GraphIR, output_sources: set[str]) -> list[Inlined]:
+    """Recompute cheap pointwise producers in their readers (see the module docstring).
+    Mutates `graph`; returns what it inlined, in graph order."""
+    if any(isinstance(s, ExternNode) and _mutates(s) for s in graph.steps):
+        return []  # an in-place library call could change what a moved computation reads
+    readers: dict[str, list[Any]] = {}
+    for s in graph.steps:
+        for b in s.reads:
+            readers.setdefault(b, []).append(s)
+    done: list[Inlined] = []
+    after_reduction: dict[str, bool] = {}  # computed from a reduction's result through pointwise nodes
+    for s in graph.steps:
+        if isinstance(s, ComputeNode):
+            after_reduction[s.name] = s.is_reduction or any(after_reduction.get(b, False) for b in s.reads)
+    for p in reversed(list(graph.steps)):  # readers first: a chain of producers collapses into its last reader
+        if not isinstance(p, ComputeNode) or p.is_reduction or not readers.get(p.name):
+            continue
+        users = readers[p.name]
+        compute_users = [u for u in users if isinstance(u, ComputeNode)]
+        kept = p.name in output_sources or len(compute_users) < len(users)
+        if not compute_users or not _dense(p, graph.size_hints):
+            continue
+        if all(ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size)) for u in compute_users):
+            continue  # the scheduler fuses readers in the same space (and says why when it does not)
+        if after_reduction[p.name]:
+            continue  # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
+        ops = _op_count(p)
+        if kept:
+            # stored anyway: only readers in another iteration space gain (no kernel to wait for)
+            compute_users = [u for u in compute_users if not ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size))]
+            if ops > TRIVIAL_OPS:
+                continue
+        elif any(ops * _loads_of(p, u) > MAX_OPS for u in compute_users):
+            continue
+        elif len(compute_users) > 1 and len(p.reads) > 1:
+            continue  # each reader would load all of its inputs instead of one buffer: more memory traffic
+        for u in compute_users:
+            own = getattr(u.body, "producers", None)
+            if own is None:
+                own = {}
+                u.body = _with_inlined(u.body, own)
+            own[p.name] = p
+            u.reads = (u.reads - {p.name}) | p.reads
+            u.fx_nodes = u.fx_nodes + [n for n in p.fx_nodes if n not in u.fx_nodes]
+            u.aten_ops = u.aten_ops + [a for a in p.aten_ops if a not in u.aten_ops]
+            u.stack_trace = u.stack_trace or p.stack_trace
+            for b in p.reads:
+                readers.setdefault(b, []).append(u)
+        if not kept:
+            graph.steps.remove(p)
+            graph.buffers.pop(p.name, None)
+            for b in p.reads:
+                readers[b] = [r for r in readers[b] if r is not p]
+        done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in compute_users], ops,
+                            kept))
+    done.reverse()
+    return done
+
+
+def _loads_of(p: ComputeNode, reader: ComputeNode) -> int:
+    """How many times `reader` loads `p` per element it computes."""
+    return sum(1 for b, _ in ir.record_loads(reader) if b == p.name) or 1

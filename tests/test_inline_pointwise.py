@@ -1,0 +1,107 @@
+"""Cheap pointwise producers read in another iteration space are recomputed in
+their readers (compiler/inline_pointwise.py): fewer kernels, same results."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import fuselens.compiler  # noqa: F401  (registers the backend)
+from fuselens.compiler import inline_pointwise
+from fuselens import sink
+from fuselens.events import FusionDecision, Kernel
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_events(fn: Callable, *args: Any) -> tuple[Any, list]:
+    seen: list = []
+    sink.add_listener(seen.append)
+    try:
+        out = torch.compile(fn, backend="fuselens")(*args)
+    finally:
+        sink.remove_listener(seen.append)
+    return out, seen
+
+
+def generated(events: list) -> list[Kernel]:
+    return [k for k in events if isinstance(k, Kernel) and k.kind == "cpp"]
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def test_rotary_embedding_negation_runs_inside_the_cat_kernel():
+    x, cos, sin = torch.randn(2, 4, 16, 32), torch.randn(16, 32), torch.randn(16, 32)
+    out, events = compiled_events(rotary, x, cos, sin)
+    torch.testing.assert_close(out, rotary(x, cos, sin))
+    (kernel,) = generated(events)
+    assert "neg" in kernel.name
+    (inline,) = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert inline.nodes[0] == "neg" and inline.kernel == kernel.name and "recomputed inside" in inline.reason
+
+
+def test_scalar_producer_broadcast_into_a_larger_reader_is_not_a_kernel():
+    def fn(x):
+        limit = torch.full((), 0.5, dtype=x.dtype) * 2
+        return torch.where(x > 0, x, limit)
+
+    x = torch.randn(64, 64)
+    out, events = compiled_events(fn, x)
+    torch.testing.assert_close(out, fn(x))
+    assert len(generated(events)) == 1
+
+
+def test_residual_stream_with_several_readers_is_stored_not_recomputed_per_layer():
+    def layers(x, a, b, c):
+        h1 = x + a
+        n1 = h1 / h1.square().mean(-1, keepdim=True)
+        h2 = h1 + b * n1
+        n2 = h2 / h2.square().mean(-1, keepdim=True)
+        return h2 + c * n2
+
+    args = [torch.randn(8, 64) for _ in range(4)]
+    out, events = compiled_events(layers, *args)
+    torch.testing.assert_close(out, layers(*args))
+    homes = [k.name for k in generated(events) if "add" in k.name]
+    inlined = [d.nodes[0] for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert "add" not in inlined and "add_1" not in inlined, inlined
+    assert homes, "the residual adds are stored by a kernel"
+
+
+def test_bfloat16_producer_recomputed_in_a_reader_rounds_as_the_stored_value_did(monkeypatch):
+    def fn(x, w):
+        y = x * 3.3 + 0.1  # bf16 results, rounded when stored: recomputed, they must round the same
+        return y[:, None, :] + w
+
+    x = torch.randn(16, 32).bfloat16()
+    w = torch.randn(16, 8, 32).bfloat16()
+    out, events = compiled_events(fn, x, w)
+    assert any(isinstance(d, FusionDecision) and d.rule == "inline" for d in events)
+    torch._dynamo.reset()
+    monkeypatch.setattr(inline_pointwise, "inline_pointwise", lambda graph, outputs: [])
+    stored, events = compiled_events(fn, x, w)
+    assert not any(isinstance(d, FusionDecision) and d.rule == "inline" for d in events)
+    assert torch.equal(out, stored)
+    torch.testing.assert_close(out, fn(x, w), rtol=1.6e-2, atol=1e-2)
+
+
+def test_rotary_gradients_through_inlined_producers_equal_eager():
+    x = torch.randn(2, 4, 16, 32, requires_grad=True)
+    cos, sin = torch.randn(16, 32), torch.randn(16, 32)
+    g = torch.randn(2, 4, 16, 32)
+    rotary(x, cos, sin).backward(g)
+    expected = x.grad.clone()
+    x.grad = None
+    torch.compile(rotary, backend="fuselens")(x, cos, sin).backward(g)
+    torch.testing.assert_close(x.grad, expected)
