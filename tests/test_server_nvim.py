@@ -74,7 +74,9 @@ def recipe_run(tmp_path_factory) -> RecipeRun:
     own_run_s = time.monotonic() - started
 
     out = tmp_path / "summary.json"
-    env = dict(os.environ, FL_FILE=str(program), FL_OUT=str(out),
+    # The recipe runs `fuselens` from PATH: this interpreter's, as in the user's shell.
+    path = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
+    env = dict(os.environ, FL_FILE=str(program), FL_OUT=str(out), PATH=path,
                FUSELENS_CACHE_DIR=str(tmp_path / "cache"), XDG_STATE_HOME=str(tmp_path / "state"))
     proc = subprocess.run(
         [NVIM, "--headless", "-i", "NONE", "-u", str(init), "-c", f"luafile {HERE / 'nvim' / 'recipe_check.lua'}"],
