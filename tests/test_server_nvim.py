@@ -89,11 +89,12 @@ def recipe_run(tmp_path_factory) -> RecipeRun:
 
 
 @needs_nvim_0_11
-def test_readme_recipe_on_neovim_0_11_shows_diagnostics_within_1_s_of_the_programs_own_run_after_a_cold_write(recipe_run):
-    """Cold: `:w` as soon as the recipe attached the buffer, while the
-    server's spare worker is still importing torch."""
+def test_readme_recipe_on_neovim_0_11_shows_diagnostics_within_1_s_of_the_programs_own_run_after_the_first_write(recipe_run):
+    """The session's first save (nothing cached, the first run of the server)
+    once the spare worker that the trusted folder's opening started is warm."""
     summary = recipe_run.summary
-    print(f"cold :w -> diagnostics {summary['save_to_diagnostics_s']:.2f} s; the program alone {recipe_run.own_run_s:.2f} s")
+    print(f"first :w -> diagnostics {summary['save_to_diagnostics_s']:.2f} s; the program alone {recipe_run.own_run_s:.2f} s; "
+          f"attach -> warm worker {summary['attach_to_warm_s']:.2f} s")
     assert summary["first"] == [{"line": 3, "code": "recompile", "source": "fuselens"}]
     assert summary["save_to_diagnostics_s"] <= recipe_run.own_run_s + 1.0
 
