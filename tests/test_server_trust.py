@@ -2,7 +2,7 @@
 pyproject.toml above the trusted workspace never makes its entry run, a file
 outside the trusted folders runs nothing, named `trustedRoots` trust only
 themselves, scratch folders are private and go away with the server, and no
-worker outlives a server killed with SIGKILL."""
+worker outlives a server killed with SIGKILL or SIGTERM."""
 
 from __future__ import annotations
 
@@ -155,7 +155,8 @@ async def test_scratch_of_a_sigkilled_server_is_removed_when_the_next_one_starts
         assert not os.path.exists(folder)
 
 
-async def test_worker_dies_shortly_after_its_server_is_sigkilled(tmp_path, cache):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+async def test_worker_dies_shortly_after_its_server_is_killed(tmp_path, cache, sig):
     ws = tmp_path / "ws"
     ws.mkdir()
     pid_file = tmp_path / "worker.pid"
@@ -170,7 +171,7 @@ async def test_worker_dies_shortly_after_its_server_is_sigkilled(tmp_path, cache
         await wait_until(lambda: pid_file.exists() and pid_file.read_text(), 120)
         worker = int(pid_file.read_text())
         assert pid_alive(worker)
-        os.kill(server_pid, signal.SIGKILL)
+        os.kill(server_pid, sig)
         killed_at = time.monotonic()
         await wait_until(lambda: not pid_alive(worker), 5)
         assert time.monotonic() - killed_at < 2.0
