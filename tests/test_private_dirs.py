@@ -8,6 +8,7 @@ The tests run as root, so "another account" is real: files and folders are
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -180,3 +181,43 @@ def test_scratch_of_a_killed_process_is_removed_by_the_next_start(cache):
     assert removed == [path] and not os.path.exists(path)
     assert os.path.isdir(live), "a live process's scratch folder was removed"
     private_dirs.remove_scratch(live)
+
+
+@needs_root
+def test_another_account_can_neither_list_nor_read_our_scratch_files(tmp_path, monkeypatch):
+    """uid 4242 runs real `ls` and `cat` on a scratch file written with the
+    default mode, as the server writes its reports. Every folder above the
+    scratch folder lets it through (a 0755 folder in /tmp, not pytest's 0700
+    one), so only the scratch folder's own 0700 stops it; the same file in an
+    open folder beside it is read, which shows the probe works."""
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="fuselens-second-account-")
+    try:
+        os.chmod(top, 0o755)
+        monkeypatch.setenv("FUSELENS_CACHE_DIR", os.path.join(top, "cache"))
+        private_dirs._checked.clear()
+        scratch = private_dirs.scratch_dir("lsp")
+        os.chmod(os.path.dirname(scratch), 0o755)  # even with <cache>/scratch itself left open
+        os.chmod(os.path.dirname(os.path.dirname(scratch)), 0o755)
+        secret = os.path.join(scratch, "report.html")
+        with open(secret, "w") as f:
+            f.write("secret kernel source")
+        open_dir = os.path.join(top, "open")
+        os.mkdir(open_dir, 0o755)
+        readable = os.path.join(open_dir, "report.html")
+        with open(readable, "w") as f:
+            f.write("secret kernel source")
+
+        def as_other(*cmd: str) -> subprocess.CompletedProcess:
+            return subprocess.run(list(cmd), user=OTHER_UID, group=OTHER_UID, extra_groups=[],
+                                  capture_output=True, text=True, timeout=30)
+
+        assert as_other("/bin/cat", readable).stdout == "secret kernel source"
+        listing, reading = as_other("/bin/ls", scratch), as_other("/bin/cat", secret)
+        assert listing.returncode != 0 and "Permission denied" in listing.stderr
+        assert reading.returncode != 0 and "Permission denied" in reading.stderr and not reading.stdout
+        private_dirs.remove_scratch(scratch)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        private_dirs._checked.clear()

@@ -184,3 +184,22 @@ async def test_result_of_a_superseded_run_is_dropped_even_if_the_run_ignores_can
     assert delivered == ["v2"]
     manager.submit(plan("v2"), lambda p, r, c: delivered.append(("cached", r.run.target)))
     assert delivered[-1] == ("cached", "v2")
+
+
+async def test_requests_within_the_debounce_run_once_with_the_last_contents_and_a_later_one_runs_again(tmp_path):
+    ran, delivered = [], []
+
+    async def runner(plan, on_event):
+        ran.append(plan.contents)
+        return Report(run=RunInfo(target=plan.contents))
+
+    manager = AnalysisManager(runner=runner, debounce_s=0.2)
+
+    def plan(contents):
+        return RunPlan("u", "script", "p.py", [], str(tmp_path), {}, ProgramText("p.py", ""), [], "", "p", contents=contents)
+
+    tasks = [manager.submit(plan(f"v{i}"), lambda p, r, c: delivered.append(r.run.target)) for i in range(20)]
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert ran == ["v19"] and delivered == ["v19"]
+    await manager.submit(plan("v20"), lambda p, r, c: delivered.append(r.run.target))
+    assert ran == ["v19", "v20"] and delivered == ["v19", "v20"]

@@ -389,9 +389,11 @@ class _Worker:
 # A worker's start (Python, torch, the capture hooks) costs seconds that a save
 # in the editor would otherwise wait for. `prestart` starts one that waits on its
 # control pipe; the next run with the same environment takes it (its cwd does
-# not matter: each run changes to the target's) and a new spare starts behind
-# it. Each run still gets a fresh process: modules the program imported in an
-# earlier run must not stand in for edited ones.
+# not matter: each run changes to the target's) and a new spare starts once that
+# run has ended: started beside the run, its torch import would compete with the
+# run (and, taken cold, with the taken worker's own import) for the CPU. Each run
+# still gets a fresh process: modules the program imported in an earlier run
+# must not stand in for edited ones.
 _spares: dict[tuple, _Worker] = {}
 _spare_lock = threading.Lock()
 _DEFAULT_OUTPUT_LIMIT = 65536
@@ -413,19 +415,18 @@ def prestart(cwd: str, env: Optional[dict[str, str]] = None) -> None:
         _spares[key] = _Worker(cwd, dict(env or {}), _DEFAULT_OUTPUT_LIMIT)
 
 
-def _take_worker(cwd: Optional[str], env: dict[str, str], output_limit: int) -> _Worker:
-    """The spare for `env` when one is up (then a new spare starts), else a new worker."""
+def _take_worker(cwd: Optional[str], env: dict[str, str], output_limit: int) -> tuple[_Worker, bool]:
+    """The spare for `env` when one is up, else a new worker; and whether a
+    spare was kept for `env` (then the caller starts the next one after its run)."""
     key = _env_key(env)
     with _spare_lock:
         spare = _spares.pop(key, None)
     if spare is None:
-        return _Worker(cwd, env, output_limit)
+        return _Worker(cwd, env, output_limit), False
     if not spare.alive():
         spare._finish()
-        return _Worker(cwd, env, output_limit)
-    if cwd:
-        prestart(cwd, env)  # the next run's, from this run's (trusted) folder
-    return spare
+        return _Worker(cwd, env, output_limit), True
+    return spare, True
 
 
 def spare_ready(env: Optional[dict[str, str]] = None) -> bool:
@@ -503,14 +504,19 @@ async def analyze_async(
     Cancelling the awaiting task kills the worker and its process group at
     once. `on_event` is called on the event loop's thread."""
     options = options or RunOptions()
-    worker = _take_worker(target.cwd, options.env, options.output_limit_bytes)
+    worker, spared = _take_worker(target.cwd, options.env, options.output_limit_bytes)
     try:
         return await _run_in_thread(worker, target, options, on_event)
     finally:
         if worker.cancelled:
             pass  # the reader thread reaps the process
         elif worker.alive():
-            await asyncio.get_running_loop().run_in_executor(None, worker.close)
+            # The report is complete. The worker's exit (torch's teardown: a
+            # second or more on a busy machine) is waited for off the caller's
+            # path, so an editor shows the results without waiting for it.
+            asyncio.get_running_loop().run_in_executor(None, worker.close)
+        if spared and target.cwd:
+            prestart(target.cwd, options.env)  # the next run's, from this run's (trusted) folder
 
 
 class WorkerSession:

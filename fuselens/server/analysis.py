@@ -149,8 +149,12 @@ Runner = Callable[[RunPlan, Optional[Callable[[Any], None]]], Awaitable[Report]]
 class AnalysisManager:
     """Schedules analyses per unit and keeps the cache."""
 
-    def __init__(self, runner: Runner = run_plan, cache_size: int = 32) -> None:
+    def __init__(self, runner: Runner = run_plan, cache_size: int = 32, debounce_s: float = 0.0) -> None:
         self.runner = runner
+        # A run starts only after `debounce_s` without a newer request for its
+        # unit: saves in quick succession (a formatter, `:wa`, a save loop) then
+        # run once, instead of each taking a worker that the next kills.
+        self.debounce_s = debounce_s
         self.cache: OrderedDict[str, Report] = OrderedDict()
         self.cache_size = cache_size
         self.tasks: dict[str, asyncio.Task] = {}
@@ -197,6 +201,8 @@ class AnalysisManager:
         return task if task is not None and not task.done() else None
 
     async def _run(self, plan: RunPlan, generation: int, deliver: Deliver, on_event) -> Optional[Report]:
+        if self.debounce_s:
+            await asyncio.sleep(self.debounce_s)  # a newer request cancels this task here, before any worker
         try:
             report = await self.runner(plan, on_event)
         except asyncio.CancelledError:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
-from typing import Optional
+import threading
+from typing import Any, Callable, Optional
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -28,12 +30,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     server = FuselensServer()
     register(server)
-    # SIGTERM/SIGHUP (an editor closing, a terminal going away) end the server
-    # through the `finally` below, which removes its scratch folder; its workers
-    # die with it by themselves (parent_watch). SIGKILL leaves the folder for
-    # the next server's start to remove.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit_on_signal)
+    exit_cleanly_on_signals(lambda: _clean_up(server))
     try:
         server.start_io()
     finally:
@@ -41,8 +38,51 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def _exit_on_signal(signum: int, frame) -> None:
-    raise SystemExit(128 + signum)
+def _clean_up(server: Any) -> None:
+    """Everything an exit leaves to atexit, which os._exit skips: the spare
+    worker, this server's scratch folder and its workers' (stack dumps)."""
+    from fuselens import private_dirs
+
+    server.cleanup()
+    private_dirs.remove_scratch()
+
+
+def exit_cleanly_on_signals(cleanup: Callable[[], None], signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> None:
+    """On SIGTERM/SIGHUP (an editor closing, a terminal going away) run
+    `cleanup` (the scratch folder, the spare worker) and exit at once.
+
+    Not by raising SystemExit from a Python signal handler: that handler runs
+    only when the main thread next runs Python, and an idle server's main
+    thread sleeps in the event loop's select until a message comes (when the
+    kernel hands the signal to pygls's stdin reader thread, nothing wakes it);
+    and even once raised, pygls's exit waits for that reader thread, which
+    returns only when the editor closes stdin. So the C-level handler writes
+    the signal's number to a wakeup pipe, whichever thread it lands on, and a
+    thread of ours that waits on that pipe cleans up and leaves with
+    os._exit. Running workers die with us by themselves (parent_watch);
+    SIGKILL leaves the scratch folder to the next server's start. Call from
+    the main thread."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    for sig in signals:
+        signal.signal(sig, _noop)  # a Python handler makes CPython install its C handler, which writes the pipe
+
+    def wait_and_exit() -> None:
+        while True:
+            got = os.read(read_fd, 1)
+            if got and got[0] in signals:  # other handled signals (SIGINT) write here too
+                break
+        try:
+            cleanup()
+        finally:
+            os._exit(128 + got[0])
+
+    threading.Thread(target=wait_and_exit, name="fuselens-exit-on-signal", daemon=True).start()
+
+
+def _noop(signum: int, frame: Any) -> None:
+    pass
 
 
 if __name__ == "__main__":

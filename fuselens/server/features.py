@@ -81,6 +81,9 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
                 types.TEXT_DOCUMENT_DIAGNOSTIC,
                 types.DiagnosticOptions(identifier="fuselens", inter_file_dependencies=True, workspace_diagnostics=False),
             )(pull_diagnostics)
+        # Trust named at initialization (trusted, trustedRoots): the worker's
+        # torch import starts now, before the configuration round trip.
+        ls.warm_up()
 
     @ls.feature(types.INITIALIZED)
     async def initialized(ls: FuselensServer, params: types.InitializedParams) -> None:
@@ -88,7 +91,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             await pull_configuration()
         finally:
             ls.config_ready.set()
-        ls.warm_up()  # a trusted workspace opened: the first save need not wait for torch
+        ls.warm_up()  # trust from the configuration: the first save need not wait for torch
 
     @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: FuselensServer, params: types.DidChangeConfigurationParams) -> None:
@@ -254,6 +257,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
             "trusted_roots": list(ls.settings.trusted_roots),
             "run_on": ls.settings.run_on,
             "worker_warm": _worker_warm(),
+            "running": sum(1 for unit in list(ls.manager.tasks) if ls.manager.running(unit)),
         }
 
 

@@ -42,6 +42,10 @@ OUTSIDE_MESSAGE = (
     "no configuration around it. Open its folder as a workspace folder or add it to trustedRoots."
 )
 
+# Saves closer together than this run the program once (the last save's text).
+# Small against the goal of diagnostics within 1 s of the program's own run.
+SAVE_DEBOUNCE_S = 0.1
+
 
 @dataclass
 class UnitResult:
@@ -73,7 +77,7 @@ class FuselensServer(LanguageServer):
             ),
         )
         self.settings = Settings()
-        self.manager = AnalysisManager(runner=self._run_plan)
+        self.manager = AnalysisManager(runner=self._run_plan, debounce_s=SAVE_DEBOUNCE_S)
         self.results: dict[str, UnitResult] = {}  # unit -> latest result
         self.uri_unit: dict[str, str] = {}  # document uri -> unit with results for it
         self.pull_diagnostics = False
