@@ -192,6 +192,23 @@ def test_fuselens_backend_inside_ddp_split_matches_eager_losses(tmp_path):
     assert all(abs(got[k] - want[k]) < 1e-4 for k in want)
 
 
+@pytest.mark.slow
+def test_inductor_inside_ddp_reports_the_bucket_split_and_its_kernels(tmp_path):
+    report, _, _ = _report(tmp_path, "--nproc-per-node", "2", PROGRAM, "--", "--bucket-cap-mb", "1", "--width", "512",
+                           "--steps", "2", "--backend", "inductor")
+    assert [r.status for r in report.ranks] == ["ok", "ok"], report.errors
+    (split,) = report.ddp_splits
+    assert split.ranks == [0, 1] and len(split.buckets) >= 2
+    assert [gb for gb in report.graph_breaks if not gb.origin] == []
+    assert not [e for e in report.errors if e.kind == "divergence"]
+    # Inductor compiled each bucket's piece: its kernels, from both ranks
+    pieces = [g for g in report.graphs if ":bucket" in g.graph_id]
+    assert len(pieces) == len(split.buckets) and all(g.ranks == [0, 1] for g in pieces)
+    compiled = [k for k in report.kernels if k.kind != "collective" and k.backend == "inductor"]
+    assert compiled and all(k.ranks == [0, 1] for k in compiled)
+    assert "gloo:all_reduce" in {k.name for k in report.kernels if k.kind == "collective"}
+
+
 def test_fsdp2_root_compile_breaks_at_fully_shard_hooks_and_the_report_says_so(tmp_path):
     report, _, _ = _report(tmp_path, "--nproc-per-node", "2", FSDP_PROGRAM, "--", "--compile", "root")
     assert [r.status for r in report.ranks] == ["ok", "ok"], report.errors
