@@ -230,6 +230,41 @@ def test_fsdp2_program_compiling_inside_sharded_layers_compiles_graphs_on_every_
     assert all(r.compile_s > 0 and r.collective_time_us > 0 for r in report.ranks)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_writing_one_shared_run_dir_merge_into_one_report(tmp_path):
+    """The README's multi-host recipe, with two torchrun agents (nodes) on
+    this machine: each runs `fuselens report --run-dir SHARED -- torchrun
+    --nnodes 2 --node-rank N ...`, then `--merge SHARED` renders both."""
+    shared = str(tmp_path / "shared")
+    port = str(_free_port())
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "fuselens", "report", "-q", "-f", "json", "--run-dir", shared, "--",
+         "torchrun", "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port,
+         "--nproc-per-node", "1", PROGRAM, "--steps", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path)) for node in (0, 1)]
+    for node in nodes:
+        out, err = node.communicate(timeout=240)
+        assert node.returncode == 0, err[-3000:]
+    merged = subprocess.run([sys.executable, "-m", "fuselens", "report", "-f", "json", "--merge", shared],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert merged.returncode == 0, merged.stderr
+    report = Report.from_json(merged.stdout)
+    assert [(r.rank, r.node_rank, r.status) for r in report.ranks] == [(0, 0, "ok"), (1, 1, "ok")], report.errors
+    assert len([f for f in os.listdir(shared) if f.startswith("launch-")]) == 2  # one per node's launcher
+    assert "gloo:all_reduce" in {k.name for k in report.kernels if k.kind == "collective"}
+    assert not [e for e in report.errors if e.kind in ("divergence", "killed")]
+    assert _run_processes(shared) == []
+
+
 def test_ranks_label_names_ranges():
     assert ranks_label([0, 1, 2, 3, 5]) == "ranks 0-3, 5"
     assert ranks_label([1]) == "rank 1"

@@ -133,7 +133,7 @@ def analyze_distributed(launch: TorchrunLaunch, options: Optional[RunOptions] = 
     for t in threads:
         t.start()
     outcome = _wait(proc, options.timeout_s, cancel)
-    stop_leftovers(run_dir)
+    stop_leftovers(run_dir, launcher_pid=proc.pid)
     for t in threads:
         t.join(timeout=5)
     if outcome.exit_code == 2 and not _has_rank_files(run_dir):
@@ -252,15 +252,19 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def stop_leftovers(run_dir: str) -> list[int]:
+def stop_leftovers(run_dir: str, launcher_pid: Optional[int] = None) -> list[int]:
     """SIGKILL every rank of `run_dir` still alive on this host (by the pid
     its RankInfo recorded, checked against its command line so that a
-    reused pid is left alone). Returns the pids killed."""
+    reused pid is left alone). With `launcher_pid`, only the ranks that
+    launcher started (their `--request` names it): another launcher sharing
+    the directory on this host, such as a second node of the same job, keeps
+    its ranks. Returns the pids killed."""
     host = socket.gethostname()
+    request = f"request-{host}-{launcher_pid}.json" if launcher_pid is not None else ""
     killed = []
     for stream in rankmerge.read_run_dir(run_dir).ranks:
         pid = stream.identity.pid
-        if stream.identity.host != host or pid <= 0 or not _is_our_rank(pid, run_dir):
+        if stream.identity.host != host or pid <= 0 or not _is_our_rank(pid, run_dir, request):
             continue
         try:
             os.kill(pid, signal.SIGKILL)
@@ -270,13 +274,15 @@ def stop_leftovers(run_dir: str) -> list[int]:
     return killed
 
 
-def _is_our_rank(pid: int, run_dir: str) -> bool:
+def _is_our_rank(pid: int, run_dir: str, request: str = "") -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read().split(b"\0")
     except OSError:
         return False
-    return b"fuselens.capture.rank" in cmdline and run_dir.encode() in cmdline
+    if b"fuselens.capture.rank" not in cmdline or run_dir.encode() not in cmdline:
+        return False
+    return not request or any(arg.endswith(request.encode()) for arg in cmdline)
 
 
 def _has_rank_files(run_dir: str) -> bool:
