@@ -238,7 +238,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_two_nodes_writing_one_shared_run_dir_merge_into_one_report(tmp_path):
     """The README's multi-host recipe, with two torchrun agents (nodes) on
     this machine: each runs `fuselens report --run-dir SHARED -- torchrun
