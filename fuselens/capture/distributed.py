@@ -16,8 +16,11 @@ agent dies. Nothing of the run is left running when this returns.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -49,8 +52,10 @@ class TorchrunLaunch:
 
     @classmethod
     def from_nproc(cls, nproc_per_node: int, target_argv: list[str], **kw: object) -> "TorchrunLaunch":
-        """`fuselens report --nproc-per-node N train.py -- ARGS`: one host."""
-        args = ["--nnodes", "1", "--nproc-per-node", str(nproc_per_node), *target_argv]
+        """`fuselens report --nproc-per-node N train.py -- ARGS`: one host.
+        `--standalone` lets torchrun pick a free port, so that two such runs
+        (the editor's and a terminal's) never meet at the default 29500."""
+        args = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc_per_node), *target_argv]
         return cls(args, **kw)  # type: ignore[arg-type]
 
     @classmethod
@@ -62,6 +67,30 @@ class TorchrunLaunch:
         if len(command) >= 3 and command[1] == "-m" and command[2] in ("torch.distributed.run", "torch.distributed.launch"):
             return cls(command[3:], **kw)  # type: ignore[arg-type]
         raise ValueError(f"not a torchrun command: {' '.join(command[:3])} (expected torchrun ... or python -m torch.distributed.run ...)")
+
+
+def launch_for(spec: list[str], program_args: list[str], nproc_per_node: Optional[int] = None,
+               run_dir: Optional[str] = None, cwd: Optional[str] = None) -> TorchrunLaunch:
+    """The TorchrunLaunch of a command line, the one reading shared by
+    `fuselens report`, `fuselens tui` and the language server's configured
+    entry. `spec` is the target (`[script.py]` or `["-m", module]`) with
+    `nproc_per_node`, or `[]` when `program_args` is a whole torchrun command
+    (`torchrun ...` / `python -m torch.distributed.run ...`). Raises
+    ValueError with a one-line message."""
+    cwd = cwd or os.getcwd()
+    if nproc_per_node is None:
+        if spec:
+            raise ValueError(f"{' '.join(spec)}: a torchrun command goes after -- without a target "
+                             "(or give --nproc-per-node N with the target)")
+        return TorchrunLaunch.from_command(program_args, run_dir=run_dir, cwd=cwd, shown=shlex.join(program_args))
+    if nproc_per_node < 1:
+        raise ValueError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+    if not spec:
+        raise ValueError("--nproc-per-node needs a target: a script.py or -m package.module")
+    if spec[0].endswith(".ipynb"):
+        raise ValueError("notebooks cannot run under torchrun; give a script")
+    shown = shlex.join(["torchrun", "--nproc-per-node", str(nproc_per_node), *spec, *program_args])
+    return TorchrunLaunch.from_nproc(nproc_per_node, [*spec, *program_args], run_dir=run_dir, cwd=cwd, shown=shown)
 
 
 def is_torchrun_command(argv: list[str]) -> bool:
@@ -104,7 +133,7 @@ def analyze_distributed(launch: TorchrunLaunch, options: Optional[RunOptions] = 
     for t in threads:
         t.start()
     outcome = _wait(proc, options.timeout_s, cancel)
-    stop_leftovers(run_dir)
+    stop_leftovers(run_dir, launcher_pid=proc.pid)
     for t in threads:
         t.join(timeout=5)
     if outcome.exit_code == 2 and not _has_rank_files(run_dir):
@@ -121,6 +150,70 @@ def analyze_distributed(launch: TorchrunLaunch, options: Optional[RunOptions] = 
         # No rank ever started: the report is what the launcher saw.
         errors = outcome.errors or [ErrorEntry("exit", f"torchrun exited with code {outcome.exit_code} before any rank started")]
         return Report(run=info, errors=errors)
+
+
+async def analyze_distributed_async(launch: TorchrunLaunch, options: Optional[RunOptions] = None,
+                                    cancel: Optional[threading.Event] = None) -> Report:
+    """`analyze_distributed` for asyncio callers (the language server, the
+    TUI). The run goes on in a thread; cancelling the awaiting task stops
+    torchrun and its ranks there (SIGTERM, then SIGKILL after the grace)."""
+    cancel = cancel or threading.Event()
+    try:
+        return await asyncio.to_thread(analyze_distributed, launch, options, cancel)
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+
+
+class DistributedSession:
+    """A torchrun job run again on demand, for `fuselens tui`: the same
+    interface as `WorkerSession` (`run_async`, `pid`, `close`). Unlike a
+    single process, nothing stays alive between runs: each run is a new
+    torchrun with new ranks, writing to its own run directory
+    (`RUN_DIR/run-NNN` when the launch names one, else a temporary one)."""
+
+    def __init__(self, launch: TorchrunLaunch) -> None:
+        self.launch = launch
+        self.runs = 0
+        self._cancel: Optional[threading.Event] = None
+        self._idle = threading.Event()
+        self._idle.set()
+
+    @property
+    def pid(self) -> Optional[int]:
+        """None: there is no one process to sample (py-spy follows one)."""
+        return None
+
+    def run_dir_of(self, run: int) -> Optional[str]:
+        if self.launch.run_dir is None:
+            return None
+        return os.path.join(self.launch.run_dir, f"run-{run:03d}")
+
+    async def run_async(self, options: Optional[RunOptions] = None, on_event: Any = None) -> Report:
+        """Run the job once; the merged report of its ranks. `on_event` is
+        accepted for the interface: ranks write files, not a live stream."""
+        self.runs += 1
+        launch = dataclasses.replace(self.launch, run_dir=self.run_dir_of(self.runs))
+        self._cancel = cancel = threading.Event()
+        self._idle.clear()
+
+        def run() -> Report:
+            try:
+                return analyze_distributed(launch, options, cancel)
+            finally:
+                self._idle.set()
+
+        try:
+            return await asyncio.to_thread(run)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+
+    def close(self) -> None:
+        """Stop a run in progress and wait until its processes are gone."""
+        if self._cancel is not None:
+            self._cancel.set()
+        self._idle.wait(timeout=_STOP_GRACE_S + 10)
 
 
 def _wait(proc: subprocess.Popen, timeout_s: Optional[float], cancel: Optional[threading.Event]) -> _Outcome:
@@ -159,15 +252,19 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def stop_leftovers(run_dir: str) -> list[int]:
+def stop_leftovers(run_dir: str, launcher_pid: Optional[int] = None) -> list[int]:
     """SIGKILL every rank of `run_dir` still alive on this host (by the pid
     its RankInfo recorded, checked against its command line so that a
-    reused pid is left alone). Returns the pids killed."""
+    reused pid is left alone). With `launcher_pid`, only the ranks that
+    launcher started (their `--request` names it): another launcher sharing
+    the directory on this host, such as a second node of the same job, keeps
+    its ranks. Returns the pids killed."""
     host = socket.gethostname()
+    request = f"request-{host}-{launcher_pid}.json" if launcher_pid is not None else ""
     killed = []
     for stream in rankmerge.read_run_dir(run_dir).ranks:
         pid = stream.identity.pid
-        if stream.identity.host != host or pid <= 0 or not _is_our_rank(pid, run_dir):
+        if stream.identity.host != host or pid <= 0 or not _is_our_rank(pid, run_dir, request):
             continue
         try:
             os.kill(pid, signal.SIGKILL)
@@ -177,13 +274,15 @@ def stop_leftovers(run_dir: str) -> list[int]:
     return killed
 
 
-def _is_our_rank(pid: int, run_dir: str) -> bool:
+def _is_our_rank(pid: int, run_dir: str, request: str = "") -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read().split(b"\0")
     except OSError:
         return False
-    return b"fuselens.capture.rank" in cmdline and run_dir.encode() in cmdline
+    if b"fuselens.capture.rank" not in cmdline or run_dir.encode() not in cmdline:
+        return False
+    return not request or any(arg.endswith(request.encode()) for arg in cmdline)
 
 
 def _has_rank_files(run_dir: str) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from fuselens import fixcatalog
-from fuselens.capture import callsite, guardtext
+from fuselens.capture import callsite, fsdp, guardtext
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
 from fuselens.capture.ddp import break_origin
@@ -170,7 +170,7 @@ class TraceHandler(logging.Handler):
         if key in self._seen_breaks:  # a restarted attempt logs the same break again
             return
         self._seen_breaks.add(key)
-        gb.explained, gb.fixes = fixcatalog.graph_break_fixes(gb)
+        gb.explained, gb.fixes = fsdp.hook_break(parsed.frames) or fixcatalog.graph_break_fixes(gb)
         self._emit(gb)
 
     def _on_chromium(self, cid: str, payload: Optional[str]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 from typing import Any, Optional
 
 from fuselens.events import Report
@@ -46,23 +45,11 @@ def wanted(args: argparse.Namespace, program_args: list[str]) -> bool:
 
 def launch_of(args: argparse.Namespace, program_args: list[str]) -> Any:
     """The TorchrunLaunch the command line asks for."""
-    from fuselens.capture.distributed import TorchrunLaunch
+    from fuselens.capture.distributed import launch_for
 
-    cwd = os.getcwd()
-    if args.nproc_per_node is not None:
-        if args.nproc_per_node < 1:
-            raise TorchrunUsage(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
-        spec = ["-m", args.module] if args.module else [args.target] if args.target else []
-        if not spec:
-            raise TorchrunUsage("--nproc-per-node needs a target: a script.py or -m package.module")
-        if spec[0].endswith(".ipynb"):
-            raise TorchrunUsage("notebooks cannot run under torchrun; give a script")
-        shown = " ".join(["torchrun --nproc-per-node", str(args.nproc_per_node), *spec, *program_args])
-        return TorchrunLaunch.from_nproc(args.nproc_per_node, [*spec, *program_args], run_dir=args.run_dir,
-                                         cwd=cwd, shown=shown)
+    spec = ["-m", args.module] if args.module else [args.target] if args.target else []
     try:
-        return TorchrunLaunch.from_command(program_args, run_dir=args.run_dir, cwd=cwd,
-                                           shown=shlex.join(program_args))
+        return launch_for(spec, program_args, args.nproc_per_node, run_dir=args.run_dir, cwd=os.getcwd())
     except ValueError as exc:
         raise TorchrunUsage(str(exc)) from None
 

@@ -47,6 +47,7 @@ class RunPlan:
     versions: dict[str, int] = field(default_factory=dict)  # document versions at request time
     contents: str = ""  # digest of the contents the run depends on
     notebook_cells: list[str] = field(default_factory=list)
+    nproc_per_node: Optional[int] = None  # run under torchrun with this many ranks ([tool.fuselens])
 
     @property
     def key(self) -> str:
@@ -54,7 +55,7 @@ class RunPlan:
         blob = json.dumps(
             {
                 "contents": self.contents,
-                "target": [self.kind, self.value, self.args, self.cwd],
+                "target": [self.kind, self.value, self.args, self.cwd, self.nproc_per_node],
                 "options": self.options,
                 "torch": torch_version(),
             },
@@ -128,6 +129,8 @@ async def run_plan(plan: RunPlan, on_event: Optional[Callable[[Any], None]] = No
     """Run a plan in the capture worker (imported lazily: not needed to start)."""
     from fuselens.capture import RunOptions, Target, TargetError, analyze_async
 
+    if plan.nproc_per_node:
+        return await _run_torchrun(plan)
     try:
         if plan.kind == "entry":
             target = Target.from_cli(plan.args, cwd=plan.cwd)
@@ -136,6 +139,22 @@ async def run_plan(plan: RunPlan, on_event: Optional[Callable[[Any], None]] = No
     except TargetError as exc:
         return error_report(plan, "exception", f"cannot run the configured entry: {exc}")
     return await analyze_async(target, RunOptions.from_dict(plan.options), on_event=on_event)
+
+
+async def _run_torchrun(plan: RunPlan) -> Report:
+    """Every rank of the entry (or the document) under torchrun, merged:
+    the same launch as `fuselens report --nproc-per-node N`. Cancelling
+    stops torchrun and its ranks."""
+    from fuselens.capture import RunOptions
+    from fuselens.capture.distributed import analyze_distributed_async, launch_for
+
+    argv = list(plan.args) if plan.kind == "entry" else [plan.value, *plan.args]
+    cut = 2 if argv[:1] == ["-m"] else 1
+    try:
+        launch = launch_for(argv[:cut], argv[cut:], plan.nproc_per_node, cwd=plan.cwd)
+    except ValueError as exc:
+        return error_report(plan, "exception", f"cannot run the configured entry under torchrun: {exc}")
+    return await analyze_distributed_async(launch, RunOptions.from_dict(plan.options))
 
 
 def error_report(plan: RunPlan, kind: str, message: str) -> Report:

@@ -101,6 +101,8 @@ def _related(resolver: Resolver, stack: Iterable[SourceLocation], note: str = ""
 def _graph_breaks(breaks: list[GraphBreak], resolver: Resolver) -> list[Finding]:
     out = []
     for gb in breaks:
+        if gb.origin:  # inside DistributedDataParallel's own wrapper: by design, nothing to fix
+            continue
         where = resolver.locate(gb.location) or _innermost(gb.user_stack, resolver)
         if where is None:
             continue
@@ -111,6 +113,7 @@ def _graph_breaks(breaks: list[GraphBreak], resolver: Resolver) -> list[Finding]
         lines += [h if h.lower().startswith("hint") else f"Hint: {h}" for h in gb.hints]
         if is_data_dependent(gb) and not gb.hints:
             lines.append(DATA_DEPENDENT_HINT)
+        lines += _on_ranks(gb.ranks)
         href = f"{GB_SITE}{gb.registry_id.lower()}.html" if gb.registry_id else ""
         diag = _diagnostic(
             resolver, uri, line, GRAPH_BREAK, types.DiagnosticSeverity.Warning,
@@ -121,6 +124,16 @@ def _graph_breaks(breaks: list[GraphBreak], resolver: Resolver) -> list[Finding]
                "function": gb.location.function}
         out.append(Finding(uri, line, GRAPH_BREAK, diag, fix))
     return out
+
+
+def _on_ranks(ranks: list[int]) -> list[str]:
+    """`On ranks 0-1.` for a finding of a torchrun run (a single process's
+    findings have no ranks)."""
+    if not ranks:
+        return []
+    from fuselens.report.ranks_view import ranks_label  # only torchrun runs need it
+
+    return [f"On {ranks_label(ranks)}."]
 
 
 def _innermost(stack: list[SourceLocation], resolver: Resolver) -> Optional[tuple[str, int]]:
@@ -157,6 +170,7 @@ def _recompiles(recompiles: list[Recompile], resolver: Resolver) -> list[Finding
         lines += [f"dtype: {d}" for d in rc.dtype_changes]
         if rc.fix:
             lines.append(f"Fix: {rc.fix}")
+        lines += _on_ranks(rc.ranks)
         severity = types.DiagnosticSeverity.Warning
         diag = _diagnostic(resolver, uri, line, code, severity, "\n".join(lines))
         fix = {"kind": RECOMPILE, "function": rc.function,
@@ -191,6 +205,8 @@ def _errors(errors: list[ErrorEntry], resolver: Resolver) -> list[Finding]:
         code = FALLBACK if fallback else ERROR
         severity = types.DiagnosticSeverity.Warning if fallback else types.DiagnosticSeverity.Error
         message = f"{_ERROR_TITLES.get(err.kind, err.kind)}: {err.message}".strip()
+        if err.kind != "divergence":  # its message names its ranks already
+            message = "\n".join([message, *_on_ranks(err.ranks)])
         tail = _traceback_tail(err.traceback)
         if tail and tail not in message:
             message += "\n" + tail

@@ -77,9 +77,10 @@ def script_plan(
             program=program,
             roots=roots,
             default_uri=entry_uri,
-            label=" ".join(config.entry),
+            label=_torchrun_label(config) + " ".join(config.entry),
             versions={uri: version} if version is not None else {},
             contents=contents_digest([text, entry_text], [config.root], recursive=True),
+            nproc_per_node=config.nproc_per_node,
         )
     cwd = config.root if config else (workspace_root if workspace_root and path.startswith(workspace_root) else doc_dir)
     return RunPlan(
@@ -92,9 +93,10 @@ def script_plan(
         program=ProgramText.for_script(path, uri, text),
         roots=roots,
         default_uri=uri,
-        label=os.path.basename(path),
+        label=(_torchrun_label(config) if config else "") + os.path.basename(path),
         versions={uri: version} if version is not None else {},
         contents=contents_digest([text], [doc_dir]),
+        nproc_per_node=config.nproc_per_node if config else None,
     )
 
 
@@ -141,6 +143,10 @@ def write_program(plan: RunPlan) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(plan.program.text)
     os.replace(tmp, plan.program.path)
+
+
+def _torchrun_label(config: ProjectConfig) -> str:
+    return f"torchrun ×{config.nproc_per_node}: " if config.nproc_per_node else ""
 
 
 def _inside(root: str, path: str) -> bool:

@@ -6,6 +6,7 @@ pyproject.toml, or the document itself as `__main__`.
     backend = "eager"              # force a backend on every torch.compile
     timeout = 60                   # seconds
     max_calls = 3                  # stop once every compiled function ran 3 times
+    nproc_per_node = 2             # run the entry with torchrun on 2 ranks, every rank captured
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ProjectConfig:
     backend: Optional[str] = None
     timeout_s: Optional[float] = None
     max_calls: Optional[int] = None
+    nproc_per_node: Optional[int] = None  # torchrun: ranks on this host; None = one plain process
     problems: list[str] = field(default_factory=list)  # what was ignored, for the log
 
 
@@ -92,6 +94,11 @@ def _apply(config: ProjectConfig, section: dict[str, Any]) -> None:
         config.max_calls = max_calls
     elif max_calls is not None:
         config.problems.append("max_calls must be a positive integer")
+    nproc = section.get("nproc_per_node")
+    if isinstance(nproc, int) and not isinstance(nproc, bool) and nproc > 0:
+        config.nproc_per_node = nproc
+    elif nproc is not None:
+        config.problems.append("nproc_per_node must be a positive integer (ranks torchrun starts on this host)")
 
 
 def config_for(document_path: str, workspace_root: Optional[str]) -> Optional[ProjectConfig]:

@@ -90,6 +90,7 @@ class FuselensApp(App):
         labels: Optional[list[str]] = None,
         export_dir: str = ".",
         sample: bool = True,
+        no_sample_reason: Optional[str] = None,
     ) -> None:
         """Live (`session` given: runs `target` on mount and on each toggle)
         or replay (`reports`: recorded runs, oldest first; no session)."""
@@ -103,6 +104,7 @@ class FuselensApp(App):
         self.labels: list[str] = list(labels or ["recorded"] * len(self.reports))
         self.export_dir = export_dir
         self.sample = sample
+        self.no_sample_reason = no_sample_reason or "sampling is off (--no-sample)"
         self.exported: list[str] = []  # paths written by `e`, newest last
         self._pending = False  # a toggle changed while a run was going
         self._events = 0
@@ -258,7 +260,7 @@ class FuselensApp(App):
         profile = await asyncio.to_thread(sampler.stop) if sampler is not None else None
         self._sampler = None
         if profile is None and not self.sample:
-            profile = HostProfile(error="sampling is off (--no-sample)")
+            profile = HostProfile(error=self.no_sample_reason)
         self.running = False
         self.add_run(report, profile, label)
         self._finished_status(report)

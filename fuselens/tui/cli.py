@@ -4,6 +4,8 @@
     fuselens tui -m pkg.train --backend fuselens
     fuselens tui model.py --backend fuselens -- --lr 3   our options anywhere before --
     fuselens tui --replay before.json after.json   browse recorded reports
+    fuselens tui --nproc-per-node 2 train.py -- --epochs 1    every torchrun rank
+    fuselens tui -- torchrun --nproc-per-node 2 train.py      any torchrun command line
 
 Never imports torch: the program runs in the capture worker.
 """
@@ -38,12 +40,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="start with a toggle set, e.g. fuselens:fusion=off or inductor:max_fusion_size=8")
     p.add_argument("--no-sample", action="store_true", help="do not sample the worker with py-spy")
     p.add_argument("--export-dir", default=".", help="where `e` writes report files (default: .)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="run the target with torchrun on N ranks of this host, every rank captured")
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="torchrun: where each run's ranks write their events (DIR/run-NNN; default: temporary)")
     p.add_argument("--replay", nargs="+", metavar="REPORT.json",
                    help="show recorded report JSON files (oldest first) instead of running a target")
     return p
 
 
-_TAKES_VALUE = {"--backend", "--timeout", "--max-calls", "--set", "--export-dir"}
+_TAKES_VALUE = {"--backend", "--timeout", "--max-calls", "--set", "--export-dir", "--nproc-per-node", "--run-dir"}
 
 
 class UsageError(ValueError):
@@ -147,19 +153,45 @@ def main(argv: Optional[list[str]] = None) -> int:
         app.run()
         return 0
 
-    from fuselens.capture import RunOptions, Target, TargetError, WorkerSession
+    from fuselens.capture import RunOptions
 
+    options = RunOptions(timeout_s=args.timeout or None, max_calls=args.max_calls, time_kernels=True)
     try:
-        target = Target.from_cli(rest)
-    except TargetError as exc:
+        session, target = session_for(args, rest)
+    except UsageError as exc:
         print(f"fuselens tui: {exc}", file=sys.stderr)
         return 2
-    options = RunOptions(timeout_s=args.timeout or None, max_calls=args.max_calls, time_kernels=True)
-    session = WorkerSession(target)
-    app = FuselensApp(target, session=session, options=options, toggles=toggles,
-                      export_dir=args.export_dir, sample=not args.no_sample)
+    distributed = target is None
+    app = FuselensApp(target, session=session, options=options, toggles=toggles, export_dir=args.export_dir,
+                      sample=not args.no_sample and not distributed,
+                      no_sample_reason=NO_SAMPLE_TORCHRUN if distributed else None)
     try:
         app.run()
     finally:
         session.close()
     return 0
+
+
+NO_SAMPLE_TORCHRUN = "not sampled: a torchrun run has one process per rank and py-spy follows one"
+
+
+def session_for(args: argparse.Namespace, rest: list[str]):
+    """(session, Target) for a single process; (DistributedSession, None)
+    for a torchrun launch, read by the same function as `fuselens report`'s."""
+    from fuselens.capture import Target, TargetError, WorkerSession
+    from fuselens.capture.distributed import DistributedSession, is_torchrun_command, launch_for
+
+    cut = rest.index("--") if "--" in rest else len(rest)
+    spec, program = rest[:cut], rest[cut + 1:]
+    if args.nproc_per_node is not None or (not spec and is_torchrun_command(program)):
+        try:
+            return DistributedSession(launch_for(spec, program, args.nproc_per_node, run_dir=args.run_dir)), None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if args.run_dir:
+        raise UsageError("--run-dir is for torchrun runs: give --nproc-per-node N or -- torchrun ...")
+    try:
+        target = Target.from_cli(rest)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
+    return WorkerSession(target), target

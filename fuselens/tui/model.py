@@ -11,9 +11,13 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from fuselens.events import ErrorEntry, FusionDecision, Kernel, Report
+from fuselens.report.ranks_view import ranks_label
 
 # Error kinds that mean the program did not run to the end; shown as a banner.
 FATAL_ERRORS = ("exception", "exit", "syntax", "timeout", "killed", "internal")
+# Also in the banner: ranks that compiled different graphs (a torchrun job
+# that can deadlock), though the run itself may have ended well.
+BANNER_ERRORS = FATAL_ERRORS + ("divergence",)
 
 
 def kernel_key(kernel: Kernel) -> str:
@@ -46,6 +50,7 @@ class KernelRow:
     device: str = "cpu"
     # run-to-run spread of total_us measured over repeated runs (None: not measured)
     noise_us: Optional[float] = None
+    ranks: str = ""  # torchrun runs: the ranks that ran it ("0-1"); calls and times are their sum
 
     @property
     def significant(self) -> Optional[bool]:
@@ -114,6 +119,12 @@ def user_lines(kernel: Kernel) -> str:
     return " ".join(f"{f}:{','.join(ls)}" for f, ls in by_file.items())
 
 
+def ranks_cell(ranks: list[int]) -> str:
+    """`0-1`, `0-2, 5`: a kernel's ranks for the table's narrow column."""
+    label = ranks_label(ranks)
+    return label.split(" ", 1)[1] if label else ""
+
+
 def _row(kernel: Kernel, total: float, previous: Optional[Kernel], status: str) -> KernelRow:
     delta = None
     if previous is not None:
@@ -134,6 +145,7 @@ def _row(kernel: Kernel, total: float, previous: Optional[Kernel], status: str) 
         delta_us=delta,
         status=status,
         device=kernel.device,
+        ranks=ranks_cell(kernel.ranks),
     )
 
 
@@ -239,7 +251,7 @@ def summarize(report: Report) -> Summary:
         wall_s=report.timings.wall_s,
         steps=steps(report),
         kernels=len(report.kernels),
-        errors=[e for e in report.errors if e.kind in FATAL_ERRORS],
+        errors=[e for e in report.errors if e.kind in BANNER_ERRORS],
     )
 
 

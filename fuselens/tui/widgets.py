@@ -14,6 +14,7 @@ from textual.widgets.option_list import Option
 from textual_plotext import PlotextPlot
 
 from fuselens.events import Report
+from fuselens.report.ranks_view import rank_rows, ranks_label, slowest_line, split_headline
 from fuselens.tui.model import (
     KernelRow,
     delta_text,
@@ -40,6 +41,7 @@ KERNEL_COLUMNS: tuple[tuple[str, str, Optional[str]], ...] = (
     ("ops", "fused ops", None),
     ("lines", "user lines", None),
 )
+RANKS_COLUMN = "ranks"  # only for torchrun runs (KernelTable._rank_column)
 
 
 def short_op(op: str) -> str:
@@ -92,11 +94,14 @@ class KernelTable(DataTable):
         self._gone = {row.key: row.status == "gone" for row in rows}
         scroll_y = self.scroll_y
         self.clear()
+        ranked = self._rank_column(any(row.ranks for row in rows))
         for row in rows:
             dim = "dim" if row.status == "gone" else ""
             name = Text(row.name, style="dim strike" if row.status == "gone" else "bold")
+            per_rank = [Text(row.ranks, style=dim or "magenta")] if ranked else []
             self.add_row(
                 name,
+                *per_rank,
                 Text(graph_label(row.graph_id), style="dim"),
                 _right(str(row.calls), dim),
                 _right(format_us(row.total_us), dim),
@@ -109,7 +114,7 @@ class KernelTable(DataTable):
                 Text(row.user_lines, style=dim or "cyan"),
                 key=row.key,
             )
-        self.border_subtitle = f"sorted by {sort_label}"
+        self.border_subtitle = f"sorted by {sort_label}" + (" · calls and times summed over ranks" if ranked else "")
         if keep is None or not rows:
             return
         if keep in self._gone and (was_gone or not self._gone[keep]):
@@ -118,6 +123,17 @@ class KernelTable(DataTable):
             target = min(keep_index, len(rows) - 1)
         self.scroll_y = scroll_y  # the same view, unless the cursor must move out of it
         self.move_cursor(row=target, animate=False)
+
+
+    def _rank_column(self, wanted: bool) -> bool:
+        """A torchrun run's table has a `ranks` column after the kernel name
+        (a single process's has none); columns are rebuilt when that changes."""
+        present = RANKS_COLUMN in self.columns
+        if wanted != present:
+            self.clear(columns=True)
+            for key, label, _ in KERNEL_COLUMNS[:1] + ((RANKS_COLUMN, "ranks", None),) * wanted + KERNEL_COLUMNS[1:]:
+                self.add_column(label, key=key)
+        return wanted
 
 
 def _short_name(name: str, width: int = 22) -> str:
@@ -172,6 +188,8 @@ class SummaryBar(Static):
         head = Text.assemble(("run ", "dim"), (str(run_no), "bold"), ("  ", ""), (label, "italic"))
         if report.run.torch_version:
             head.append(f"  torch {report.run.torch_version} · {report.run.device}", "dim")
+        if report.ranks:
+            head.append(f"  {len(report.ranks)} ranks (torchrun)", "magenta")
         line = Text()
         self._item(line, "graphs", str(now.graphs), old and now.graphs - old.graphs)
         self._item(line, "breaks", str(now.breaks), old and now.breaks - old.breaks, bad_up=True)
@@ -271,6 +289,8 @@ class IssuesPanel(Static):
         for error in report.errors:
             where = f"{error.location.label()}  " if error.location else ""
             text.append(f"✗ {error.kind} ", "bold red")
+            if error.ranks and report.ranks:
+                text.append(f"[{ranks_label(error.ranks)}] ", "magenta")
             text.append(where, "cyan")
             text.append(error.message.strip() + "\n")
             if error.traceback and error.kind in ("exception", "internal", "syntax"):
@@ -281,7 +301,11 @@ class IssuesPanel(Static):
         for gb in report.graph_breaks:
             text.append(f"{os.path.basename(gb.location.file)}:{gb.location.line}", "cyan")
             text.append(f" ×{gb.count} " if gb.count > 1 else " ", "dim")
-            text.append(gb.reason + "\n")
+            if gb.ranks and report.ranks:
+                text.append(f"[{ranks_label(gb.ranks)}] ", "magenta")
+            if gb.origin:  # inside DDP's own wrapper: by design, nothing to fix
+                text.append(f"({gb.origin}, by design) ", "dim")
+            text.append((gb.explained or gb.reason) + "\n")
             if gb.location.code:
                 text.append(f"  {gb.location.code}\n", "dim")
             for hint in gb.hints[:1]:
@@ -290,12 +314,36 @@ class IssuesPanel(Static):
         for rc in report.recompiles:
             text.append(f"{os.path.basename(rc.location.file)}:{rc.location.line}", "cyan")
             text.append(f" {rc.function} [{rc.compile_id}]", "dim")
+            if rc.ranks and report.ranks:
+                text.append(f" [{ranks_label(rc.ranks)}]", "magenta")
             text.append(" " + "; ".join(rc.reasons or rc.raw_reasons[:1]) + "\n")
             if rc.fix:
                 text.append(f"  → {rc.fix}\n", "green")
             if rc.hit_limit:
                 text.append("  recompile limit hit: running eager\n", "bold red")
+        self._ranks(text, report)
         self.update(text)
+
+    @staticmethod
+    def _ranks(text: Text, report: Report) -> None:
+        """A torchrun run: Dynamo's DDP splits, then each rank and the slowest."""
+        for split in report.ddp_splits:
+            text.append("DDP split ", "bold cyan")
+            text.append(split_headline(split) + "\n")
+            text.append(f"  → {split.option}\n", "green")
+        if not report.ranks:
+            return
+        header, *rows = rank_rows(report)
+        text.append(f"Ranks ({len(rows)})\n", "bold")
+        for row in rows:
+            cells = dict(zip(header, row))
+            style = "" if cells["status"] == "ok" else "bold red"
+            text.append(f"rank {cells['rank']} {cells['status']}", style or "magenta")
+            text.append(f"  wall {cells['wall']} · compile {cells['compile']} · kernels {cells['kernels']}"
+                        f" · collectives {cells['collectives']}\n", "dim")
+        slowest = slowest_line(report)
+        if slowest:
+            text.append(slowest + "\n", "dim")
 
 
 class HostPanel(DataTable):
