@@ -25,6 +25,11 @@ def _fresh_outputs(target: Any) -> bool:
     return all(r.alias_info is None for r in schema.returns)
 
 
+# Library calls whose result is a fresh contiguous tensor, as their meta functions say.
+_CONTIGUOUS_RESULTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+                       torch.ops.aten.baddbmm.default}
+
+
 class Planner:
     def __init__(self, graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any, timing: bool) -> None:
         self.g = graph
@@ -39,6 +44,31 @@ class Planner:
         self.views: set[str] = set()
         self.alias_parent: dict[str, str] = {}
         self.kernel_allocated: set[str] = set()
+        # buffers whose run-time layout is the traced one: graph inputs (Dynamo guards their
+        # strides), kernel outputs (allocated by us), matmul results (always contiguous) and
+        # views of those; views of anything else (an attention output, a fallback) go through ATen
+        self.layout_known: set[str] = {i.name for i in graph.inputs}
+
+    def _static_view(self, node: torch.fx.Node, args: Any) -> Optional[tuple]:
+        """(size, stride, offset from the base) of a view of a known-layout buffer, static only."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or len(schema.returns) != 1 or schema.returns[0].alias_info is None:
+            return None  # not an ATen view (flip, for one, is an index map here but a copy in ATen)
+        base = node.args[0] if node.args else None
+        val, base_val = node.meta.get("val"), getattr(base, "meta", {}).get("val")
+        if not (isinstance(val, torch.Tensor) and isinstance(base_val, torch.Tensor)):
+            return None
+        if not (isinstance(args[0], tuple) and len(args[0]) == 2 and args[0][0] == "buf"
+                and args[0][1] in self.layout_known):
+            return None
+        try:
+            size, stride = tuple(int(x) for x in val.shape), tuple(int(x) for x in val.stride())
+            shift = int(val.storage_offset()) - int(base_val.storage_offset())
+        except (TypeError, ValueError, RuntimeError):  # symbolic sizes
+            return None
+        if any(isinstance(x, torch.SymInt) for x in (*val.shape, *val.stride())):
+            return None
+        return size, stride, shift
 
     def slot(self, e: Any) -> int:
         return self.symeval.add(e)
@@ -81,7 +111,10 @@ class Planner:
             self.views.add(name)
             args = self.ref(node.args)
             kwargs = self.ref(node.kwargs)
-            self.plan.append(ExternCall(name, node.target, args, kwargs, name))
+            layout = self._static_view(node, args)
+            if layout is not None:
+                self.layout_known.add(name)
+            self.plan.append(ExternCall(name, node.target, args, kwargs, name, reinterpret=layout))
             for leaf in _bufs(args):
                 self._union(name, leaf)
         return name
@@ -96,6 +129,7 @@ class Planner:
                     spec = g.buffers[o]
                     alloc.append((o, self.slot(tuple(spec.size)), self.slot(tuple(spec.stride)), spec.dtype))
                     self.kernel_allocated.add(o)
+                    self.layout_known.add(o)
                 fn = getattr(self.lib, unit.name)
                 import ctypes
 
@@ -142,6 +176,8 @@ class Planner:
         dtypes = {o: self.g.buffers[o].dtype for o in (outs if isinstance(outs, list) else [outs])
                   if o is not None and o in self.g.buffers}
         self.plan.append(ExternCall(node.name, node.target, args, kwargs, outs, dtypes))
+        if node.target in _CONTIGUOUS_RESULTS and isinstance(outs, str):
+            self.layout_known.add(outs)
         if not _fresh_outputs(node.target):
             for o in outs if isinstance(outs, list) else [outs]:
                 if o is not None:

@@ -101,6 +101,9 @@ class ExternCall:
     # the Kernel event name (extern_mm_0) when time_kernels is on: the call is timed on the
     # host clock like a C++ kernel; None for views re-created by the runtime (not kernels)
     timed: Optional[str] = None
+    # a view of a buffer whose layout the plan knows, with static sizes: (size, stride,
+    # storage offset from its base), which the wrapper re-creates without ATen's view checks
+    reinterpret: Optional[tuple] = None
 
 
 @dataclass

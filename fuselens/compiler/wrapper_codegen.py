@@ -162,6 +162,9 @@ class _Printer:
             self.emit("slots = _symeval({" + ", ".join(f"{n!r}: {v}" for n, v in syms.items()) + "})")
         dev = r.device
         self.ns["_empty"] = torch.empty_strided
+        reinterpret = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None)
+        if reinterpret is not None:
+            self.ns["_reinterpret"] = reinterpret
         self.ns["_dev"] = dev
         head = len(self.lines)
         guard = getattr(torch.cuda, "_DeviceGuard", None)
@@ -282,7 +285,12 @@ class _Printer:
         k = ", ".join(f"{key}={self.arg(v)}" for key, v in step.kwargs.items())
         call = f"{self.glob(_direct(step.target), 'e')}({', '.join(p for p in (a, k) if p)})"
         method = _VIEW_METHODS.get(step.target)
-        if method is not None and step.args and not step.kwargs:
+        if step.reinterpret is not None and "_reinterpret" in self.ns:
+            # a view of a buffer laid out as traced: its result re-created directly (~1.3 us on the
+            # H100 host, against ~4.6 for Tensor.view and ~8 for the OpOverload), as Inductor does
+            size, stride, shift = step.reinterpret
+            call = f"_reinterpret({self.arg(step.args[0])}, {self.lit(size)}, {self.lit(stride)}, {shift})"
+        elif method is not None and step.args and not step.kwargs:
             # a view the runtime re-runs: the Tensor method, not the OpOverload (~1 us, not ~8)
             rest = ", ".join(self.arg(x) for x in step.args[1:])
             call = f"{self.arg(step.args[0])}.{method}({rest})"
