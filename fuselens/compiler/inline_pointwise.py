@@ -80,7 +80,7 @@ def _op_count(node: ComputeNode) -> int:
     return counter.count
 
 
-class _InliningOps:
+class _InliningOps(ir.IndexedLoads):
     """Forwards every op to `ops`, except loads of inlined producers, which
     evaluate the producer's body (through this handler: producers nest)."""
 
@@ -92,7 +92,16 @@ class _InliningOps:
         p = self._producers.get(name)
         if p is None:
             return self._ops.load(name, index)
-        v = p.body(self, logical_index(p, index))
+        return self._evaluate(p, logical_index(p, index))
+
+    def load_at(self, name: str, index: Sequence[Expr], strides: Sequence[Expr]) -> Any:
+        p = self._producers.get(name)
+        if p is None:
+            return self._ops.load(name, ir.offset_of(index, strides))
+        return self._evaluate(p, list(index))
+
+    def _evaluate(self, p: ComputeNode, index: list[Expr]) -> Any:
+        v = p.body(self, index)
         if getattr(v, "dtype", p.dtype) != p.dtype:
             v = self._ops.to_dtype(v, p.dtype)
         round_to = getattr(self._ops, "round_to", None)
@@ -103,7 +112,8 @@ class _InliningOps:
 
 
 def logical_index(node: ComputeNode, offset: Expr) -> list[Expr]:
-    """The index whose element sits at `offset` in `node`'s dense layout."""
+    """The index whose element sits at `offset` in `node`'s dense layout (for loads
+    that reach a producer as a flat offset; its own loaders pass the index itself)."""
     return [sympy.Integer(0) if size == 1 else ir.ModularIndexing(offset, stride, size)
             for size, stride in zip(node.size, node.stride)]
 

@@ -241,6 +241,15 @@ class GraphIR:
             return 1
 
 
+class IndexedLoads:
+    """An ops handler that also takes loads of compute nodes at their logical index
+    (`load_at(name, index, strides)`): inline_pointwise.py evaluates an inlined
+    producer's body there, with no division of a flat offset back into an index."""
+
+    def load_at(self, name: str, index: Sequence[Expr], strides: Sequence[Expr]) -> Any:
+        raise NotImplementedError
+
+
 class LoadRecorder:
     """An ops handler that only records which buffers a body loads (and the
     index it loads them at); every other op returns a dummy value."""

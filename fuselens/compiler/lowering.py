@@ -100,9 +100,13 @@ class Lowerer:
         self.graph.steps.append(cn)
         self.graph.buffers[name] = BufferSpec(name, size, list(stride), dtype)
         strides = list(stride)
-        return TensorValue(
-            size, dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, strides)), name, True, strides
-        )
+
+        def load(ops: Any, idx: Sequence[Expr]) -> Any:
+            if isinstance(ops, ir.IndexedLoads):  # a reader recomputing this node wants its logical index
+                return ops.load_at(name, idx, strides)
+            return ops.load(name, ir.offset_of(idx, strides))
+
+        return TensorValue(size, dtype, load, name, True, strides)
 
     def out_stride(self, size: Sequence[Expr]) -> list[Expr]:
         """Eager's output strides (from the fake tensor) when they describe
