@@ -15,6 +15,7 @@ import pytest
 
 from fuselens.capture import RunOptions, Target, analyze
 from fuselens.capture import callsite, guardtext
+from fuselens.capture.assemble import assemble
 from fuselens.events import ErrorEntry, GraphBreak, Report, RunInfo, SourceLocation
 from fuselens import fixcatalog
 from fuselens.report import common
@@ -72,6 +73,17 @@ def test_fallbacks_are_not_errors_and_have_their_own_fail_on_categories():
                                                     ErrorEntry("compile", "graph ran eagerly")])
     assert common.failing_findings(r, ["error"]) == []
     assert common.failing_findings(r, ["fallback", "eager-fallback"]) == ["fallback", "eager-fallback"]
+
+
+def test_a_compile_failure_the_program_raised_is_one_error_not_also_an_eager_fallback():
+    failed = ErrorEntry("compile", "BackendCompilerFailed: backend='broken' raised", compile_id="0/0")
+    raised = ErrorEntry("exception", "fails only under torch.compile (raised in torch.compile): "
+                                     "BackendCompilerFailed: backend='broken' raised:")
+    elsewhere = ErrorEntry("compile", "Unsupported: Failed to trace builtin operator", compile_id="1/0")
+    report = assemble([failed, elsewhere, raised], RunInfo(target="p.py"))
+    # The failure that raised is reported once; one that fell back to eager stays a note.
+    assert report.errors == [elsewhere, raised]
+    assert common.failing_findings(report, ["error", "eager-fallback"]) == ["error", "eager-fallback"]
 
 
 # -- real programs -----------------------------------------------------------------
@@ -157,7 +169,7 @@ def test_a_segfault_names_the_line_that_crashed():
 def test_a_crash_inside_torch_compile_is_labelled_compile_only_and_suggests_backend_eager():
     report = analyze(Target.from_cli(["compile_only_crash.py"], cwd=REAL), RunOptions(timeout_s=120))
     (err,) = common.failures(report)
-    assert err.kind == "exception"
+    assert [e.kind for e in report.errors] == ["exception"]  # fullgraph raised: no eager-fallback note too
     assert err.message.startswith("fails only under torch.compile (raised in torch._dynamo, tracing step at "
                                   "compile_only_crash.py:9)")
     assert "--backend eager" in err.explained
