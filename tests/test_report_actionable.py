@@ -97,6 +97,43 @@ def test_fail_on_error_exits_0_on_a_program_that_ran_correctly(program):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+# Every program of ours that runs correctly: the corpus of issue 18 and the examples
+# (folder, file, --max-calls).
+RUN_CORRECTLY = [(REAL, p, None) for p in [*CORRECT, "dtype_switch.py", "intermediate_shape.py", "hf_gpt2.py"]]
+RUN_CORRECTLY += [(os.path.join(ROOT, "examples"), p, calls) for p, calls in
+                  [("demo.py", None), ("data_dependent.py", None), ("train_loop.py", 3)]]
+
+
+def _strings(node, key=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v, key)
+    elif isinstance(node, str):
+        yield key, node
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder,program,max_calls", RUN_CORRECTLY, ids=[p for _, p, _ in RUN_CORRECTLY])
+def test_a_correct_program_has_no_error_fits_150_lines_bounds_values_and_points_at_its_own_lines(
+        folder, program, max_calls):
+    report = analyze(Target.from_cli([program], cwd=folder), RunOptions(timeout_s=240, max_calls=max_calls))
+    assert report.graph_breaks or report.recompiles or program == "train_loop.py", "the program has findings"
+    assert common.failing_findings(report, ["error"]) == []  # what `--fail-on error` exits on
+    assert len(render(report, "terminal", width=120, root=folder).splitlines()) <= 150
+    long = [(k, v[:80]) for k, v in _strings(json.loads(render(report, "json")))
+            if len(v) > 200 and k not in common.UNCLIPPED_FIELDS]
+    assert long == []
+    located = [gb.location for gb in report.graph_breaks] + [rc.location for rc in report.recompiles]
+    located += [e.location for e in report.errors]
+    with open(os.path.join(folder, program), encoding="utf-8") as f:
+        own_lines = len(f.read().splitlines())
+    for loc in located:
+        assert loc is not None and os.path.basename(loc.file) == program and 1 <= loc.line <= own_lines, loc
+
+
 @pytest.mark.slow
 def test_program_output_passes_through_and_report_fits_a_screen():
     proc = _cli("bytes_key.py", "--no-verify-fixes")

@@ -5,6 +5,7 @@ program, a Python file it imports, or passing `--cold` re-runs the fixes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -109,6 +110,8 @@ def test_the_verdict_key_changes_with_the_program_an_imported_file_the_args_opti
     for change in ({"args": ["--n", "8"]}, {"options": {"backend": "inductor"}}, {"torch_version": "2.11.0"},
                    {"environ": {"PATH": "/bin", "TORCH_LOGS": "+dynamo"}}):
         assert key != verdict_key(_context(str(script), **change), script.read_text(), target), change
+    other_fuselens = dataclasses.replace(_context(str(script)), fuselens_version="0.2.0+0123")
+    assert key != verdict_key(other_fuselens, script.read_text(), target)
     # The rest of the environment changes between shells: it is not part of the key.
     assert key == verdict_key(_context(str(script), environ={"PATH": "/usr/bin"}), script.read_text(), target)
 

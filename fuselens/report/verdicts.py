@@ -21,6 +21,7 @@ nobody else before it is read back (fuselens/private_dirs.py).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -61,7 +62,7 @@ class RunContext:
     python_version: str = ""
     env: tuple[tuple[str, str], ...] = ()
     local_files: str = ""  # digest of the workspace Python files the program imports
-    fuselens_version: str = fuselens.__version__
+    fuselens_version: str = ""  # the version and a digest of fuselens' own source
 
     @classmethod
     def of(cls, script: str, args: Iterable[str], cwd: str, options: dict[str, Any], torch_version: str,
@@ -70,7 +71,7 @@ class RunContext:
         env = tuple(sorted((k, v) for k, v in environ.items() if k.startswith(ENV_PREFIXES)))
         return cls(os.path.abspath(script), tuple(args), os.path.abspath(cwd or "."),
                    json.dumps(options, sort_keys=True, default=str), torch_version, python_version, env,
-                   local_files_digest(script))
+                   local_files_digest(script), fuselens_identity())
 
 
 @dataclass
@@ -121,6 +122,26 @@ class VerdictStore:
             os.replace(tmp, os.path.join(self.folder, f"{key}.json"))
         except OSError as exc:
             self.problems.append(f"could not store a verdict: {exc}")
+
+
+@functools.lru_cache(maxsize=1)
+def fuselens_identity() -> str:
+    """fuselens' version and a digest of its source (~100 files, ~5 ms): a
+    development checkout changes without a version bump, and a change to the
+    capture or to the fix catalogue can change a verdict."""
+    package = os.path.dirname(os.path.abspath(fuselens.__file__))
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            h.update(os.path.relpath(path, package).encode("utf-8", "surrogateescape") + b"\0")
+            try:
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+            except OSError:
+                h.update(b"unreadable")
+    return f"{fuselens.__version__}+{h.hexdigest()[:16]}"
 
 
 def verdict_key(context: RunContext, edited_source: str, finding: tuple[str, ...]) -> str:
