@@ -151,3 +151,21 @@ def test_cold_store_reads_nothing_but_stores_fresh_verdicts(tmp_path, monkeypatc
     assert cold.get("k1") is None
     cold.put("k1", Verdict(True, "new"))
     assert VerdictStore.open().get("k1") == Verdict(True, "new")
+
+
+def test_a_report_whose_fixes_are_advice_only_runs_nothing(tmp_path):
+    from fuselens.events import FixAdvice, GraphBreak, Report, RunInfo, SourceLocation
+    from fuselens.report.verify import verify_report
+
+    script = tmp_path / "p.py"
+    script.write_text("x = 1\n")
+    gb = GraphBreak(SourceLocation(str(script), 1, "f", "x = 1"), "Call to `torch._dynamo.graph_break()`",
+                    fixes=[FixAdvice("optimizer-step", "move optimizer.step() out of the compiled function")])
+    report = Report(run=RunInfo(target=str(script)), graph_breaks=[gb])
+
+    def run(path: str) -> Report:
+        raise AssertionError(f"an advice-only fix was run: {path}")
+
+    done = verify_report(report, str(script), run)
+    assert (done.runs, done.cached, done.describe()) == (0, 0, "")
+    assert gb.fixes[0].verified is None and not gb.fixes[0].preferred
