@@ -86,6 +86,12 @@ def test_a_compile_failure_the_program_raised_is_one_error_not_also_an_eager_fal
     assert common.failing_findings(report, ["error", "eager-fallback"]) == ["error", "eager-fallback"]
 
 
+def test_the_workers_cache_mode_reaches_the_report_header():
+    report = assemble([RunInfo(target="", caches="cold", torch_version="2.13.0")], RunInfo(target="p.py"))
+    assert (report.run.target, report.run.caches) == ("p.py", "cold")
+    assert "cold caches" in render(report, "terminal")
+
+
 # -- real programs -----------------------------------------------------------------
 CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switch.py", "train_step.py"]
 
@@ -122,6 +128,7 @@ def test_a_correct_program_has_no_error_fits_150_lines_bounds_values_and_points_
     report = analyze(Target.from_cli([program], cwd=folder), RunOptions(timeout_s=240, max_calls=max_calls))
     assert report.graph_breaks or report.recompiles or program == "train_loop.py", "the program has findings"
     assert common.failing_findings(report, ["error"]) == []  # what `--fail-on error` exits on
+    assert report.run.caches == "warm"  # the report says which caches it used
     assert len(render(report, "terminal", width=120, root=folder).splitlines()) <= 150
     long = [(k, v[:80]) for k, v in _strings(json.loads(render(report, "json")))
             if len(v) > 200 and k not in common.UNCLIPPED_FIELDS]

@@ -59,7 +59,7 @@ def nest_phase(phase: PhaseTime) -> PhaseTime:
 
 
 # RunInfo fields only the worker knows; the parent's values win for the rest.
-_WORKER_RUN_FIELDS = ("torch_version", "python_version", "device", "exit_code", "max_calls_reached")
+_WORKER_RUN_FIELDS = ("torch_version", "python_version", "device", "exit_code", "max_calls_reached", "caches")
 
 
 class ReportBuilder:
