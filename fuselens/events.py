@@ -255,6 +255,10 @@ class RunInfo:
     stderr_tail: str = ""
     # "warm": compile caches as the user has them; "cold": turned off (--cold)
     caches: str = ""
+    # How the fixes' verdicts were reached: "" (none to verify), "cached" (all
+    # from the verdict cache), "re-run" (all by re-running the program), or
+    # "N cached, M re-run"
+    fix_verdicts: str = ""
 
 
 @dataclass

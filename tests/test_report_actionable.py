@@ -15,6 +15,7 @@ import pytest
 
 from fuselens.capture import RunOptions, Target, analyze
 from fuselens.capture import callsite, guardtext
+from fuselens.capture.assemble import assemble
 from fuselens.events import ErrorEntry, GraphBreak, Report, RunInfo, SourceLocation
 from fuselens import fixcatalog
 from fuselens.report import common
@@ -74,6 +75,23 @@ def test_fallbacks_are_not_errors_and_have_their_own_fail_on_categories():
     assert common.failing_findings(r, ["fallback", "eager-fallback"]) == ["fallback", "eager-fallback"]
 
 
+def test_a_compile_failure_the_program_raised_is_one_error_not_also_an_eager_fallback():
+    failed = ErrorEntry("compile", "BackendCompilerFailed: backend='broken' raised", compile_id="0/0")
+    raised = ErrorEntry("exception", "fails only under torch.compile (raised in torch.compile): "
+                                     "BackendCompilerFailed: backend='broken' raised:")
+    elsewhere = ErrorEntry("compile", "Unsupported: Failed to trace builtin operator", compile_id="1/0")
+    report = assemble([failed, elsewhere, raised], RunInfo(target="p.py"))
+    # The failure that raised is reported once; one that fell back to eager stays a note.
+    assert report.errors == [elsewhere, raised]
+    assert common.failing_findings(report, ["error", "eager-fallback"]) == ["error", "eager-fallback"]
+
+
+def test_the_workers_cache_mode_reaches_the_report_header():
+    report = assemble([RunInfo(target="", caches="cold", torch_version="2.13.0")], RunInfo(target="p.py"))
+    assert (report.run.target, report.run.caches) == ("p.py", "cold")
+    assert "cold caches" in render(report, "terminal")
+
+
 # -- real programs -----------------------------------------------------------------
 CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switch.py", "train_step.py"]
 
@@ -83,6 +101,44 @@ CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switc
 def test_fail_on_error_exits_0_on_a_program_that_ran_correctly(program):
     proc = _cli(program, "--fail-on", "error", "--no-verify-fixes", "-q")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+# Every program of ours that runs correctly: the corpus of issue 18 and the examples
+# (folder, file, --max-calls).
+RUN_CORRECTLY = [(REAL, p, None) for p in [*CORRECT, "dtype_switch.py", "intermediate_shape.py", "hf_gpt2.py"]]
+RUN_CORRECTLY += [(os.path.join(ROOT, "examples"), p, calls) for p, calls in
+                  [("demo.py", None), ("data_dependent.py", None), ("train_loop.py", 3)]]
+
+
+def _strings(node, key=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v, key)
+    elif isinstance(node, str):
+        yield key, node
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder,program,max_calls", RUN_CORRECTLY, ids=[p for _, p, _ in RUN_CORRECTLY])
+def test_a_correct_program_has_no_error_fits_150_lines_bounds_values_and_points_at_its_own_lines(
+        folder, program, max_calls):
+    report = analyze(Target.from_cli([program], cwd=folder), RunOptions(timeout_s=240, max_calls=max_calls))
+    assert report.graph_breaks or report.recompiles or program == "train_loop.py", "the program has findings"
+    assert common.failing_findings(report, ["error"]) == []  # what `--fail-on error` exits on
+    assert report.run.caches == "warm"  # the report says which caches it used
+    assert len(render(report, "terminal", width=120, root=folder).splitlines()) <= 150
+    long = [(k, v[:80]) for k, v in _strings(json.loads(render(report, "json")))
+            if len(v) > 200 and k not in common.UNCLIPPED_FIELDS]
+    assert long == []
+    located = [gb.location for gb in report.graph_breaks] + [rc.location for rc in report.recompiles]
+    located += [e.location for e in report.errors]
+    with open(os.path.join(folder, program), encoding="utf-8") as f:
+        own_lines = len(f.read().splitlines())
+    for loc in located:
+        assert loc is not None and os.path.basename(loc.file) == program and 1 <= loc.line <= own_lines, loc
 
 
 @pytest.mark.slow
@@ -157,7 +213,7 @@ def test_a_segfault_names_the_line_that_crashed():
 def test_a_crash_inside_torch_compile_is_labelled_compile_only_and_suggests_backend_eager():
     report = analyze(Target.from_cli(["compile_only_crash.py"], cwd=REAL), RunOptions(timeout_s=120))
     (err,) = common.failures(report)
-    assert err.kind == "exception"
+    assert [e.kind for e in report.errors] == ["exception"]  # fullgraph raised: no eager-fallback note too
     assert err.message.startswith("fails only under torch.compile (raised in torch._dynamo, tracing step at "
                                   "compile_only_crash.py:9)")
     assert "--backend eager" in err.explained

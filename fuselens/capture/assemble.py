@@ -10,7 +10,10 @@ updates); this module is the one place that decides how they combine:
 - CompiledGraph: same `graph_id` -> the last one wins.
 - Kernel: same (graph_id, name) -> the last one wins, timings kept.
 - KernelTiming: added to the matching Kernel (also when it arrives first).
-- FusionDecision, ErrorEntry: exact duplicates dropped.
+- FusionDecision, ErrorEntry: exact duplicates dropped. A compile failure
+  ("compile", which otherwise means the graph ran eagerly) that the program
+  then raised (`fullgraph=True`, a backend that crashed) did not fall back:
+  the exception is its one finding (`raised_compile_failures`).
 - PhaseTime: appended; `Timings.compile_s` sums the top-level phases
   (`TOP_LEVEL_PHASES`); other phases are a breakdown inside "backend" and
   name their parent (`PhaseTime.parent`; the worker fills it, `nest_phase`).
@@ -56,7 +59,7 @@ def nest_phase(phase: PhaseTime) -> PhaseTime:
 
 
 # RunInfo fields only the worker knows; the parent's values win for the rest.
-_WORKER_RUN_FIELDS = ("torch_version", "python_version", "device", "exit_code", "max_calls_reached")
+_WORKER_RUN_FIELDS = ("torch_version", "python_version", "device", "exit_code", "max_calls_reached", "caches")
 
 
 class ReportBuilder:
@@ -165,6 +168,7 @@ class ReportBuilder:
             kernel_time_us=sum(k.total_time_us for k in kernels),
         )
         recompiles = sorted(self._recompiles.values(), key=lambda r: _compile_order(r.compile_id))
+        raised = raised_compile_failures(self._errors)
         return Report(
             run=dataclasses.replace(self.run),
             graph_breaks=list(self._breaks.values()),
@@ -172,10 +176,24 @@ class ReportBuilder:
             graphs=list(self._graphs.values()),
             kernels=kernels,
             fusion=list(self._fusion),
-            errors=list(self._errors),
+            errors=[e for e in self._errors if all(e is not d for d in raised)],
             timings=timings,
             ddp_splits=list(self._splits),
         )
+
+
+def raised_compile_failures(errors: list[ErrorEntry]) -> list[ErrorEntry]:
+    """The "compile" entries whose failure the program raised as its
+    exception: the exception's message ends with the compile failure's
+    (after "fails only under torch.compile (...): " when labelled so)."""
+    raised = [_plain(e.message) for e in errors if e.kind == "exception"]
+    return [e for e in errors if e.kind == "compile" and _plain(e.message)
+            and any(m.endswith(_plain(e.message)) for m in raised)]
+
+
+def _plain(message: str) -> str:
+    # Dynamo's metrics end "raised" where the exception's first line ends "raised:".
+    return message.strip().rstrip(":").strip()
 
 
 def _compile_order(compile_id: str) -> tuple:

@@ -257,10 +257,13 @@ def _distributed(fn: Callable[..., Report], *fn_args: Any) -> Report:
 
 def _verify(report: Report, target: Any, options: Any) -> None:
     """Re-run copies of the program with each editable fix applied (quietly,
-    no kernel timing) so that only fixes that work are preferred."""
+    no kernel timing) so that only fixes that work are preferred. Verdicts
+    come from the verdict cache when nothing they depend on changed
+    (`--cold`: re-run them all); the report says which."""
     import dataclasses
 
     from fuselens.capture import Target, analyze
+    from fuselens.report.verdicts import RunContext, VerdictStore
     from fuselens.report.verify import verify_report
 
     quiet = dataclasses.replace(options, time_kernels=False)
@@ -268,7 +271,15 @@ def _verify(report: Report, target: Any, options: Any) -> None:
     def run(path: str) -> Report:
         return analyze(Target("script", path, list(target.args), target.cwd, path), quiet)
 
-    verify_report(report, target.value, run)
+    # Whether caches are cold changes how long a run takes, not what it shows.
+    depends = {k: v for k, v in quiet.to_dict().items() if k not in ("cold_caches", "output_limit_bytes")}
+    context = RunContext.of(target.value, target.args, target.cwd, depends, report.run.torch_version,
+                            report.run.python_version)
+    store = VerdictStore.open(refresh=options.cold_caches)
+    done = verify_report(report, target.value, run, store=store, context=context)
+    report.run.fix_verdicts = done.describe()
+    for problem in store.problems[:3]:
+        print(f"fuselens report: {problem}", file=sys.stderr)
 
 
 def _analyze_with_progress(analyze: Callable[..., Report], target: Any, options: Any, echo: Any = None) -> Report:

@@ -157,6 +157,8 @@ class _View:
             facts.append(f"compile {common.fmt_seconds(common.compile_seconds(report))}")
         if run.caches:
             facts.append(f"{run.caches} caches")
+        if run.fix_verdicts:
+            facts.append(f"fix verdicts {run.fix_verdicts}")
         if run.max_calls_reached:
             facts.append("stopped at --max-calls")
         self.c.print(Text(" · ".join(facts), style="dim"))

@@ -6,8 +6,10 @@ and the copy is run in a fresh capture worker. The fix is `verified` when
 the copy still runs without failing and the finding it targets is gone;
 the first verified fix of a finding becomes its `preferred` one. A fix that
 crashes (a `mark_dynamic` that raises ConstraintViolationError) is kept as
-`verified = False` and never preferred. No torch here: the runs are
-subprocesses.
+`verified = False` and never preferred. Advice-only fixes (no edit) are never
+run; a report with no editable fix runs nothing. Verdicts are kept by content
+(fuselens/report/verdicts.py), so a warm report re-runs nothing that has not
+changed. No torch here: the runs are subprocesses.
 """
 
 from __future__ import annotations
@@ -19,15 +21,31 @@ from typing import Callable, Optional, Union
 
 from fuselens.events import FixAdvice, GraphBreak, Recompile, Report
 from fuselens.report import common
+from fuselens.report.verdicts import RunContext, Verdict, VerdictStore, verdict_key
 
 EDITABLE = ("mark_dynamic", "dynamic_true", "config")
 Finding = Union[GraphBreak, Recompile]
 
 
+Outcome = Verdict  # what one verification run showed
+
+
 @dataclass
-class Outcome:
-    verified: bool
-    note: str
+class Verification:
+    """How the verdicts of one report were reached."""
+
+    runs: int = 0  # programs re-run with a fix applied
+    cached: int = 0  # verdicts taken from the verdict cache instead
+
+    def describe(self) -> str:
+        """For RunInfo.fix_verdicts: "" when nothing needed verifying."""
+        if not self.runs and not self.cached:
+            return ""
+        if not self.runs:
+            return "cached"
+        if not self.cached:
+            return "re-run"
+        return f"{self.cached} cached, {self.runs} re-run"
 
 
 def edited_source(source: str, finding: Finding, fix: FixAdvice) -> Optional[str]:
@@ -64,36 +82,35 @@ def still_there(finding: Finding, fix: FixAdvice, after: Report) -> bool:
                for gb in after.graph_breaks)
 
 
-def verify_report(report: Report, script: str, run: Callable[[str], Report], max_runs: int = 4) -> int:
+def verify_report(report: Report, script: str, run: Callable[[str], Report], max_runs: int = 4,
+                  store: Optional[VerdictStore] = None, context: Optional[RunContext] = None) -> Verification:
     """Verify the fixes of `report` (from running `script`) in place; `run(path)`
-    runs a copy and returns its report. Returns how many runs were made."""
+    runs a copy and returns its report. With a `store` and the `context` of the
+    run, verdicts are looked up before a run and stored after it."""
+    findings: list[Finding] = list(report.graph_breaks)
+    findings += [group[0] for group in common.recompiles_by_function(report.recompiles)]
+    groups = {id(g[0]): g for g in common.recompiles_by_function(report.recompiles)}
+    done = Verification()
+    if not any(f.edit in EDITABLE for finding in findings for f in _fixes_of(groups.get(id(finding), [finding]))):
+        return done  # advice only: nothing a re-run could check
     try:
         with open(script, encoding="utf-8") as f:
             source = f.read()
     except OSError:
-        return 0
-    findings: list[Finding] = list(report.graph_breaks)
-    findings += [group[0] for group in common.recompiles_by_function(report.recompiles)]
-    groups = {id(g[0]): g for g in common.recompiles_by_function(report.recompiles)}
+        return done
     tried: dict[tuple, Outcome] = {}
-    runs = 0
     for finding in findings:
         siblings = groups.get(id(finding), [finding])
         candidates = _fixes_of(siblings)
         for fix in candidates:
             if fix.edit not in EDITABLE:
                 continue
-            key = (fix.edit, tuple(fix.args), getattr(finding, "function", ""), getattr(finding, "cause", ""),
-                   getattr(finding, "reason", ""))
+            key = (fix.edit, tuple(fix.args), *_target(finding))
             if key not in tried:
-                if runs >= max_runs:
-                    break
-                new = edited_source(source, finding, fix)
-                if new is None:
-                    tried[key] = Outcome(False, "could not apply the edit mechanically")
-                else:
-                    runs += 1
-                    tried[key] = _try(new, script, finding, fix, run)
+                found = _verdict(source, script, finding, fix, run, store, context, done, max_runs)
+                if found is None:
+                    break  # the run budget is spent
+                tried[key] = found
             outcome = tried[key]
             for f in (f for rc in siblings for f in rc.fixes if f.title == fix.title):
                 f.verified, f.verify_note = outcome.verified, outcome.note
@@ -102,7 +119,36 @@ def verify_report(report: Report, script: str, run: Callable[[str], Report], max
         for rc in siblings:
             for f in rc.fixes:
                 f.preferred = best is not None and f.title == best.title
-    return runs
+    return done
+
+
+def _target(finding: Finding) -> tuple[str, ...]:
+    """What `still_there` compares: the finding a verdict is about."""
+    if isinstance(finding, Recompile):
+        return ("recompile", finding.function, finding.cause)
+    return ("graph-break", finding.location.function, finding.reason)
+
+
+def _verdict(source: str, script: str, finding: Finding, fix: FixAdvice, run: Callable[[str], Report],
+             store: Optional[VerdictStore], context: Optional[RunContext], done: Verification,
+             max_runs: int) -> Optional[Outcome]:
+    """The verdict on `fix`: stored, else from a run (None when `max_runs`
+    runs were made already)."""
+    new = edited_source(source, finding, fix)
+    if new is None:
+        return Outcome(False, "could not apply the edit mechanically")
+    key = verdict_key(context, new, _target(finding)) if store is not None and context is not None else None
+    stored = store.get(key) if store is not None and key is not None else None
+    if stored is not None:
+        done.cached += 1
+        return stored
+    if done.runs >= max_runs:
+        return None
+    done.runs += 1
+    outcome = _try(new, script, finding, fix, run)
+    if store is not None and key is not None:
+        store.put(key, outcome)
+    return outcome
 
 
 def _fixes_of(siblings: list) -> list[FixAdvice]:
