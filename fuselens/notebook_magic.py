@@ -149,7 +149,8 @@ class NotebookReport:
         )
 
     def __repr__(self) -> str:
-        from fuselens.report.common import location_label, summary_line
+        from fuselens.present import location_label
+        from fuselens.report.common import summary_line
 
         lines = [f"fuselens: {summary_line(self.report)} ({self.report.run.target})"]
         for gb in self.report.graph_breaks:
