@@ -29,6 +29,11 @@ from typing import Any, Callable, Literal, Mapping, Optional
 Target = Literal["cpp", "triton", "auto"]
 
 
+# What a graph that needs Triton reports where the optional dependency is missing.
+TRITON_MISSING = ("the Triton target needs the triton package, which is not installed: "
+                  "pip install 'fuselens[gpu]' (CPU tensors need none: target='cpp' or 'auto')")
+
+
 def option(default: Any, label: str, help: str = "", choices: tuple[Any, ...] = (), auto: Any = None,
            minimum: Optional[int] = None, **kwargs: Any) -> Any:
     """A CompilerOptions field with how people set it: `label`/`help` for people,
