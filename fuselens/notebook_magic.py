@@ -12,7 +12,9 @@ the report shows inline as HTML (text in a terminal IPython).
 What the worker knows of the notebook: by default the cells executed earlier
 in this session (IPython's raw `In[]` history) run first, in order, so a cell
 may use the model and data that earlier cells defined, as it would in the
-kernel. Other `%%fuselens` cells, magics and shell lines are inert there;
+kernel. Other `%%fuselens` cells are left out; magics, shell lines and help
+requests are inert there, by the rules of `fuselens.notebook_program` that
+`fuselens report` and the language server share (`x = !ls` still defines x);
 cells that raised in the kernel (while the extension was loaded) are skipped.
 Earlier cells run again in the worker, so with expensive history (a training
 loop) or history with side effects, pass `--no-history` and make the cell
@@ -27,13 +29,12 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
-import re
 from typing import Any, Optional
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from fuselens import private_dirs
+from fuselens import notebook_program, private_dirs
 from fuselens.events import Report, SourceLocation
 
 MAGIC_NAME = "fuselens"
@@ -79,26 +80,12 @@ def build_cell_program(
 
 
 def _is_fuselens_cell(source: str) -> bool:
-    first = source.lstrip().split("\n", 1)[0].strip()
-    return first.startswith("%%" + MAGIC_NAME) and (len(first) == 2 + len(MAGIC_NAME) or first[2 + len(MAGIC_NAME)].isspace())
+    return notebook_program.cell_magic(source) == MAGIC_NAME
 
 
 def write_notebook(program: CellProgram, path: str) -> None:
     """Writes the cells as an nbformat 4 notebook (what `Target` runs)."""
-    import json
-
-    cells = [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
-        for src in program.sources
-    ]
-    nb = {
-        "cells": cells,
-        "metadata": {"language_info": {"name": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(nb, f)
+    notebook_program.write_notebook(program.sources, path)
 
 
 def relabel_report(report: Report, notebook_path: str, labels: list[str]) -> Report:
@@ -108,7 +95,7 @@ def relabel_report(report: Report, notebook_path: str, labels: list[str]) -> Rep
     def label(cell: Optional[int]) -> str:
         return labels[cell] if cell is not None and 0 <= cell < len(labels) else "this cell"
 
-    cell_ref = re.compile(re.escape(notebook_path) + r"#cell(\d+)")
+    cell_ref = notebook_program.cell_ref_pattern(notebook_path)
 
     def fix_text(text: str) -> str:
         text = cell_ref.sub(lambda m: label(int(m.group(1))), text)
@@ -116,7 +103,7 @@ def relabel_report(report: Report, notebook_path: str, labels: list[str]) -> Rep
 
     def visit(obj: Any) -> None:
         if isinstance(obj, SourceLocation):
-            if obj.file == notebook_path or obj.file.startswith(notebook_path + "#cell"):
+            if obj.file == notebook_path or _cell_path(obj.file) == notebook_path:
                 obj.file = label(obj.cell)
                 obj.cell = None
             return
@@ -135,6 +122,11 @@ def relabel_report(report: Report, notebook_path: str, labels: list[str]) -> Rep
     visit(report)
     report.run.target = labels[-1]
     return report
+
+
+def _cell_path(filename: str) -> Optional[str]:
+    split = notebook_program.split_cell_filename(filename)
+    return split[0] if split else None
 
 
 class NotebookReport:
@@ -157,7 +149,8 @@ class NotebookReport:
         )
 
     def __repr__(self) -> str:
-        from fuselens.report.common import location_label, summary_line
+        from fuselens.present import location_label
+        from fuselens.report.common import summary_line
 
         lines = [f"fuselens: {summary_line(self.report)} ({self.report.run.target})"]
         for gb in self.report.graph_breaks:

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from fuselens.capture import RunOptions, Target, analyze
-from fuselens.capture.notebook import load_cells
+from fuselens.notebook_program import load_cells
 
 CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
 

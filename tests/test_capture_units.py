@@ -9,7 +9,7 @@ import os
 import pytest
 
 from fuselens.capture import RunOptions, Target, TargetError, assemble
-from fuselens.capture.notebook import neutralize_ipython, split_cell_filename
+from fuselens.notebook_program import neutralize_ipython, split_cell_filename
 from fuselens.capture.tracetext import parse_graph_break, split_recompile_payload, translate_guard
 from fuselens.events import GraphBreak, Kernel, KernelTiming, PhaseTime, Recompile, RunInfo, SourceLocation
 
@@ -62,7 +62,7 @@ def test_run_options_round_trip_through_dict():
 def test_ipython_magics_become_pass_keeping_line_numbers():
     src = "import torch\n%matplotlib inline\nfor i in range(2):\n    !ls\nfiles = !ls\nx = 1"
     out = neutralize_ipython(src).split("\n")
-    assert out == ["import torch", "pass", "for i in range(2):", "    pass", "files = None", "x = 1"]
+    assert out == ["import torch", "pass", "for i in range(2):", "    pass", "files = []", "x = 1"]
     compile("\n".join(out), "cell", "exec")
 
 

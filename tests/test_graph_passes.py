@@ -1,7 +1,7 @@
 """Graph rewrites before lowering (compiler/graph_passes.py): each keeps every value
 and every graph output's layout as eager has them.
 
-The matmul padding rule is for CUDA; here it runs on CPU graphs
+The matmul padding and index_add rules are for CUDA; here they run on CPU graphs
 (`require_cuda=False`), where the same FX rewrite is checked against eager.
 """
 
@@ -15,7 +15,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 from fuselens import sink
 from fuselens.compiler.entry import decompositions
-from fuselens.compiler.graph_passes import gather_through_pointwise, pad_unaligned_matmuls
+from fuselens.compiler.graph_passes import (gather_through_pointwise, index_put_accumulate_as_index_add,
+                                            pad_unaligned_matmuls)
 from fuselens.events import FusionDecision
 
 aten = torch.ops.aten
@@ -194,3 +195,40 @@ def test_causal_lm_loss_compiles_to_one_row_kernel_without_a_float_copy():
     kernels = [k for k in events if isinstance(k, Kernel) and k.kind == "cpp"]
     copies = [k for k in kernels if set(k.ops) <= {"aten._to_copy.default", "prims.convert_element_type.default"}]
     assert not copies, [k.name for k in kernels]
+
+
+def test_embedding_backward_accumulates_with_index_add_including_repeats_and_negative_indices():
+    def put(table, idx, grad):
+        return torch.ops.aten.index_put.default(table, [idx], grad, True)
+
+    g = torch.Generator().manual_seed(0)
+    idx = torch.tensor([[3, 1, 3], [-1, 0, 3]])  # repeated rows add up; -1 is the last row
+    args = (torch.zeros(7, 5), idx, torch.randn(2, 3, 5, generator=g))
+    gm = traced(put, *args)
+    done = index_put_accumulate_as_index_add(gm, require_cuda=False)
+    assert [r.rule for r in done] == ["index-add"]
+    assert aten.index_add.default in targets(gm) and aten.index_put.default not in targets(gm)
+    torch.testing.assert_close(gm(*args), put(*args))
+
+
+def test_embedding_gradient_through_the_rewrite_equals_eager():
+    emb = torch.nn.Embedding(11, 4)
+    ids = torch.tensor([[1, 2, 2, 10], [0, 2, 5, 1]])
+    gm = traced(lambda w, i: torch.ops.aten.embedding_dense_backward.default(w, i, 11, -1, False),
+                torch.randn(2, 4, 4), ids)
+    assert [r.rule for r in index_put_accumulate_as_index_add(gm, require_cuda=False)] == ["index-add"]
+    grad = torch.randn(2, 4, 4)
+    emb(ids).backward(grad)
+    torch.testing.assert_close(gm(grad, ids), emb.weight.grad)
+
+
+def test_index_put_stays_under_deterministic_algorithms():
+    def put(table, idx, grad):
+        return torch.ops.aten.index_put.default(table, [idx], grad, True)
+
+    gm = traced(put, torch.zeros(7, 5), torch.tensor([1, 1]), torch.randn(2, 5))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert index_put_accumulate_as_index_add(gm, require_cuda=False) == []
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from fuselens import present
 from fuselens.events import CompiledGraph, ErrorEntry, GraphBreak, GraphNode, Report, RunInfo, SourceLocation
 from fuselens.report import common, graph_svg
 from fuselens.report.html import render_html
@@ -81,7 +82,7 @@ def test_html_charts_compile_time_per_phase_and_kernel_time_per_kernel():
     assert len(charts) == 2
     phases, kernels = charts
     for name, secs in common.phase_totals(report):
-        assert f">{name}</text>" in phases and common.fmt_seconds(secs) in phases
+        assert f">{name}</text>" in phases and present.duration_s(secs) in phases
     widths = [float(w) for w in re.findall(r'<rect [^>]*width="([\d.]+)"', kernels)]
     assert len(widths) == 4 and widths == sorted(widths, reverse=True)  # slowest kernel first, longest bar
     assert "extern_kernels.addmm" in kernels

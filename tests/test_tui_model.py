@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fuselens import present
 from fuselens.capture.target import RunOptions
 from fuselens.compiler.options import CompilerOptions
 from fuselens.events import Kernel, Report, RunInfo
@@ -161,11 +162,11 @@ def test_decisions_for_a_kernel_include_not_fused_pairs_with_reasons(run_a):
 
 
 def test_durations_read_in_the_right_unit_with_three_digits():
-    assert model.format_us(812.4) == "812 µs"
-    assert model.format_us(3404.0) == "3.40 ms"
-    assert model.format_us(43_000.0) == "43.0 ms"
-    assert model.format_us(1.25e6) == "1.25 s"
-    assert model.format_us(None) == "—"
+    assert present.duration_us(812.4) == "812 µs"
+    assert present.duration_us(3404.0) == "3.40 ms"
+    assert present.duration_us(43_000.0) == "43.0 ms"
+    assert present.duration_us(1.25e6) == "1.25 s"
+    assert present.duration_us(None) == "—"
     assert model.format_delta_us(-750.0, 3000.0) == "−750 µs −25%"
     assert model.format_delta_us(1200.0) == "+1.20 ms"
 

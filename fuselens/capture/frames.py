@@ -14,7 +14,7 @@ import re
 import sysconfig
 from typing import Iterable, Optional
 
-from fuselens.capture.notebook import split_cell_filename
+from fuselens.notebook_program import split_cell_filename
 from fuselens.events import SourceLocation
 
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

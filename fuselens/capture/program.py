@@ -17,7 +17,7 @@ import types
 from typing import Any
 
 from fuselens.capture import frames as fr
-from fuselens.capture.notebook import load_cells
+from fuselens.notebook_program import load_cells
 from fuselens.capture.target import Target
 
 

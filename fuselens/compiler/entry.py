@@ -256,6 +256,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, target: str, example_inputs: Sequenc
     done += graph_passes.reshapes_before_pointwise(gm)
     if target == "triton" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
         done += graph_passes.pad_unaligned_matmuls(gm)
+        done += graph_passes.index_put_accumulate_as_index_add(gm)
         if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there
             done += graph_passes.channels_last_convolutions(gm)
     return done

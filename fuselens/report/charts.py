@@ -68,9 +68,9 @@ def phase_rows(report: Any) -> list[tuple[str, float, int]]:
 
 def phase_bars(report: Any, color: str = "#4e79a7") -> list[Bar]:
     """Bars of `phase_rows`, children indented (the HTML compile-time chart)."""
-    from fuselens.report import common
+    from fuselens import present
 
-    return [Bar(name, secs, common.fmt_seconds(secs), color=color, depth=depth) for name, secs, depth in phase_rows(report)]
+    return [Bar(name, secs, present.duration_s(secs), color=color, depth=depth) for name, secs, depth in phase_rows(report)]
 
 
 def bar_chart(bars: list[Bar], *, title: str, width: int = 900) -> str:

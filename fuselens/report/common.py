@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -23,7 +22,6 @@ from fuselens.events import (
     Recompile,
     Report,
     ShapeChange,
-    SourceLocation,
 )
 
 GRAPH_BREAK_SITE = "https://meta-pytorch.github.io/compile-graph-break-site/gb/"
@@ -143,40 +141,6 @@ def _bound(obj: object) -> None:
                     _bound(item)
         else:
             _bound(value)
-
-
-def display_path(file: str, root: Optional[str] = None) -> str:
-    """`file` relative to `root` when it lies inside it, else unchanged."""
-    if not root or not file or not os.path.isabs(file):
-        return file
-    try:
-        rel = os.path.relpath(file, root)
-    except ValueError:  # another drive on Windows
-        return file
-    return file if rel.startswith("..") else rel
-
-
-def location_label(loc: Optional[SourceLocation], root: Optional[str] = None) -> str:
-    """`path:line` (`path:cellN:line` in notebooks); "" without a location."""
-    if loc is None:
-        return ""
-    path = display_path(loc.file, root)
-    where = f"{path}:cell{loc.cell}" if loc.cell is not None else path
-    return f"{where}:{loc.line}"
-
-
-def fmt_seconds(seconds: float) -> str:
-    """0.0123 -> '12.3 ms', 1.5 -> '1.50 s'."""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 0.001:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} µs"
-
-
-def fmt_us(us: float) -> str:
-    """Kernel time in microseconds, in the most readable unit."""
-    return fmt_seconds(us / 1e6)
 
 
 def plural(n: int, word: str, many: Optional[str] = None) -> str:

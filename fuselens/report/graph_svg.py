@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Optional
 
+from fuselens import present
 from fuselens.events import CompiledGraph, GraphNode, Report
 from fuselens.report import common
 
@@ -70,7 +71,7 @@ def node_label(node: GraphNode, root: Optional[str] = None) -> str:
     if node.kernel:
         fields.append(record_escape(f"kernel: {node.kernel}"))
     if node.location is not None:
-        fields.append(record_escape(common.location_label(node.location, root)))
+        fields.append(record_escape(present.location_label(node.location, root)))
     return "{" + "|".join(f + "\\l" for f in fields) + "}"
 
 

@@ -13,7 +13,7 @@ import re
 from html import escape
 from typing import Callable, Optional
 
-from fuselens import __version__
+from fuselens import __version__, present
 from fuselens.events import CompiledGraph, ErrorEntry, FixAdvice, Kernel, Report, SourceLocation
 from fuselens.report import charts, common
 from fuselens.report.graph_svg import GraphPicture, draw_graph
@@ -61,7 +61,7 @@ def prose(text: str) -> str:
 
 
 def where(loc: Optional[SourceLocation], root: Optional[str]) -> str:
-    label = common.location_label(loc, root)
+    label = present.location_label(loc, root)
     return f'<span class="loc">{escape(label)}</span>' if label else '<span class="loc">unknown location</span>'
 
 
@@ -103,7 +103,7 @@ def _header(report: Report, root: Optional[str]) -> str:
     if run.max_calls_reached:
         facts.append("stopped at --max-calls")
     chips = "".join(f'<span class="chip">{escape(f)}</span>' for f in facts)
-    target = " ".join([common.display_path(run.target, root), *run.args])
+    target = " ".join([present.display_path(run.target, root), *run.args])
     return (f'<header><h1>fuselens report</h1><p class="target"><code>{escape(target)}</code></p>'
             f'<p class="chips">{chips}</p></header>')
 
@@ -125,11 +125,11 @@ def _summary(report: Report) -> str:
         card("graph breaks", str(c.graph_breaks), "graph-breaks", c.graph_breaks > 0, hits),
         card("recompiles", str(c.recompiles), "recompiles", c.recompiles > 0, limit),
         card("compiled graphs", str(c.graphs), "graphs", False),
-        card("kernels", str(c.kernels), "kernels", False, common.fmt_us(common.kernel_time_us(report))
+        card("kernels", str(c.kernels), "kernels", False, present.duration_us(common.kernel_time_us(report))
              if common.kernel_time_us(report) else "not timed"),
         card("fusion", f"{c.fused} / {c.not_fused}", "fusion", False, "fused / not fused"),
-        card("compile time", common.fmt_seconds(common.compile_seconds(report)), "time", False,
-             f"wall {common.fmt_seconds(report.timings.wall_s)}" if report.timings.wall_s else ""),
+        card("compile time", present.duration_s(common.compile_seconds(report)), "time", False,
+             f"wall {present.duration_s(report.timings.wall_s)}" if report.timings.wall_s else ""),
     ]
     verdict = common.summary_line(report)
     ok = not (c.errors or c.graph_breaks or c.recompiles)
@@ -240,8 +240,8 @@ def _time_charts(report: Report) -> str:
                     else '<p class="muted">No compile phases were recorded.</p>')
     timed = common.kernels_by_time(report)
     kernel_bars = [
-        charts.Bar(k.name, k.total_time_us, common.fmt_us(k.total_time_us),
-                   f"{k.name} ({k.kind}, {k.device}): {common.fmt_us(k.total_time_us)} over {k.calls} calls",
+        charts.Bar(k.name, k.total_time_us, present.duration_us(k.total_time_us),
+                   f"{k.name} ({k.kind}, {k.device}): {present.duration_us(k.total_time_us)} over {k.calls} calls",
                    color=_kernel_color(report, k))
         for k in timed[:MAX_KERNEL_BARS]
     ]
@@ -251,9 +251,9 @@ def _time_charts(report: Report) -> str:
                    else '<p class="muted">Kernels were not timed in this run.</p>')
     total = common.compile_seconds(report)
     ktime = common.kernel_time_us(report)
-    kernel_total = f" ({escape(common.fmt_us(ktime))} in total)" if ktime else ""
+    kernel_total = f" ({escape(present.duration_us(ktime))} in total)" if ktime else ""
     inner = (f'<div class="charts"><figure><figcaption>Compile time per phase '
-             f'({escape(common.fmt_seconds(total))} in total)</figcaption>{compile_html}</figure>'
+             f'({escape(present.duration_s(total))} in total)</figcaption>{compile_html}</figure>'
              f'<figure><figcaption>Kernel time per kernel{kernel_total}</figcaption>{kernel_html}</figure></div>')
     return section("time", "Where the time went", inner)
 
@@ -294,7 +294,7 @@ def _kernels(report: Report, root: Optional[str]) -> str:
     for k in order:
         lines = ", ".join(where(s, root) for s in k.source_lines)
         ops = ", ".join(f"<code>{escape(o)}</code>" for o in k.ops)
-        time = escape(common.fmt_us(k.total_time_us)) if k.total_time_us else "-"
+        time = escape(present.duration_us(k.total_time_us)) if k.total_time_us else "-"
         src = (f'<details><summary>source ({escape(k.language or "call")}, {len(k.source.splitlines())} lines)</summary>'
                f'<pre class="kernel-src">{escape(k.source)}</pre></details>' if k.source else "")
         rows.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional
 
+from fuselens import present
 from fuselens.events import CompiledGraph, ErrorEntry, FixAdvice, Kernel, Report, SourceLocation
 from fuselens.report import charts, common
 
@@ -82,7 +83,7 @@ def table(head: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 
 def where(loc: Optional[SourceLocation], root: Optional[str]) -> str:
-    label = common.location_label(loc, root)
+    label = present.location_label(loc, root)
     return code(label) if label else "*unknown location*"
 
 
@@ -94,7 +95,7 @@ def details(summary: str, body: list[str]) -> list[str]:
 # -- sections -----------------------------------------------------------
 def _header(out: list[str], report: Report, root: Optional[str]) -> None:
     run = report.run
-    out.append(f"# fuselens report: {code(' '.join([common.display_path(run.target, root), *run.args]))}")
+    out.append(f"# fuselens report: {code(' '.join([present.display_path(run.target, root), *run.args]))}")
     out.append("")
     facts = []
     if run.torch_version:
@@ -107,9 +108,9 @@ def _header(out: list[str], report: Report, root: Optional[str]) -> None:
     if run.exit_code is not None:
         facts.append(f"exit code {run.exit_code}")
     if report.timings.wall_s:
-        facts.append(f"wall {common.fmt_seconds(report.timings.wall_s)}")
+        facts.append(f"wall {present.duration_s(report.timings.wall_s)}")
     if common.compile_seconds(report):
-        facts.append(f"compile {common.fmt_seconds(common.compile_seconds(report))}")
+        facts.append(f"compile {present.duration_s(common.compile_seconds(report))}")
     if run.max_calls_reached:
         facts.append("stopped at --max-calls")
     out += [" · ".join(facts), ""]
@@ -229,7 +230,7 @@ def _graphs(out: list[str], report: Report, root: Optional[str]) -> None:
 def _graph_table(g: CompiledGraph, root: Optional[str]) -> list[str]:
     rows = []
     for n in g.nodes[:MAX_NODE_ROWS]:
-        line = common.location_label(n.location, root) if n.location else ""
+        line = present.location_label(n.location, root) if n.location else ""
         rows.append([code(n.name), cell(n.op), code(n.target), code(n.kernel) if n.kernel else " ",
                      cell(n.shape), code(line) if line else " "])
     lines = table(["node", "op", "target", "kernel", "shape", "user line"], rows)
@@ -244,13 +245,13 @@ def _kernels(out: list[str], report: Report, root: Optional[str]) -> None:
     total = common.kernel_time_us(report)
     out += [f"## Kernels ({len(report.kernels)})", ""]
     if total:
-        out += [f"{common.fmt_us(total)} of kernel time in total.", ""]
+        out += [f"{present.duration_us(total)} of kernel time in total.", ""]
     timed = common.kernels_by_time(report)
     order = timed + [k for k in report.kernels if k not in timed]
     rows = [[code(k.name), cell(k.graph_id.split(":")[0]), cell(k.kind), cell(k.device), str(k.calls or "-"),
-             common.fmt_us(k.total_time_us) if k.total_time_us else "-",
+             present.duration_us(k.total_time_us) if k.total_time_us else "-",
              ", ".join(code(o) for o in k.ops) or " ",
-             ", ".join(code(common.location_label(s, root)) for s in k.source_lines) or " "] for k in order]
+             ", ".join(code(present.location_label(s, root)) for s in k.source_lines) or " "] for k in order]
     out += table(["kernel", "compile", "kind", "device", "calls", "time", "fused ops", "user lines"], rows)
     for k in order:
         if k.source:
@@ -266,7 +267,7 @@ def _fusion(out: list[str], report: Report, root: Optional[str]) -> None:
     rows = [["**not fused**" if d.decision == "not_fused" else "fused",
              ", ".join(code(n) for n in d.nodes), code(d.kernel) if d.kernel else " ", cell(d.rule),
              cell(d.reason), code(d.option) if d.option else " ",
-             ", ".join(code(common.location_label(x, root)) for x in d.locations) or " "] for d in order]
+             ", ".join(code(present.location_label(x, root)) for x in d.locations) or " "] for d in order]
     out += table(["decision", "nodes", "kernel", "rule", "reason", "to change it", "user lines"], rows)
 
 
@@ -275,9 +276,9 @@ def _phases(out: list[str], report: Report) -> None:
     if not phases:
         return
     total = common.compile_seconds(report) or 1.0
-    out += [f"## Compile time per phase ({common.fmt_seconds(common.compile_seconds(report))})", ""]
+    out += [f"## Compile time per phase ({present.duration_s(common.compile_seconds(report))})", ""]
     # Nested phases lie inside their parent: indent them, never add them up.
-    rows = [[("&nbsp;&nbsp;" * depth + ("└ " if depth else "")) + esc(name), common.fmt_seconds(s), f"{100 * s / total:.0f}%"]
+    rows = [[("&nbsp;&nbsp;" * depth + ("└ " if depth else "")) + esc(name), present.duration_s(s), f"{100 * s / total:.0f}%"]
             for name, s, depth in phases]
     out += table(["phase", "time", "share"], rows)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from fuselens import present
 from fuselens.events import DDPSplit, GraphBreak, RankInfo, Report
 from fuselens.report import common
 
@@ -51,10 +52,10 @@ def rank_rows(report: Report) -> list[list[str]]:
         rows.append([
             str(r.rank), r.host or "?", str(r.local_rank), r.status or "?",
             "" if r.exit_code is None else str(r.exit_code),
-            common.fmt_seconds(r.wall_s) if r.wall_s else "-",
-            common.fmt_seconds(r.compile_s) if r.compile_s else "-",
-            common.fmt_us(r.kernel_time_us) if r.kernel_time_us else "-",
-            common.fmt_us(r.collective_time_us) if r.collective_time_us else "-",
+            present.duration_s(r.wall_s) if r.wall_s else "-",
+            present.duration_s(r.compile_s) if r.compile_s else "-",
+            present.duration_us(r.kernel_time_us) if r.kernel_time_us else "-",
+            present.duration_us(r.collective_time_us) if r.collective_time_us else "-",
         ])
     return rows
 
@@ -66,9 +67,9 @@ def slowest_line(report: Report) -> str:
     others = [r.wall_s for r in report.ranks if r.rank != worst.rank and r.status != "missing"]
     gap = worst.wall_s - min(others) if others else 0.0
     compile_worst = max(report.ranks, key=lambda r: r.compile_s)
-    return (f"slowest rank: {worst.rank} (wall {common.fmt_seconds(worst.wall_s)}, "
-            f"{common.fmt_seconds(gap)} behind the fastest); longest compile: rank {compile_worst.rank} "
-            f"({common.fmt_seconds(compile_worst.compile_s)})")
+    return (f"slowest rank: {worst.rank} (wall {present.duration_s(worst.wall_s)}, "
+            f"{present.duration_s(gap)} behind the fastest); longest compile: rank {compile_worst.rank} "
+            f"({present.duration_s(compile_worst.compile_s)})")
 
 
 def split_headline(split: DDPSplit) -> str:

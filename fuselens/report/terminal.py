@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from fuselens import present
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
@@ -89,7 +90,7 @@ class _View:
 
     # -- pieces -----------------------------------------------------------
     def where(self, loc: Optional[SourceLocation]) -> str:
-        return common.location_label(loc, self.root) or "<unknown location>"
+        return present.location_label(loc, self.root) or "<unknown location>"
 
     def section(self, title: str, detail: str = "") -> None:
         self.c.print()
@@ -139,7 +140,7 @@ class _View:
     def header(self, report: Report) -> None:
         run = report.run
         title = Text("fuselens report ", style="bold")
-        title.append(" ".join([common.display_path(run.target, self.root), *run.args]), style="bold cyan")
+        title.append(" ".join([present.display_path(run.target, self.root), *run.args]), style="bold cyan")
         self.c.print(title)
         facts = []
         if run.torch_version:
@@ -152,9 +153,9 @@ class _View:
         if run.exit_code is not None:
             facts.append(f"exit code {run.exit_code}")
         if report.timings.wall_s:
-            facts.append(f"wall {common.fmt_seconds(report.timings.wall_s)}")
+            facts.append(f"wall {present.duration_s(report.timings.wall_s)}")
         if common.compile_seconds(report):
-            facts.append(f"compile {common.fmt_seconds(common.compile_seconds(report))}")
+            facts.append(f"compile {present.duration_s(common.compile_seconds(report))}")
         if run.caches:
             facts.append(f"{run.caches} caches")
         if run.fix_verdicts:
@@ -343,7 +344,7 @@ class _View:
             return
         merged = common.merged_kernels(report.kernels)
         total = common.kernel_time_us(report)
-        detail = f"{common.fmt_us(total)} in total" if total else "not timed"
+        detail = f"{present.duration_us(total)} in total" if total else "not timed"
         if len(merged) != len(report.kernels):
             detail += f"; {len(report.kernels)} across recompiles, merged by name"
         self.section(f"Kernels ({len(merged)})", detail)
@@ -363,13 +364,13 @@ class _View:
         if k.calls:
             facts.append(common.plural(k.calls, "call"))
         if k.total_time_us:
-            facts.append(common.fmt_us(k.total_time_us))
+            facts.append(present.duration_us(k.total_time_us))
         if k.ranks:
             facts.append(f"summed over {ranks_view.ranks_label(k.ranks)}")
         line.append("  " + " · ".join(facts), style="dim")
         self.c.print(line)
         if k.ops:
-            self.hanging(Text("    ops:"), Text(", ".join(_short_op(o) for o in k.ops)))
+            self.hanging(Text("    ops:"), Text(", ".join(present.short_op(o) for o in k.ops)))
         if k.source_lines:
             self.hanging(Text("    from:"), Text(_lines_label(k.source_lines, self.root)))
 
@@ -410,7 +411,7 @@ class _View:
         if not rows:
             return
         total = common.compile_seconds(report)
-        self.section("Compile time per phase", f"{common.fmt_seconds(total)} in total")
+        self.section("Compile time per phase", f"{present.duration_s(total)} in total")
         biggest = max(s for _, s in rows) or 1.0
         name_w = max(len(n) for n, _ in rows)
         bar_w = 40
@@ -418,7 +419,7 @@ class _View:
             n = max(1, round(bar_w * secs / biggest)) if secs > 0 else 0
             line = Text(f"  {name.ljust(name_w)}  ")
             line.append("█" * n, style="cyan")
-            line.append(" " * (bar_w - n) + f"  {common.fmt_seconds(secs)}")
+            line.append(" " * (bar_w - n) + f"  {present.duration_s(secs)}")
             self.c.print(line)
 
     def summary(self, report: Report) -> None:
@@ -436,19 +437,11 @@ class _View:
         self.c.print(line)
 
 
-def _short_op(target: str) -> str:
-    """'aten.add.Tensor' -> 'add' for compact tables."""
-    parts = target.split(".")
-    if len(parts) >= 2 and parts[0] in ("aten", "prims", "torch"):
-        return parts[1]
-    return target
-
-
 def _lines_label(locs: list[SourceLocation], root: Optional[str]) -> str:
     """Several user lines, grouped by file: 'demo.py:26,27 util.py:3'."""
     by_file: dict[str, list[str]] = {}
     for loc in locs:
-        path = common.location_label(loc, root).rsplit(":", 1)[0]
+        path = present.location_label(loc, root).rsplit(":", 1)[0]
         line = str(loc.line)
         if line not in by_file.setdefault(path, []):
             by_file[path].append(line)

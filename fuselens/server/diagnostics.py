@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 
 from lsprotocol import types
 
+from fuselens import present
 from fuselens.events import (
     ErrorEntry,
     FusionDecision,
@@ -228,7 +229,7 @@ def kernel_ops(kernel: Kernel) -> list[str]:
     """The ops of a kernel; for Inductor kernels without recorded ops, read
     them off the name (`triton_poi_fused_add_cos_mul_sin_0`)."""
     if kernel.ops:
-        return [op.split(".")[1] if op.startswith("aten.") and op.count(".") >= 1 else op for op in kernel.ops]
+        return [present.short_op(op) for op in kernel.ops]
     match = _INDUCTOR_NAME.search(kernel.name)
     return match.group(1).split("_") if match else []
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 from lsprotocol import types
 
+from fuselens import present
 from fuselens.events import CompiledGraph, Kernel, Report
 from fuselens.server.diagnostics import kernel_lines, kernel_ops, node_locations
 from fuselens.server.resolve import Resolver
@@ -37,14 +38,6 @@ class CompiledFunction:
 
     def contains(self, uri: str, line: int) -> bool:
         return uri == self.uri and self.line <= line <= self.end_line
-
-
-def format_us(us: float) -> str:
-    if us >= 1e6:
-        return f"{us / 1e6:.2f} s"
-    if us >= 1e3:
-        return f"{us / 1e3:.2f} ms"
-    return f"{us:.1f} µs"
 
 
 def compiled_functions(report: Report, resolver: Resolver) -> list[CompiledFunction]:
@@ -105,7 +98,7 @@ def code_lenses(functions: list[CompiledFunction], uri: str, resolver: Resolver)
             f"{len(fn.kernels)} kernel{'s' * (len(fn.kernels) != 1)}"
         )
         if fn.kernel_time_us:
-            title += f" · {format_us(fn.kernel_time_us)}"
+            title += f" · {present.duration_us(fn.kernel_time_us)}"
         out.append(types.CodeLens(range=rng, command=types.Command(title=title, command=SHOW_REPORT, arguments=[uri, fn.name, fn.line])))
         generated = [k for k in fn.kernels if k.source]
         if generated:
@@ -142,7 +135,7 @@ def hover(report: Report, resolver: Resolver, functions: list[CompiledFunction],
     if graphs:
         parts.append("Graphs with ops from this line: " + ", ".join(f"`{g}`" for g in graphs))
     for k in kernels:
-        timing = f", {k.calls} calls, {format_us(k.total_time_us)}" if k.calls else ""
+        timing = f", {k.calls} calls, {present.duration_us(k.total_time_us)}" if k.calls else ""
         parts.append(f"Kernel `{k.name}` ({k.kind}): {', '.join(kernel_ops(k)) or 'ops unknown'}{timing}")
     if not kernels and enclosing:
         parts.append("No generated kernel recorded for this line.")

@@ -25,6 +25,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 from textual.worker import Worker
 
+from fuselens import present
 from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, Report, RunInfo
 from fuselens.tui.detail import KernelScreen
@@ -304,7 +305,7 @@ class FuselensApp(App):
             self.notify(f"{first.kind}: {first.message.strip()[:200]}", title="the program failed",
                         severity="error", timeout=8)
         else:
-            self._status(f"run {len(self.reports)} done in {report.timings.wall_s:.2f} s · "
+            self._status(f"run {len(self.reports)} done in {present.duration_s(report.timings.wall_s)} · "
                          f"{len(report.kernels)} kernels · {self.toggles.describe()}")
 
     # ---- actions ------------------------------------------------------

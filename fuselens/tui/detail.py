@@ -14,8 +14,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from fuselens import present
 from fuselens.events import FusionDecision, Kernel, Report
-from fuselens.tui.model import bandwidth_gbs, decisions_for, format_us
+from fuselens.tui.model import bandwidth_gbs, decisions_for
 
 # Kernel.language -> a pygments lexer name.
 LEXERS = {"cpp": "cpp", "c++": "cpp", "python": "python", "triton": "python", "cuda": "cuda"}
@@ -25,7 +26,7 @@ def kernel_header(kernel: Kernel) -> Text:
     """Name, kind, graph, timing and the user lines of one kernel."""
     text = Text.assemble((kernel.name, "bold"), f"  {kernel.kind} · {kernel.backend} · graph {kernel.graph_id}")
     mean = kernel.total_time_us / kernel.calls if kernel.calls else None
-    text.append(f"\n{kernel.calls} calls · total {format_us(kernel.total_time_us)} · mean {format_us(mean)}")
+    text.append(f"\n{kernel.calls} calls · total {present.duration_us(kernel.total_time_us)} · mean {present.duration_us(mean)}")
     bw = bandwidth_gbs(kernel)
     if bw is not None:
         text.append(f" · {bw:.1f} GB/s ({kernel.bytes_accessed} B per call)")

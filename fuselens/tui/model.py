@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from fuselens import present
 from fuselens.events import ErrorEntry, FusionDecision, Kernel, Report
 from fuselens.report.ranks_view import ranks_label
 
@@ -291,36 +292,6 @@ def find_kernel(report: Optional[Report], key: str) -> Optional[Kernel]:
     return next((k for k in report.kernels if kernel_key(k) == key), None)
 
 
-def _sig3(value: float) -> str:
-    """Three significant digits: 812, 43.0, 3.40."""
-    a = abs(value)
-    if a >= 100:
-        return f"{value:.0f}"
-    if a >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
-
-
-def format_us(us: Optional[float]) -> str:
-    """Microseconds in the unit a person reads: 812 µs, 3.40 ms, 1.25 s."""
-    if us is None:
-        return "—"
-    a = abs(us)
-    if a >= 1e6:
-        return f"{_sig3(us / 1e6)} s"
-    if a >= 1e3:
-        return f"{_sig3(us / 1e3)} ms"
-    if a >= 100 or a == 0:
-        return f"{us:.0f} µs"
-    return f"{us:.1f} µs"
-
-
-def format_seconds(s: Optional[float]) -> str:
-    if s is None:
-        return "—"
-    return format_us(s * 1e6)
-
-
 def delta_text(row: KernelRow) -> tuple[str, str]:
     """The Δ cell of a kernel that ran in both runs, and its tone: "worse",
     "better", "noise" (within the run-to-run noise: `~`) or "unmeasured"
@@ -342,7 +313,7 @@ def format_delta_us(delta: Optional[float], base: Optional[float] = None) -> str
     if delta is None:
         return ""
     sign = "+" if delta > 0 else "−" if delta < 0 else "±"
-    text = f"{sign}{format_us(abs(delta))}"
+    text = f"{sign}{present.duration_us(abs(delta))}"
     if base:
         text += f" {sign}{abs(delta) / base * 100:.0f}%"
     return text

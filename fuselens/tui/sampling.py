@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fuselens import private_dirs
+from fuselens import present, private_dirs
 
 # Path fragments -> category, first match wins. Order matters: the guard and
 # eval-frame code of Dynamo runs on every call (wrapper), the rest of Dynamo
@@ -79,7 +79,7 @@ class FunctionStat:
     category: str
 
     def label(self) -> str:
-        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
+        return f"{self.function} ({present.short_location(self.file, self.line)})"
 
 
 @dataclass

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from rich.text import Text
@@ -13,6 +12,7 @@ from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 from textual_plotext import PlotextPlot
 
+from fuselens import present
 from fuselens.events import Report
 from fuselens.report.ranks_view import rank_rows, ranks_label, slowest_line, split_headline
 from fuselens.tui.model import (
@@ -20,8 +20,6 @@ from fuselens.tui.model import (
     delta_text,
     format_delta_us,
     graph_label,
-    format_seconds,
-    format_us,
     summarize,
 )
 from fuselens.tui.sampling import HostProfile
@@ -42,16 +40,6 @@ KERNEL_COLUMNS: tuple[tuple[str, str, Optional[str]], ...] = (
     ("lines", "user lines", None),
 )
 RANKS_COLUMN = "ranks"  # only for torchrun runs (KernelTable._rank_column)
-
-
-def short_op(op: str) -> str:
-    """`aten.native_layer_norm.default` -> `native_layer_norm`."""
-    parts = op.split(".")
-    if parts and parts[0] in ("aten", "prims", "torch", "quantized"):
-        parts = parts[1:]
-    if len(parts) > 1 and parts[-1] in ("default", "Tensor", "Scalar", "int", "dim_IntList", "self", "out"):
-        parts = parts[:-1]
-    return ".".join(parts) or op
 
 
 def _right(text: str, style: str = "") -> Text:
@@ -104,13 +92,13 @@ class KernelTable(DataTable):
                 *per_rank,
                 Text(graph_label(row.graph_id), style="dim"),
                 _right(str(row.calls), dim),
-                _right(format_us(row.total_us), dim),
+                _right(present.duration_us(row.total_us), dim),
                 _delta_cell(row),
-                _right(format_us(row.mean_us), dim),
+                _right(present.duration_us(row.mean_us), dim),
                 _right(f"{row.share * 100:.1f}%" if row.share is not None else "", dim),
                 Text(row.kind if row.device == "cpu" else f"{row.kind}·{row.device}", style=dim),
                 _right(f"{row.bandwidth_gbs:.1f}" if row.bandwidth_gbs is not None else "—", dim),
-                Text(", ".join(short_op(o) for o in row.ops.split(", ") if o), style=dim),
+                Text(", ".join(present.short_op(o) for o in row.ops.split(", ") if o), style=dim),
                 Text(row.user_lines, style=dim or "cyan"),
                 key=row.key,
             )
@@ -194,15 +182,15 @@ class SummaryBar(Static):
         self._item(line, "graphs", str(now.graphs), old and now.graphs - old.graphs)
         self._item(line, "breaks", str(now.breaks), old and now.breaks - old.breaks, bad_up=True)
         self._item(line, "recompiles", str(now.recompiles), old and now.recompiles - old.recompiles, bad_up=True)
-        self._item(line, "compile", format_seconds(now.compile_s),
+        self._item(line, "compile", present.duration_s(now.compile_s),
                    old and (now.compile_s - old.compile_s) * 1e6, unit_us=True)
         self._item(line, "kernels", str(now.kernels), old and now.kernels - old.kernels)
-        self._item(line, "kernel time", format_us(now.kernel_us), old and now.kernel_us - old.kernel_us,
+        self._item(line, "kernel time", present.duration_us(now.kernel_us), old and now.kernel_us - old.kernel_us,
                    unit_us=True, base=old.kernel_us if old else None)
         per_step = now.wall_per_step_s
         old_step = old.wall_per_step_s if old else None
         self._item(line, "wall/step" if per_step is not None else "wall",
-                   format_seconds(per_step if per_step is not None else now.wall_s),
+                   present.duration_s(per_step if per_step is not None else now.wall_s),
                    (per_step - old_step) * 1e6 if per_step is not None and old_step is not None else None,
                    unit_us=True, base=old_step * 1e6 if old_step else None)
         text = Text("\n").join([head, line])
@@ -299,7 +287,7 @@ class IssuesPanel(Static):
             text.append("\n".join(report.run.stderr_tail.strip().splitlines()[-4:]) + "\n", "dim")
         text.append(f"Graph breaks ({sum(b.count for b in report.graph_breaks)})\n", "bold")
         for gb in report.graph_breaks:
-            text.append(f"{os.path.basename(gb.location.file)}:{gb.location.line}", "cyan")
+            text.append(present.short_location(gb.location.file, gb.location.line), "cyan")
             text.append(f" ×{gb.count} " if gb.count > 1 else " ", "dim")
             if gb.ranks and report.ranks:
                 text.append(f"[{ranks_label(gb.ranks)}] ", "magenta")
@@ -312,7 +300,7 @@ class IssuesPanel(Static):
                 text.append(f"  → {hint}\n", "green")
         text.append(f"Recompiles ({len(report.recompiles)})\n", "bold")
         for rc in report.recompiles:
-            text.append(f"{os.path.basename(rc.location.file)}:{rc.location.line}", "cyan")
+            text.append(present.short_location(rc.location.file, rc.location.line), "cyan")
             text.append(f" {rc.function} [{rc.compile_id}]", "dim")
             if rc.ranks and report.ranks:
                 text.append(f" [{ranks_label(rc.ranks)}]", "magenta")
@@ -396,9 +384,9 @@ class HostPanel(DataTable):
         for stat in profile.functions:
             style = self.CATEGORY_STYLE.get(stat.category, "")
             self.add_row(
-                _right(format_seconds(stat.self_s)),
-                _right(format_seconds(stat.total_s), "dim"),
+                _right(present.duration_s(stat.self_s)),
+                _right(present.duration_s(stat.total_s), "dim"),
                 Text(stat.category, style=style),
                 Text(_short_name(stat.function, self._name_width()), style="bold"),
-                Text(_short_name(f"{os.path.basename(stat.file)}:{stat.line}", 26), style="dim"),
+                Text(_short_name(present.short_location(stat.file, stat.line), 26), style="dim"),
             )
