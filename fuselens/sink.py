@@ -56,10 +56,6 @@ def flush() -> None:
         flusher()
 
 
-def has_listeners() -> bool:
-    return bool(_listeners)
-
-
 @contextlib.contextmanager
 def collect() -> Iterator[list[Any]]:
     """Collect every event emitted inside the block into a list."""

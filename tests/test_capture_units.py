@@ -10,7 +10,7 @@ import pytest
 
 from fuselens.capture import RunOptions, Target, TargetError, assemble
 from fuselens.notebook_program import neutralize_ipython, split_cell_filename
-from fuselens.capture.tracetext import fix_for, parse_graph_break, split_recompile_payload, translate_guard
+from fuselens.capture.tracetext import parse_graph_break, split_recompile_payload, translate_guard
 from fuselens.events import GraphBreak, Kernel, KernelTiming, PhaseTime, Recompile, RunInfo, SourceLocation
 
 CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
@@ -116,11 +116,10 @@ def test_recompile_payload_is_raw_text_for_one_reason_and_json_for_several():
     assert split_recompile_payload('[\n"0/1: a",\n"0/0: b"\n]') == ["0/1: a", "0/0: b"]
 
 
-def test_size_guard_failure_reads_in_user_terms_and_offers_mark_dynamic():
+def test_size_guard_failure_reads_in_user_terms_with_input_dim_and_sizes():
     g = translate_guard("0/0: tensor 'x' size mismatch at index 0. expected 4, actual 7")
     assert g.text == "tensor 'x' size mismatch at dim 0: 4 -> 7"
     assert (g.input_name, g.dim, g.old, g.new) == ("x", 0, "4", "7")
-    assert fix_for(g, False) == "mark x dynamic at dim 0: torch._dynamo.mark_dynamic(x, 0), or torch.compile(..., dynamic=True)"
 
 
 def test_dtype_guard_failure_names_torch_dtypes():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-import fuselens.compiler  # noqa: F401  (registers the backend)
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 
 
 def _mask_then_divide(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

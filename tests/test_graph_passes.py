@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import fuselens.compiler  # noqa: F401  (registers the backend)
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 from fuselens import sink
 from fuselens.compiler.entry import decompositions
 from fuselens.compiler.graph_passes import (gather_through_pointwise, index_put_accumulate_as_index_add,

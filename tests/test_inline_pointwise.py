@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-import fuselens.compiler  # noqa: F401  (registers the backend)
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 from fuselens.compiler import inline_pointwise
 from fuselens import sink
 from fuselens.events import FusionDecision, Kernel

@@ -31,7 +31,7 @@ from fuselens import sink  # noqa: E402
 
 BACKEND = os.environ.get("FUSELENS_TEST_BACKEND", "fuselens")
 if BACKEND == "fuselens":
-    import fuselens.compiler  # noqa: F401  (registers the backend)
+    import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 
 RTOL, ATOL = 1e-4, 1e-4
 

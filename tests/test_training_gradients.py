@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 
-import fuselens.compiler  # noqa: F401  (registers the backend)
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 import fuselens.compiler.entry as entry
 from fuselens import sink
 from fuselens.events import ErrorEntry, Kernel

@@ -50,10 +50,34 @@ def test_missing_target_exits_2_with_a_one_line_message(capsys, tmp_path):
     assert "nope.py: no such file" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("item", ["fusion=off", "fuselens:nonsense=1", "fuselens:max_fusion_size=3"])
-def test_a_bad_set_exits_2_and_names_the_valid_toggles(capsys, item):
+def test_set_takes_any_compiler_option_as_name_equals_value_like_report():
+    state = ToggleState(backend="fuselens")
+    extra = cli.apply_sets(state, ["fusion=off", "max_fusion_size=3", "cxx=clang++", "inductor:max_autotune=on"])
+    assert state.get("fuselens:fusion") is False
+    assert state.get("fuselens:max_fusion_size") == 3  # valid although the toggle does not cycle through it
+    assert state.get("inductor:max_autotune") is True
+    assert extra == {"cxx": "clang++"}  # not a toggle: sent with every run
+    assert state.options(cli_run_options(extra)).compiler_options == {"cxx": "clang++", "fusion": False,
+                                                                      "max_fusion_size": 3}
+
+
+def cli_run_options(extra):
+    from fuselens.capture.target import RunOptions
+
+    return RunOptions(compiler_options=extra)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("nonsense=1", "unknown fuselens compiler option(s) 'nonsense'"),
+    ("fuselens:nonsense=1", "unknown fuselens compiler option(s) 'nonsense'"),
+    ("max_fusion_size=0", "option max_fusion_size must be >= 1"),
+    ("fusion=maybe", "option fusion: 'maybe' is not on/off"),
+    ("inductor:nonsense=1", "SCOPE:NAME one of inductor:"),
+])
+def test_a_bad_set_exits_2_and_says_what_is_wrong(capsys, item, message):
     assert cli.main(["--set", item, "x.py"]) == 2
-    assert "fuselens tui:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("fuselens tui:") and message in err
 
 
 def test_an_unreadable_replay_file_exits_2(capsys, tmp_path):

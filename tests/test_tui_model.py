@@ -4,7 +4,7 @@ without an app."""
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import importlib.util
 import json
 import os
@@ -18,6 +18,7 @@ import pytest
 
 from fuselens import present
 from fuselens.capture.target import RunOptions
+from fuselens.compiler.options import CompilerOptions
 from fuselens.events import Kernel, Report, RunInfo
 from fuselens.tui import model
 from fuselens.tui.sampling import Sampler, categorize, parse_speedscope, py_spy_path
@@ -210,30 +211,22 @@ def test_toggle_cycles_wrap_around_and_reject_unknown_values():
     assert format_value(0, threads) == "auto" and format_value(4, threads) == "4"
 
 
-def _dataclass_defaults(path: Path, name: str) -> dict[str, object]:
-    """Field -> default of a dataclass, read from source (the TUI process and
-    this test must not import the compiler: it imports torch)."""
-    tree = ast.parse(path.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
-    out = {}
-    for stmt in cls.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            try:
-                out[stmt.target.id] = ast.literal_eval(stmt.value)
-            except ValueError:
-                out[stmt.target.id] = "<expr>"
-    return out
+def test_every_fuselens_toggle_is_a_compiler_option_field_with_choices():
+    """The TUI keeps no list of its own: toggles are the fields whose metadata has
+    choices, with the field's label, help and default (the first choice)."""
+    fields = {f.name: f for f in dataclasses.fields(CompilerOptions)}
+    offered = {t.name: t for t in TOGGLES if t.scope == "fuselens"}
+    assert set(offered) == {name for name, f in fields.items() if f.metadata["choices"]}
+    for name, toggle in offered.items():
+        field = fields[name]
+        assert toggle.values == field.metadata["choices"] and toggle.label == field.metadata["label"]
+        assert toggle.default == field.default and toggle.help == field.metadata["help"]
 
 
-def test_fuselens_toggles_are_compiler_options_with_their_real_defaults():
-    path = REPO / "fuselens" / "compiler" / "options.py"
-    if not path.exists():
-        pytest.skip("fuselens/compiler/options.py not written yet")
-    fields = _dataclass_defaults(path, "CompilerOptions")
-    for toggle in TOGGLES:
-        if toggle.scope == "fuselens":
-            assert toggle.name in fields, f"{toggle.name} is not a CompilerOptions field"
-            assert fields[toggle.name] == toggle.default, toggle.name
+def test_importing_the_toggles_and_compiler_options_does_not_import_torch():
+    code = ("import sys, fuselens.tui.toggles, fuselens.compiler.options, fuselens.compiler; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
 def test_inductor_toggles_exist_in_the_installed_inductor_config():
@@ -326,7 +319,10 @@ def test_tui_modules_never_import_torch():
         "import sys\n"
         "import fuselens.tui.cli, fuselens.tui.app, fuselens.tui.detail, fuselens.tui.export\n"
         "import fuselens.capture\n"
-        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'fuselens.compiler')))\n"
+        # The compiler's options are torch-free (the toggles are read from them); the rest is not.
+        "light = {'fuselens.compiler', 'fuselens.compiler.options'}\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'fuselens.compiler'))\n"
+        "             and m not in light)\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"
     )

@@ -51,6 +51,16 @@ def backend_name(backend: Any) -> str:
     return type(backend).__name__
 
 
+def _is_fuselens(backend: Any) -> bool:
+    """Whether a backend argument is the fuselens compiler (by name, or the
+    function itself, bare or inside torch.compile's wrapper), without
+    importing the compiler."""
+    fn = getattr(backend, "compiler_fn", backend)  # _TorchCompileWrapper
+    if isinstance(fn, str):
+        return fn == "fuselens"
+    return getattr(fn, "__module__", None) == "fuselens.compiler.entry"
+
+
 def _target_name(node: Any) -> str:
     target = node.target
     if node.op in ("call_method", "call_module", "get_attr", "placeholder", "output"):
@@ -175,6 +185,7 @@ class Capture:
         self.emit = emit
         self.frame_for = frame_for
         self.forced_backend: Optional[str] = None
+        self.compiler_options: dict[str, Any] = {}  # this run's fuselens compiler options
         self.max_calls: Optional[int] = None
         self.calls: dict[int, int] = {}
         self.max_calls_reached = False
@@ -190,8 +201,10 @@ class Capture:
     def note_internal(self, message: str) -> None:
         self.internal_notes.append(message)
 
-    def reset_run(self, forced_backend: Optional[str], max_calls: Optional[int]) -> None:
+    def reset_run(self, forced_backend: Optional[str], max_calls: Optional[int],
+                  compiler_options: Optional[dict[str, Any]] = None) -> None:
         self.forced_backend = forced_backend
+        self.compiler_options = dict(compiler_options or {})
         self.max_calls = max_calls if max_calls and max_calls > 0 else None
         self.calls = {}
         self.max_calls_reached = False
@@ -223,6 +236,8 @@ class Capture:
         if self.forced_backend is not None:
             compiler_fn = self.forced_backend
         name = backend_name(compiler_fn)
+        if self.compiler_options and _is_fuselens(compiler_fn):
+            compiler_fn = self._with_run_options(compiler_fn)
         resolved = self._orig_get_compiler_fn(compiler_fn)
         # Dynamo calls WrapBackendDebug, which calls `_torchdynamo_orig_backend`:
         # capture there, so every object Dynamo itself holds stays its own.
@@ -231,6 +246,17 @@ class Capture:
             resolved._torchdynamo_orig_backend = CaptureBackend(inner, name, self)
             return resolved
         return CaptureBackend(resolved, name, self)
+
+    def _with_run_options(self, compiler_fn: Any) -> Any:
+        """The fuselens backend called with this run's options. The program's
+        own `torch.compile(options=...)` still win over them, as they win over
+        `fuselens.compiler.configure()`."""
+        from torch._dynamo.backends.registry import lookup_backend
+
+        program = dict((getattr(compiler_fn, "kwargs", None) or {}).get("options") or {})
+        bound = functools.partial(lookup_backend("fuselens"), options={**self.compiler_options, **program})
+        bound.compiler_name = "fuselens"  # type: ignore[attr-defined]  (Dynamo's name for the backend)
+        return bound
 
     def _compile(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         if model is None:  # @torch.compile(backend=...) used as a decorator factory

@@ -106,8 +106,8 @@ class RunOptions:
                       kind "timeout"); None = no limit.
     max_calls:        stop the program once every compiled function that was
                       called ran this many times (see docs/events.md).
-    compiler_options: keyword arguments for
-                      fuselens.compiler.options.configure() (backend "fuselens").
+    compiler_options: fuselens compiler options (CompilerOptions fields), given
+                      to the "fuselens" backend with each of its compiles.
     inductor_config:  torch._inductor.config overrides, {"name": value}.
     time_kernels:     profile compiled calls to fill Kernel.calls/total_time_us.
     output_limit_bytes: tail kept of the program's stdout and of its stderr.

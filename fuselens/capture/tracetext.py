@@ -273,30 +273,3 @@ def _is_number(value: str) -> bool:
         return True
     except ValueError:
         return value in ("True", "False")
-
-
-def fix_for(failure: GuardFailure, became_dynamic: bool) -> str:
-    """One sentence: what the user could change to avoid this recompile."""
-    name = failure.input_name
-    if failure.kind == "size" and name and not name.startswith("the intermediate"):
-        prefix = "Dynamo already made it dynamic after this recompile; to avoid it, " if became_dynamic else ""
-        return (
-            f"{prefix}mark {name} dynamic at dim {failure.dim}: "
-            f"torch._dynamo.mark_dynamic({name}, {failure.dim}), or torch.compile(..., dynamic=True)"
-        )
-    if failure.kind == "size":
-        return "the shape of a value computed before the graph break changed; mark the input it comes from dynamic, or torch.compile(..., dynamic=True)"
-    if failure.kind == "dtype":
-        return f"call the compiled code with one dtype for {name} (e.g. {name}.to(torch.{failure.old})); each dtype compiles separately"
-    if failure.kind == "rank":
-        return f"keep the number of dims of {name} fixed (reshape before the call); each rank compiles separately"
-    if failure.kind == "stack_value":
-        return (
-            "a Python number taken from a tensor before the graph break (e.g. .item()) is baked into the "
-            "code after it: keep it a tensor, or set torch._dynamo.config.capture_scalar_outputs = True"
-        )
-    if failure.kind == "value":
-        if became_dynamic:
-            return f"Dynamo made {name} dynamic after this recompile; to avoid it, pass {name} as a tensor or use torch.compile(..., dynamic=True)"
-        return f"{name} is specialized to each value: pass it as a tensor, or torch.compile(..., dynamic=True)"
-    return ""

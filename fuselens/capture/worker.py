@@ -124,7 +124,7 @@ class Worker:
         with contextlib.suppress(Exception):
             torch._dynamo.utils.counters.clear()
         self.handler.reset_run()
-        self.capture.reset_run(options.backend, options.max_calls)
+        self.capture.reset_run(options.backend, options.max_calls, _run_compiler_options(options, self._emit))
         self.kernels.reset_run(options.time_kernels)
         self.fusion_log.reset_run()
         info = RunInfo(
@@ -139,7 +139,7 @@ class Worker:
             caches="cold" if options.cold_caches else "warm",
         )
         started = time.monotonic()
-        with _environment(options.env), _inductor_config(options), _compiler_options(options, self._emit):
+        with _environment(options.env), _inductor_config(options):
             self.channel.send_line(control_line(STARTED))
             try:
                 with self.kernels.timing():
@@ -290,28 +290,22 @@ def _inductor_config(options: RunOptions) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _compiler_options(options: RunOptions, emit: Any) -> Iterator[None]:
-    """Hand options to the fuselens compiler, if it is there. Options are
-    reset first so that a kept worker does not carry a previous run's."""
+def _run_compiler_options(options: RunOptions, emit: Any) -> dict[str, Any]:
+    """This run's fuselens compiler options, validated; the capture hooks hand
+    them to the backend with each compile (hooks.Capture). Nothing process-wide
+    is changed, but the process default is reset so that a program's own
+    `fuselens.compiler.configure()` in a kept worker does not reach the next run."""
+    from fuselens.compiler import options as compiler_options  # torch-free
+
+    compiler_options.reset()
     wanted = dict(options.compiler_options or {})
     if options.time_kernels:
         wanted.setdefault("time_kernels", True)
-    loaded = "fuselens.compiler.options" in sys.modules
-    if wanted or loaded:
-        try:
-            from fuselens.compiler import options as compiler_options  # type: ignore[attr-defined]
-
-            if hasattr(compiler_options, "reset"):
-                compiler_options.reset()
-            if wanted:
-                compiler_options.configure(**wanted)
-        except ImportError:
-            if options.compiler_options:
-                emit(ErrorEntry("internal", "compiler options given but fuselens.compiler.options is not available"))
-        except Exception as exc:
-            emit(ErrorEntry("internal", f"fuselens.compiler.options.configure failed: {exc!r}"))
-    yield
+    try:
+        return compiler_options.validated(wanted)
+    except ValueError as exc:
+        emit(ErrorEntry("internal", f"fuselens compiler options not used: {exc}"))
+        return {}
 
 
 def _end_output() -> None:

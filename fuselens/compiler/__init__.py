@@ -18,26 +18,21 @@ The package reads top to bottom as the pipeline:
     atomic_file.py      cache files written whole (readers never see part of one)
     explain.py     events for `fuselens report`
 
-Importing this package registers the backend with Dynamo.
+Importing this package (or `fuselens.compiler.options`) does not import torch and
+registers nothing: Dynamo finds `backend="fuselens"` through the
+`torch_dynamo_backends` entry point of the installed package; without an install
+(a source checkout on sys.path) call `fuselens.compiler.register()` once.
 """
 
 from fuselens.compiler.options import CompilerOptions, configure, current, reset, resolve
 
-__all__ = ["CompilerOptions", "configure", "current", "reset", "resolve", "fuselens_backend"]
+__all__ = ["CompilerOptions", "configure", "current", "reset", "resolve", "fuselens_backend", "register"]
 
 
 def __getattr__(name: str):
-    if name == "fuselens_backend":
-        from fuselens.compiler.entry import fuselens_backend
+    # The backend imports torch: loaded on first use only.
+    if name in ("fuselens_backend", "register"):
+        from fuselens.compiler import entry
 
-        return fuselens_backend
+        return getattr(entry, name)
     raise AttributeError(name)
-
-
-def _register() -> None:
-    from fuselens.compiler.entry import register
-
-    register()
-
-
-_register()

@@ -230,7 +230,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
         if not opts.fallback_on_error:
             raise
-        _report_fallback("internal", f"fuselens could not compile graph {graph_id}: {type(e).__name__}: {e}",
+        missing_triton = isinstance(e, ImportError) and e.name == "triton"  # an optional dependency, not a bug
+        _report_fallback("compile" if missing_triton else "internal",
+                         options_mod.TRITON_MISSING if missing_triton
+                         else f"fuselens could not compile graph {graph_id}: {type(e).__name__}: {e}",
                          compile_id, traceback.format_exc(), opts)
         return _invisible(_boxed(gm.forward))
     for ev in events:

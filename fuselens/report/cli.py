@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--backend", metavar="NAME",
                    help="force this backend on every torch.compile (fuselens, inductor, eager, ...)")
+    p.add_argument("--set", dest="compiler_options", action="append", type=_compiler_option, default=[],
+                   metavar="NAME=VALUE",
+                   help="a fuselens compiler option for this run, e.g. --set fusion=off --set max_fusion_size=8 "
+                   "(any field of fuselens.compiler.CompilerOptions; repeatable)")
     p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop the program after S seconds")
     p.add_argument("--max-calls", type=_positive_int, metavar="N",
                    help="stop once each compiled function ran N times (training loops need not finish)")
@@ -236,7 +240,8 @@ def _options(args: argparse.Namespace) -> Any:
     from fuselens.capture import RunOptions
 
     return RunOptions(backend=args.backend, timeout_s=args.timeout, max_calls=args.max_calls,
-                      time_kernels=args.time_kernels, cold_caches=args.cold)
+                      time_kernels=args.time_kernels, cold_caches=args.cold,
+                      compiler_options=dict(args.compiler_options) or None)
 
 
 def _echo(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -346,6 +351,15 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def _compiler_option(text: str) -> tuple[str, Any]:
+    from fuselens.compiler import options  # torch-free
+
+    try:
+        return options.parse_assignment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

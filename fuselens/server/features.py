@@ -48,6 +48,12 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
         if init and init.trusted_roots:
             merged.trusted_roots = tuple(dict.fromkeys(init.trusted_roots + merged.trusted_roots))
         ls.settings = merged
+        tell_problems(merged)
+
+    def tell_problems(settings: Settings) -> None:
+        for problem in settings.problems:
+            log.warning(problem)
+            ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=problem))
 
     async def wait_config() -> None:
         try:
@@ -71,6 +77,7 @@ def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per
     def initialize(ls: FuselensServer, params: types.InitializeParams) -> None:
         ls.settings = Settings().merged(params.initialization_options)
         init_settings["init"] = ls.settings
+        tell_problems(ls.settings)
         # Pull only where the server can tell the client to pull again after a
         # run (workspace/diagnostic/refresh). Neovim 0.10/0.11 advertise pull
         # diagnostics without refresh: pulled, results of a run started by

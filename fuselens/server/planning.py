@@ -21,6 +21,7 @@ def run_options(settings: Settings, config: Optional[ProjectConfig], env: Option
         "timeout_s": (config.timeout_s if config and config.timeout_s else settings.timeout_s),
         "max_calls": (config.max_calls if config and config.max_calls else settings.max_calls),
         "env": dict(env or {}),
+        "compiler_options": dict(settings.compiler_options) or None,
     }
 
 

@@ -79,12 +79,6 @@ class Resolver:
         lines = self._lines.get(uri, [])
         return lines[line] if 0 <= line < len(lines) else ""
 
-    def line_count(self, uri: str) -> int:
-        for seg in self.program.segments:
-            if seg.uri == uri:
-                return len(seg.lines)
-        return len(self._lines.get(uri, []))
-
     def line_range(self, uri: str, line: int) -> types.Range:
         """The line's code, from its first non-blank character to its end."""
         text = self.line_text(uri, line)

@@ -5,13 +5,20 @@ Settings arrive from three places, later ones winning: `initializationOptions`,
 `workspace/didChangeConfiguration`. Each may be flat (`{"trusted": true}`),
 nested under "fuselens" (`{"fuselens": {"trusted": true}}`) or dotted
 (`{"fuselens.trusted": true}`): editors differ in what they send.
+
+`compilerOptions` (`{"fuselens.compilerOptions": {"max_fusion_size": 8}}`) are the
+fuselens compiler's, validated by its options dataclass like `fuselens report
+--set`; the bad ones are left out and said in `Settings.problems`, for the server
+to show.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
+
+from fuselens.compiler import options as compiler_options  # torch-free
 
 RUN_ON_VALUES = ("save", "open", "manual")
 
@@ -25,6 +32,7 @@ _KEYS = {
     "timeout": "timeout_s",
     "maxCalls": "max_calls",
     "entry": "entry",
+    "compilerOptions": "compiler_options",
 }
 
 
@@ -41,20 +49,42 @@ class Settings:
     timeout_s: float = 120.0
     max_calls: Optional[int] = None
     entry: Optional[str] = None  # "train.py --steps 2"; overrides [tool.fuselens] entry
+    compiler_options: dict[str, Any] = field(default_factory=dict)  # fuselens compiler, for every run
+    problems: tuple[str, ...] = ()  # what the last merge left out, one message each
 
     def merged(self, raw: Any) -> "Settings":
         """A copy with the values of `raw` (any of the accepted shapes) applied.
         Values of the wrong type are ignored, so a bad setting cannot stop the
-        server."""
+        server; bad compiler options are also named in `problems`."""
         values = dataclasses.asdict(self)
+        values["problems"] = ()
         for key, value in _flatten(raw).items():
             name = _KEYS.get(key)
             if name is None:
+                continue
+            if name == "compiler_options":
+                values[name], values["problems"] = _compiler_options(value)
                 continue
             coerced = _coerce(name, value)
             if coerced is not _INVALID:
                 values[name] = coerced
         return Settings(**values)
+
+
+def _compiler_options(raw: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(the valid options, a message per bad one)."""
+    if raw is None:
+        return {}, ()
+    if not isinstance(raw, Mapping):
+        return {}, (f"fuselens.compilerOptions must be an object of NAME: VALUE, not {raw!r}",)
+    good: dict[str, Any] = {}
+    problems: list[str] = []
+    for name, value in raw.items():
+        try:
+            good[name] = compiler_options.parse_value(str(name), value)
+        except ValueError as exc:
+            problems.append(f"fuselens.compilerOptions: {exc}")
+    return good, tuple(problems)
 
 
 _INVALID = object()

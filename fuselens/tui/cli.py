@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Optional
 
+from fuselens.compiler import options as compiler_options
 from fuselens.tui.toggles import TOGGLES_BY_KEY, ToggleState
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -36,8 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"kill a run after S seconds and show it as an error (default {DEFAULT_TIMEOUT_S:g}; 0: never)")
     p.add_argument("--max-calls", type=int, default=None, metavar="N",
                    help="stop the program once each compiled function ran N times")
-    p.add_argument("--set", action="append", default=[], metavar="SCOPE:NAME=VALUE",
-                   help="start with a toggle set, e.g. fuselens:fusion=off or inductor:max_fusion_size=8")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a fuselens compiler option (e.g. fusion=off, max_fusion_size=8) or, scoped, "
+                   "one of Inductor's toggles (inductor:max_fusion_size=8); repeatable")
     p.add_argument("--no-sample", action="store_true", help="do not sample the worker with py-spy")
     p.add_argument("--export-dir", default=".", help="where `e` writes report files (default: .)")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
@@ -92,7 +94,8 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def parse_value(text: str):
-    """`on`/`off`/`auto`/numbers/strings as typed on the command line."""
+    """`on`/`off`/`auto`/numbers/strings as typed on the command line
+    (Inductor's switches; the fuselens compiler's are parsed by its options)."""
     low = text.lower()
     if low in ("on", "true", "yes"):
         return True
@@ -104,18 +107,35 @@ def parse_value(text: str):
         return text
 
 
-def apply_sets(state: ToggleState, sets: list[str]) -> None:
-    """Apply `--set scope:name=value` items; raises ValueError with a message."""
+def apply_sets(state: ToggleState, sets: list[str]) -> dict:
+    """Apply `--set` items; returns the fuselens compiler options that are not
+    toggles (e.g. cxx=clang++), for the runs' RunOptions. Raises ValueError
+    with a message.
+
+    `NAME=VALUE` or `fuselens:NAME=VALUE` is a fuselens compiler option, read
+    like `fuselens report --set` (any valid value, also one the toggle does
+    not cycle through); `inductor:NAME=VALUE` is one of Inductor's toggles."""
+    extra: dict = {}
     for item in sets:
         key, sep, value = item.partition("=")
-        if not sep or key not in TOGGLES_BY_KEY:
-            valid = ", ".join(k for k in TOGGLES_BY_KEY if not k.startswith("run:"))
-            raise ValueError(f"--set {item!r}: expected SCOPE:NAME=VALUE with SCOPE:NAME one of {valid}")
+        scope, colon, name = key.rpartition(":")
+        if not colon or scope == "fuselens":
+            name, parsed = compiler_options.parse_assignment(f"{name}{sep}{value}")
+            if f"fuselens:{name}" in TOGGLES_BY_KEY:
+                state.set(f"fuselens:{name}", parsed, any_value=True)
+            else:
+                extra[name] = parsed
+            continue
+        if not sep or key not in TOGGLES_BY_KEY or scope == "run":
+            valid = ", ".join(k for k in TOGGLES_BY_KEY if k.startswith("inductor:"))
+            raise ValueError(f"--set {item!r}: expected NAME=VALUE (a fuselens compiler option) "
+                             f"or SCOPE:NAME=VALUE with SCOPE:NAME one of {valid}")
         toggle = TOGGLES_BY_KEY[key]
         parsed = parse_value(value)
         if value.lower() == "auto" and toggle.auto is not None:
             parsed = toggle.auto
         state.set(key, parsed)
+    return extra
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -130,7 +150,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(ours)
     toggles = ToggleState(backend=args.backend)
     try:
-        apply_sets(toggles, args.set)
+        extra_compiler_options = apply_sets(toggles, args.set)
     except ValueError as exc:
         print(f"fuselens tui: {exc}", file=sys.stderr)
         return 2
@@ -155,7 +175,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from fuselens.capture import RunOptions
 
-    options = RunOptions(timeout_s=args.timeout or None, max_calls=args.max_calls, time_kernels=True)
+    options = RunOptions(timeout_s=args.timeout or None, max_calls=args.max_calls, time_kernels=True,
+                         compiler_options=extra_compiler_options or None)
     try:
         session, target = session_for(args, rest)
     except UsageError as exc:

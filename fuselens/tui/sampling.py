@@ -51,7 +51,6 @@ _CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("<frozen ", "import"),
     ("torch/", "torch"),
 )
-CATEGORIES = ("user", "compile", "wrapper", "torch", "import", "fuselens", "other")
 
 
 def categorize(file: str, user_roots: tuple[str, ...] = ()) -> str:

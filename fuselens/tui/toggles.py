@@ -1,10 +1,10 @@
 """The live toggles: which compiler and backend switches the TUI offers, and
 how a toggle state becomes `RunOptions`. Pure data, no Textual, no torch.
 
-The TUI never imports `fuselens.compiler` (it imports torch), so the names
-of the fuselens compiler options are listed here; a test checks them
-against `fuselens/compiler/options.py` by reading its source. The Inductor
-switches are real `torch._inductor.config` names (checked the same way).
+The fuselens compiler's toggles come from the `choices`, `label` and `help`
+of the CompilerOptions fields (fuselens/compiler/options.py, torch-free).
+The Inductor switches are real `torch._inductor.config` names (a test reads
+the installed config's source).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from fuselens.capture.target import RunOptions
+from fuselens.compiler import options as compiler_options
 
 Scope = Literal["run", "fuselens", "inductor"]
 
@@ -51,26 +52,9 @@ class Toggle:
 TOGGLES: tuple[Toggle, ...] = (
     Toggle("backend", "backend", "run", (PROGRAM_BACKEND, "fuselens", "inductor", "eager"),
            "the torch.compile backend forced on every compile (program: its own)"),
-    # fuselens compiler options (fuselens/compiler/options.py CompilerOptions;
-    # a test checks names and defaults against its source).
-    Toggle("fusion", "fusion", "fuselens", (True, False), "fuse ops into kernels at all"),
-    Toggle("max_fusion_size", "max fusion size", "fuselens", (64, 32, 16, 8, 4, 2),
-           "most nodes in one fused kernel"),
-    Toggle("reduction_fusion", "reduction fusion", "fuselens", (True, False),
-           "fuse pointwise producers into reductions"),
-    Toggle("epilogue_fusion", "epilogue fusion", "fuselens", (True, False),
-           "fuse pointwise consumers after a reduction"),
-    Toggle("horizontal_fusion", "horizontal fusion", "fuselens", (True, False),
-           "fuse independent work over the same iteration space"),
-    Toggle("extern_epilogue_fusion", "matmul epilogue", "fuselens", (True, False),
-           "GPU inference: bias+ReLU/GELU in cuBLASLt, batch norm+ReLU in cuDNN's conv"),
-    Toggle("target", "target", "fuselens", ("auto", "cpp", "triton"),
-           "generated code: C++/OpenMP or Triton (auto: cpp on CPU tensors)"),
-    Toggle("threads", "threads", "fuselens", (0, 1, 2, 4, 8), "OpenMP threads per kernel", auto=0),
-    Toggle("autotune", "autotune", "fuselens", (False, True),
-           "Triton: time a few launch configurations per kernel and keep the fastest"),
-    Toggle("cuda_graphs", "CUDA graphs", "fuselens", (False, True),
-           "Triton on CUDA: replay the whole compiled graph as one CUDA graph"),
+    # fuselens compiler options: every field of CompilerOptions with choices.
+    *(Toggle(f.name, f.metadata["label"], "fuselens", f.metadata["choices"], f.metadata["help"], f.metadata["auto"])
+      for f in compiler_options.toggle_fields()),
     # Inductor's own switches (torch._inductor.config).
     Toggle("epilogue_fusion", "epilogue fusion", "inductor", (True, False), "inductor config.epilogue_fusion"),
     Toggle("aggressive_fusion", "aggressive fusion", "inductor", (False, True),
@@ -113,9 +97,11 @@ class ToggleState:
     def get(self, key: str) -> Any:
         return self.values[key]
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: Any, any_value: bool = False) -> None:
+        """Set `key`; a value outside its cycle only with `any_value` (the caller
+        validated it, e.g. `--set max_fusion_size=3`) or for the backend."""
         toggle = TOGGLES_BY_KEY[key]
-        if key == "run:backend" and value not in toggle.values:
+        if any_value or key == "run:backend" and value not in toggle.values:
             # Any registered backend name may be forced from the command line.
             self.values[key] = value
             return
