@@ -101,7 +101,8 @@ def compile_for(backend: str, fn: Callable, cache_dir: Optional[str] = None) -> 
     if backend == "eager":
         return fn
     if backend == "fuselens":
-        import fuselens.compiler  # noqa: F401  (registers the backend)
+        import fuselens.compiler  # noqa: E402
+        fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
 
         options = {"cache_dir": cache_dir} if cache_dir else None
         return torch.compile(fn, backend="fuselens", options=options)

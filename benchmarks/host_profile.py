@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import fuselens.compiler  # noqa: E402,F401
+import fuselens.compiler  # noqa: E402
+fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
 from benchmarks.real_models import build  # noqa: E402
 
 

@@ -38,7 +38,8 @@ use_fresh_compile_caches("fl_models_bench_")
 
 import torch  # noqa: E402
 
-import fuselens.compiler  # noqa: E402,F401
+import fuselens.compiler  # noqa: E402
+fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
 from benchmarks.real_models import MODELS, ModelCase, build  # noqa: E402
 
 

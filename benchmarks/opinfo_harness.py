@@ -320,7 +320,8 @@ class CountingBackend:
         from torch._dynamo.backends.registry import lookup_backend
 
         if name == "fuselens":  # registered on import: a checkout needs no installed entry point
-            import fuselens.compiler  # noqa: F401
+            import fuselens.compiler  # noqa: E402
+            fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
         self.name = name
         self.inner = lookup_backend(name)
         self.graphs = 0
