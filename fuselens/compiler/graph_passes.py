@@ -443,8 +443,10 @@ def index_put_accumulate_as_index_add(gm: torch.fx.GraphModule, *, require_cuda:
             continue
         if iv.dtype not in (torch.int64, torch.int32) or (require_cuda and not xv.is_cuda) or xv.dim() < 1 or vv.dtype != xv.dtype:
             continue
+        if not _static(*iv.shape, *vv.shape, *xv.shape):
+            continue  # comparing symbolic sizes would specialize the graph on them
         rows = list(vv.shape[iv.dim():])
-        if list(vv.shape[:iv.dim()]) != list(iv.shape) or rows != list(xv.shape[1:]) or not _static(*iv.shape):
+        if list(vv.shape[:iv.dim()]) != list(iv.shape) or rows != list(xv.shape[1:]):
             continue
         bld = _Builder(gm, node, mode)
         flat = bld.call(aten.reshape.default, idx, [-1])

@@ -61,14 +61,11 @@ class Planner:
         if not (isinstance(args[0], tuple) and len(args[0]) == 2 and args[0][0] == "buf"
                 and args[0][1] in self.layout_known):
             return None
-        try:
-            size, stride = tuple(int(x) for x in val.shape), tuple(int(x) for x in val.stride())
-            shift = int(val.storage_offset()) - int(base_val.storage_offset())
-        except (TypeError, ValueError, RuntimeError):  # symbolic sizes
-            return None
-        if any(isinstance(x, torch.SymInt) for x in (*val.shape, *val.stride())):
-            return None
-        return size, stride, shift
+        facts = (*val.shape, *val.stride(), val.storage_offset(), base_val.storage_offset())
+        if not all(isinstance(x, int) for x in facts):
+            return None  # symbolic: int() would specialize the graph on this call's sizes
+        size, stride = tuple(val.shape), tuple(val.stride())
+        return size, stride, val.storage_offset() - base_val.storage_offset()
 
     def slot(self, e: Any) -> int:
         return self.symeval.add(e)
