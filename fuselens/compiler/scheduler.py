@@ -19,7 +19,7 @@ not fused" is never reconstructed after the fact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import sympy
 
