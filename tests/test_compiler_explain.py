@@ -166,3 +166,58 @@ def test_fusing_an_adjacent_consumer_is_not_blocked_by_the_peak_memory_rule():
     events = compile_events(lambda x: x.sin().cos() + 1, torch.randn(512, 512))
     assert not [d for d in of(events, FusionDecision) if d.rule == "peak-memory"]
     assert len(of(events, Kernel)) == 1
+
+
+@pytest.fixture
+def schedules(monkeypatch):
+    """The Schedule of every graph compiled in the test, as the scheduler returned it
+    (entry.py imports `schedule` at each compile, so wrapping it sees every call)."""
+    from fuselens.compiler import scheduler
+
+    made = []
+    real = scheduler.schedule
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(scheduler, "schedule", recording)
+    return made
+
+
+def test_not_fused_events_carry_the_decision_the_scheduler_recorded_when_it_tried_the_pair(schedules):
+    def f(x):
+        y = x.sin().t().contiguous() * 2  # same-index
+        z = y.amax(-1).sum()  # a reduction of a reduction: iteration-space
+        for _ in range(3):
+            y = y.cos() + 1  # a chain longer than max_fusion_size
+        return y, z
+
+    events = compile_events(f, torch.randn(8, 8), options={"max_fusion_size": 3})
+    (sched,) = schedules
+    assert {d.verdict for d in sched.decisions} == {"fused", "not_fused"}
+    fx_of = {n.name: n.fx_nodes[0] for g in sched.groups for n in g.nodes}
+    standing: dict = {}
+    for (producer, consumer), d in sched.last_decisions().items():
+        standing.setdefault((fx_of[producer], fx_of[consumer]), set()).add((d.verdict, d.rule, d.reason, d.option))
+    refused = [d for d in of(events, FusionDecision) if d.decision == "not_fused"]
+    assert {d.rule for d in refused} >= {"same-index", "iteration-space", "max-fusion-size"}
+    for d in refused:
+        assert ("not_fused", d.rule, d.reason, d.option) in standing[tuple(d.nodes)], d
+
+
+def test_refusal_by_a_kernel_later_merged_away_keeps_the_rule_that_decided():
+    def f(x, y):
+        a = (x.sin() * x.cos() + 1).exp().tanh()  # kernel A
+        c = a[:, 0] * 2  # 8 vs A's 8x8: refused by A for its iteration space
+        s = y.sum(-1, keepdim=True)
+        t = a + s  # joins s's row kernel, which then pulls A in: A is merged away (and freed)
+        return c, t, a
+
+    events = compile_events(f, torch.randn(8, 8), torch.randn(8, 8))
+    (row_kernel,) = [k for k in of(events, Kernel) if "sum_1" in k.nodes]
+    (refused,) = [d for d in of(events, FusionDecision) if d.decision == "not_fused"]
+    assert refused.nodes[0] in row_kernel.nodes  # the producer ended up in another kernel than the one tried
+    # re-checking against the final row kernel would blame a same-index read (its outer
+    # loop does have c's 8 elements); the decision was made on A, for its iteration space
+    assert refused.rule == "iteration-space" and "8 vs 8x8" in refused.reason, refused

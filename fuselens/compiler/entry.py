@@ -140,7 +140,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     from fuselens.compiler.explain import build_events
     from fuselens.compiler.lowering import lower
     from fuselens.compiler.plan import make_runner
-    from fuselens.compiler.scheduler import Scheduler
+    from fuselens.compiler.scheduler import schedule
 
     graph_id = _graph_id(compile_id, stage)
     phases: list[tuple[str, float]] = []
@@ -170,8 +170,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         from fuselens.compiler.inline_pointwise import inline_pointwise
 
         inlined = inline_pointwise(graph, out_sources)
-        scheduler = Scheduler(graph, opts, out_sources)
-        sched = scheduler.run()
+        sched = schedule(graph, opts, out_sources)
         phases.append(("scheduling", time.perf_counter() - t))
         t = time.perf_counter()
         gen = get_generator(target)
@@ -206,7 +205,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
             lib = build(source, opts, spans).lib if parts else None
             phases.append(("cpp_compile", time.perf_counter() - t))
         runner = make_runner(graph, sched, kernels, lib, outputs, opts.time_kernels and target == "cpp")
-        events = build_events(gm, graph, sched, scheduler, kernels, graph_id, compile_id, stage, function, location)
+        events = build_events(gm, graph, sched, kernels, graph_id, compile_id, stage, function, location)
         events.extend(FusionDecision(decision="fused", nodes=[r.node], reason=r.detail, graph_id=graph_id, rule=r.rule)
                       for r in rewrites)
         kernel_of = {n.name: grp.name for grp in sched.groups for n in grp.nodes}

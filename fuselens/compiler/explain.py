@@ -1,5 +1,10 @@
 """Events for `fuselens report`: the compiled graph, its kernels, every fusion
-decision and the fallbacks, built from the scheduler's own records."""
+decision and the fallbacks, built from the scheduler's own records.
+
+Nothing here re-runs a fusion rule: a pair of kernels apart is explained by the
+`Decision` the scheduler recorded when it tried that pair (`Schedule.decisions`),
+or, where one side is a library call or an op that is not lowered, by that
+unit's kind."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import torch.fx
 
 from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
 from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR, op_name
-from fuselens.compiler.scheduler import KernelGroup, Schedule, Scheduler, _label
+from fuselens.compiler.scheduler import Decision, Schedule, _label
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
@@ -56,7 +61,6 @@ def build_events(
     gm: torch.fx.GraphModule,
     graph: GraphIR,
     sched: Schedule,
-    scheduler: Scheduler,
     kernels: dict,
     graph_id: str,
     compile_id: str,
@@ -97,7 +101,7 @@ def build_events(
         loc = location_from_stack(e.stack_trace)
         events.append(Kernel(name=ext_names[e.name], kind="extern", graph_id=graph_id, ops=[op_name(node.target)],
                              nodes=[e.name], source_lines=[loc] if loc else [], source=call, language=""))
-    events.extend(fusion_decisions(graph, sched, scheduler, graph_id, ext_names))
+    events.extend(fusion_decisions(graph, sched, graph_id, ext_names))
     # fallbacks, one entry per op kind
     seen = set()
     for e in (u for u in sched.units if isinstance(u, ExternNode) and u.kind == "fallback"):
@@ -119,8 +123,10 @@ def _locations(nodes: list[ComputeNode]) -> list[SourceLocation]:
     return out
 
 
-def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, graph_id: str,
+def fusion_decisions(graph: GraphIR, sched: Schedule, graph_id: str,
                      ext_names: dict[str, str]) -> list[FusionDecision]:
+    """One "fused" event per multi-node kernel and per library epilogue, and one
+    "not_fused" event per pair of FX nodes joined by a data edge across kernels."""
     out: list[FusionDecision] = []
     for grp in sched.groups:
         fx = grp.fx_nodes()
@@ -134,6 +140,7 @@ def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, grap
                 decision="fused", nodes=[e.name], kernel=ext_names.get(e.name), graph_id=graph_id,
                 rule="extern-epilogue", option="extern_epilogue_fusion", reason=why,
                 locations=[loc for loc in [location_from_stack(e.stack_trace)] if loc]))
+    decided = sched.last_decisions()
     seen: set[tuple[str, str]] = set()
     steps = {s.name: s for s in graph.steps}
     for s in graph.steps:
@@ -151,7 +158,7 @@ def fusion_decisions(graph: GraphIR, sched: Schedule, scheduler: Scheduler, grap
             if pair in seen or pair[0] == pair[1]:
                 continue
             seen.add(pair)
-            rule, reason, option = _why_apart(p, s, pg, cg, scheduler, ext_names)
+            rule, reason, option = _why_apart(p, s, decided.get((p.name, s.name)), ext_names)
             out.append(FusionDecision(decision="not_fused", nodes=list(pair), reason=reason, graph_id=graph_id,
                                       rule=rule, option=option, kernel=None))
     return out
@@ -175,9 +182,9 @@ def _fx(s: Any) -> str:
     return s.fx_nodes[0] if isinstance(s, ComputeNode) else s.name
 
 
-def _why_apart(p: Any, c: Any, pg: Optional[KernelGroup], cg: Optional[KernelGroup], scheduler: Scheduler,
-               ext_names: dict[str, str]) -> tuple[str, str, str]:
-    for s, other in ((c, p), (p, c)):
+def _why_apart(p: Any, c: Any, decision: Optional[Decision], ext_names: dict[str, str]) -> tuple[str, str, str]:
+    """(rule, reason, option) for producer `p` and consumer `c` in different units."""
+    for s in (c, p):
         if isinstance(s, ExternNode):
             if s.kind == "fallback":
                 return "fallback", f"{_label(s)} is not lowered ({s.reason}); it runs in ATen between kernels", "lower"
@@ -185,12 +192,8 @@ def _why_apart(p: Any, c: Any, pg: Optional[KernelGroup], cg: Optional[KernelGro
                     "generates no matmul/convolution kernels to fuse pointwise work into (on the GPU, in inference, "
                     "ReLU/tanh-GELU after a Linear and batch norm+ReLU after a conv2d run in the library's epilogue)",
                     "")
-    ref = scheduler.refusals.get((id(pg), c.name))
-    if ref is None and pg is not None and cg is not None:
-        ref = scheduler.check(pg, cg.nodes)
-        if ref is None:
-            return ("greedy-order", f"{_label(c)} was fused into {cg.name} first; merging {pg.name} into it as well "
-                    "was not attempted in graph order", "")
-    if ref is None:
-        return "unknown", "not fused", ""
-    return ref.rule, ref.reason, ref.option
+    if decision is None or decision.verdict != "not_fused":
+        # Two kernels apart with no refusal on record would be a scheduler bug (every
+        # compute edge is tried when its consumer is scheduled); say so, don't guess.
+        return "unknown", "not fused (the scheduler recorded no decision for this pair)", ""
+    return decision.rule, decision.reason, decision.option

@@ -10,14 +10,16 @@ an outer parallel loop with one inner pass per reduction dependency level.
 
 Fusion is greedy in graph order. Each rule is one function returning `None`
 (allowed) or a `Refusal` with the reason in a user's words and the option that
-would change it; the scheduler emits `FusionDecision` events straight from those
-returns, so "why not fused" is never reconstructed after the fact.
+would change it. The moment a consumer is tried against a producer's kernel, the
+scheduler records a `Decision` per data edge between them in `Schedule.decisions`,
+keyed by node names; explain.py maps those to `FusionDecision` events, so "why
+not fused" is never reconstructed after the fact.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import sympy
 
@@ -30,6 +32,24 @@ class Refusal:
     rule: str
     reason: str
     option: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One data edge the scheduler tried to fuse, recorded when it tried.
+
+    `producer` and `consumer` are IR step names: unique and stable for the
+    whole graph, unlike kernel objects, which are merged and freed during
+    scheduling (keying by their `id()` once attributed a refusal to whatever
+    kernel later reused the address). The last decision for an edge is the
+    one that stands."""
+
+    verdict: Literal["fused", "not_fused"]
+    producer: str
+    consumer: str
+    rule: str  # "fused", or the refusing rule's name ("same-index", "max-fusion-size", ...)
+    reason: str
+    option: str = ""  # the compiler option that would change a refusal
 
 
 @dataclass(eq=False)
@@ -100,8 +120,12 @@ class Schedule:
 
     units: list[Any]
     groups: list[KernelGroup]
-    decisions: list[Any]  # fuselens.events.FusionDecision (graph_id filled by the caller)
+    decisions: list[Decision]  # in the order they were made
     group_of: dict[str, KernelGroup]
+
+    def last_decisions(self) -> dict[tuple[str, str], Decision]:
+        """The standing decision per (producer, consumer) edge: the last one made."""
+        return {(d.producer, d.consumer): d for d in self.decisions}
 
 
 def _space(node: ComputeNode) -> tuple[list[Expr], Optional[list[bool]]]:
@@ -146,7 +170,7 @@ class Scheduler:
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
         self.nbytes = [self._step_bytes(s) for s in self.steps]
         self.group_of: dict[str, KernelGroup] = {}
-        self.refusals: dict[tuple[int, str], Refusal] = {}
+        self.decisions: list[Decision] = []
         self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
 
     def _step_bytes(self, s: Any) -> int:
@@ -411,20 +435,24 @@ class Scheduler:
                 if ref is None:
                     target = pg
                     break
-                self.refusals[(id(pg), step.name)] = ref
+                self._decide(pg, step, ref)
             if target is not None:
-                self._join(target, [step], _join_reason(target, step))
+                reason = _join_reason(target, step)
+                self._decide(target, step, reason)
+                self._join(target, [step], reason)
                 # several producer kernels: pull the others in too when the rules allow
                 for pg in producer_groups:
                     if pg is target or pg not in groups:
                         continue
                     ref = self.check(target, pg.nodes)
                     if ref is None:
-                        self._join(target, pg.nodes, f"{_label(step)} needs both: merged kernels")
+                        reason = f"{_label(step)} needs both: merged kernels"
+                        self._decide(pg, step, reason)
+                        self._join(target, pg.nodes, reason)
                         groups.remove(pg)
                         del self._unit_masks[id(pg)]
                     else:
-                        self.refusals[(id(pg), step.name)] = ref
+                        self._decide(pg, step, ref)
                 continue
             if self.opt.fusion and self.opt.horizontal_fusion:
                 for cand in reversed(groups[-8:]):
@@ -442,6 +470,20 @@ class Scheduler:
                 self.group_of[step.name] = ng
                 self._track(ng)
         return self._finish(groups)
+
+    def _decide(self, g: KernelGroup, consumer: ComputeNode, outcome: Refusal | str) -> None:
+        """Record the outcome of trying `consumer` with kernel `g` (a Refusal, or the
+        join reason) for each member of `g` that `consumer` reads: those are the
+        edges the outcome explains. Horizontal joins have no such edge."""
+        mine = self.index[consumer.name]
+        for n in g.nodes:
+            if self.index[n.name] not in self.deps[mine]:
+                continue
+            if isinstance(outcome, Refusal):
+                self.decisions.append(Decision("not_fused", n.name, consumer.name, outcome.rule, outcome.reason,
+                                               outcome.option))
+            else:
+                self.decisions.append(Decision("fused", n.name, consumer.name, "fused", outcome))
 
     def _join(self, g: KernelGroup, new: Sequence[ComputeNode], reason: str) -> None:
         m = self._merged(g, new)
@@ -468,7 +510,7 @@ class Scheduler:
             if isinstance(u, KernelGroup):
                 u.name = kernel_name(u, counter)
                 counter += 1
-        return Schedule(units, [u for u in units if isinstance(u, KernelGroup)], [], self.group_of)
+        return Schedule(units, [u for u in units if isinstance(u, KernelGroup)], self.decisions, self.group_of)
 
     def _order(self, groups: list[KernelGroup]) -> list[Any]:
         """Topological order of kernels and externs, earliest graph position first."""
