@@ -148,6 +148,8 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     case("conv_bn_relu_with_grad_untouched", block, (torch.randn(2, 8, 10, 10),), rtol=1e-4, atol=1e-4)
     case("full_reduction_scalar", lambda x: x.mean(), (torch.randn(37, 11),), rtol=1e-4, atol=1e-5)
     case("column_reduction", lambda x: x.sum(0), (torch.randn(300, 17),), rtol=1e-4, atol=1e-4)
+    # looped, few columns: narrow blocks of long row chunks, with the last chunk masked
+    case("column_reduction_looped_narrow", lambda x: x.sum(0), (torch.randn(4100, 40),), rtol=1e-4, atol=1e-3)
     case("bf16_gelu", lambda x, b: F.gelu(x + b), (torch.randn(16, 48, dtype=torch.bfloat16),
                                                    torch.randn(48, dtype=torch.bfloat16)), rtol=1.6e-2, atol=1e-2)
     # a kernel writing only 16-bit floats takes the short erf (_fl_erf_16bit); specials included
@@ -340,7 +342,7 @@ def _ok(records: dict, name: str) -> dict:
     "linear_relu_epilogue", "conv_bn_relu_folded", "conv_bn_relu_with_grad_untouched",
     "online_softmax", "layernorm", "layernorm_offset_rows", "looped_var_offset_rows", "full_reduction_scalar",
     "welford_layernorm", "welford_layernorm_ragged", "softmax_4096_rows", "layernorm_4096_few_rows",
-    "column_reduction", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
+    "column_reduction", "column_reduction_looped_narrow", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
     "lgamma", "dynamic_shapes",
@@ -520,6 +522,11 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
     lr = SimpleNamespace(kernel_kind="looped_reduction", elem_bytes=4, column_reduction=False)
     c = heuristic_config(lr, 4, 100000)
     assert (c.rblock, c.num_warps) == (2048, 16)
+    # column sums: ~2 programs an SM, so 768 columns (a norm-weight gradient) get 8-wide blocks
+    col = SimpleNamespace(kernel_kind="looped_reduction", elem_bytes=4, column_reduction=True)
+    c = heuristic_config(col, 768, 4096)
+    assert (c.xblock, c.rblock) == (8, 512) and -(-768 // c.xblock) >= 96
+    assert (heuristic_config(col, 30522, 4096).xblock, heuristic_config(col, 30522, 4096).rblock) == (64, 64)
     for ks, xn, rn in ((pw, 1 << 20, 1), (pr, 16384, 4096), (lr, 8, 1 << 20)):
         cands = candidate_configs(ks, xn, rn)
         assert 2 <= len(cands) <= 8 and cands[0] == heuristic_config(ks, xn, rn)

@@ -53,6 +53,7 @@ from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIn
 from fuselens.compiler.scheduler import KernelGroup
 
 PERSISTENT_MAX = 16384  # static rows up to this many elements stay in registers
+COLUMN_PERSISTENT_MAX = 1024  # columns up to this long (launch_config keeps 4+ of them a block)
 MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elision relies on it)
 MAX_BLOCK_2D = 64
 MAX_XBLOCK_REDUCTION = 64
@@ -421,7 +422,13 @@ class TritonKernel:
             xdims, rdims = self._order(kept, ref), self._order(red, ref)
             self.axes = [_Axis("x", xdims, "xindex"), _Axis("r", rdims, "rindex")]
             rn = ir.numel([g.full[d] for d in rdims])
-            persistent = rn.is_Integer and int(rn) <= PERSISTENT_MAX
+            # a reduction whose reference access is contiguous along a kept dim
+            # (BatchNorm statistics over N,H,W of channels-last data, bias and norm-weight gradients)
+            self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
+            # a persistent column block holds whole columns: past COLUMN_PERSISTENT_MAX rows it is
+            # one column wide, every load a different row (BERT's [4096, 768] weight-gradient sums
+            # took 0.1 ms each); looped, it is a tile of several columns and a chunk of rows
+            persistent = rn.is_Integer and int(rn) <= (COLUMN_PERSISTENT_MAX if self.column else PERSISTENT_MAX)
             self.kind = "persistent_reduction" if persistent else "looped_reduction"
             xn = ir.numel([g.full[d] for d in xdims])
             row_fp32 = bool(big) and self.graph.buffers[big[0][0]].dtype == torch.float32
@@ -432,9 +439,6 @@ class TritonKernel:
                 self.welford = welford_pairs(self)
                 if self.welford:
                     self.kind = "looped_reduction"
-            # a reduction whose reference access is contiguous along a kept dim
-            # (BatchNorm statistics over N,H,W of channels-last data)
-            self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
         if not hasattr(self, "column"):
             self.column = False
         # a pointwise kernel whose every output is a 16-bit float may use shorter math (erf)
