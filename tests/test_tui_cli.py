@@ -113,3 +113,14 @@ def test_an_unreadable_replay_file_exits_2(capsys, tmp_path):
     bad.write_text("{not json")
     assert cli.main(["--replay", str(bad)]) == 2
     assert "cannot read report" in capsys.readouterr().err
+
+
+def test_tui_runs_have_a_default_timeout_that_zero_turns_off_while_report_runs_have_none():
+    from fuselens.run_args import run_options
+
+    tui, _ = parse(["tui", "x.py"])
+    assert run_options(tui, {}).timeout_s == cli.DEFAULT_TIMEOUT_S
+    tui, _ = parse(["tui", "--timeout", "0", "x.py"])
+    assert run_options(tui, {}).timeout_s is None
+    report, _ = parse(["report", "x.py"])
+    assert run_options(report, {}).timeout_s is None

@@ -46,7 +46,8 @@ def launch_of(args: argparse.Namespace, program_args: list[str]) -> Any:
     from fuselens.capture.distributed import launch_for
 
     try:
-        return launch_for(run_args.target_spec(args), program_args, args.nproc_per_node, run_dir=args.run_dir, cwd=os.getcwd())
+        return launch_for(run_args.target_spec(args), program_args, args.nproc_per_node, run_dir=args.run_dir,
+                          cwd=os.getcwd())
     except ValueError as exc:
         raise TorchrunUsage(str(exc)) from None
 
