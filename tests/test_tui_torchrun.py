@@ -13,6 +13,7 @@ import pytest
 
 from fuselens.capture import RunOptions
 from fuselens.capture.distributed import DistributedSession
+from fuselens.cli import parse
 from fuselens.tui import cli
 from fuselens.tui.app import FuselensApp
 from fuselens.tui.widgets import HostPanel, IssuesPanel, KernelTable, SummaryBar
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="to
 
 def session_of(argv: list[str]):
     """What `fuselens tui ARGV` would run: (session, target), no app."""
-    ours, rest = cli._split(argv)
-    return cli.session_for(cli._parser().parse_args(ours), rest)
+    args, program_args = parse(["tui", *argv])
+    return cli.session_for(args, program_args)
 
 
 def processes_with(needle: str) -> list[str]:

@@ -19,6 +19,8 @@ import shutil
 import sys
 from typing import Any, Callable, Optional
 
+from fuselens import run_args
+from fuselens.cli_parser import UsageError
 from fuselens.events import Report
 from fuselens.report import common, torchrun_cli
 
@@ -48,38 +50,13 @@ exit codes:
   that ran eagerly after its compile failed, `internal` a fuselens bug: these ran correctly."""
 
 
-class UsageError(Exception):
-    """A one-line message for the user; the command exits with code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting, so that
-    every bad argument is one line on stderr."""
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        if message.startswith("unrecognized arguments:"):
-            extra = message.split(":", 1)[1].strip()
-            message = f"unexpected argument(s) {extra} (the program's own arguments go after --)"
-        raise UsageError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fuselens report", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("target", nargs="?", help="script.py or notebook.ipynb")
-    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+def configure(p: argparse.ArgumentParser) -> None:
+    """The options of `fuselens report`: the shared run options and its own."""
+    p.description, p.epilog = DESCRIPTION, EPILOG
+    run_args.add_run_options(p)
     p.add_argument("--from-json", metavar="FILE", help="render a saved JSON report instead of running")
     p.add_argument("-f", "--format", choices=FORMATS, default="terminal", help="output format (default: terminal)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("--backend", metavar="NAME",
-                   help="force this backend on every torch.compile (fuselens, inductor, eager, ...)")
-    p.add_argument("--set", dest="compiler_options", action="append", type=_compiler_option, default=[],
-                   metavar="NAME=VALUE",
-                   help="a fuselens compiler option for this run, e.g. --set fusion=off --set max_fusion_size=8 "
-                   "(any field of fuselens.compiler.CompilerOptions; repeatable)")
-    p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop the program after S seconds")
-    p.add_argument("--max-calls", type=_positive_int, metavar="N",
-                   help="stop once each compiled function ran N times (training loops need not finish)")
     p.add_argument("--fail-on", type=_fail_on, default=[], metavar="KINDS",
                    help="exit 1 when the report has these findings: graph-break,recompile,error,...")
     p.add_argument("--no-time-kernels", dest="time_kernels", action="store_false",
@@ -96,35 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="terminal: only findings and the summary; no progress line")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="terminal colours")
     torchrun_cli.add_arguments(p)
-    return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point of `fuselens report`; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(argv)
-    except UsageError as exc:
-        print(f"fuselens report: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("fuselens report: interrupted", file=sys.stderr)
-        return 130
+    """`fuselens report ARGV`; returns the exit code."""
+    from fuselens.cli import main as fuselens_main
+
+    return fuselens_main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
-def _main(argv: list[str]) -> int:
-    # Everything after the first `--` belongs to the program, untouched.
-    if "--" in argv:
-        cut = argv.index("--")
-        ours, program_args = argv[:cut], argv[cut + 1:]
-    else:
-        ours, program_args = argv, []
-    parser = build_parser()
-    if any(a in ("-h", "--help") for a in ours):
-        parser.print_help()
-        return EXIT_OK
-    args = parser.parse_args(ours)
+def run(args: argparse.Namespace, program_args: list[str]) -> int:
+    """Run (or re-render, or merge) and write the report; the exit code."""
     _check_output(args.output)
+    run_args.compiler_options(args.settings)  # a switch for the TUI only fails here, before a run
 
     if torchrun_cli.check_merge_usage(args, program_args):
         raise UsageError(torchrun_cli.check_merge_usage(args, program_args))
@@ -207,13 +168,8 @@ def repo_root(start: str) -> str:
 def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
     from fuselens.capture import Target, TargetError, analyze
 
-    if args.module and args.target:
-        raise UsageError(f"give either a target or -m MODULE, not both ({args.target!r} and -m {args.module})")
-    if args.module:
-        spec = ["-m", args.module]
-    elif args.target:
-        spec = [args.target]
-    else:
+    spec = run_args.target_spec(args)
+    if not spec:
         raise UsageError("no target: give a script.py, -m package.module or a notebook.ipynb")
     try:
         target = Target.from_cli([*spec, "--", *program_args])
@@ -237,11 +193,8 @@ def _run(args: argparse.Namespace, program_args: list[str]) -> Optional[Report]:
 
 
 def _options(args: argparse.Namespace) -> Any:
-    from fuselens.capture import RunOptions
-
-    return RunOptions(backend=args.backend, timeout_s=args.timeout, max_calls=args.max_calls,
-                      time_kernels=args.time_kernels, cold_caches=args.cold,
-                      compiler_options=dict(args.compiler_options) or None)
+    return run_args.run_options(args, run_args.compiler_options(args.settings),
+                                time_kernels=args.time_kernels, cold_caches=args.cold)
 
 
 def _echo(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -341,35 +294,6 @@ def _width(args: argparse.Namespace) -> int:
     if args.output or not sys.stdout.isatty():
         return 100
     return max(60, shutil.get_terminal_size((100, 24)).columns)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _compiler_option(text: str) -> tuple[str, Any]:
-    from fuselens.compiler import options  # torch-free
-
-    try:
-        return options.parse_assignment(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
 
 
 def _fail_on(text: str) -> list[str]:

@@ -13,6 +13,7 @@ import argparse
 import os
 from typing import Any, Optional
 
+from fuselens import run_args
 from fuselens.events import Report
 
 TORCHRUN_HELP_EPILOG = """distributed (torchrun):
@@ -22,11 +23,8 @@ TORCHRUN_HELP_EPILOG = """distributed (torchrun):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc-per-node", type=int, metavar="N",
-                   help="run TARGET with torchrun on N ranks of this host, every rank captured")
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="distributed: where each rank writes its events (default: a new temporary directory); "
-                        "on several hosts, a directory they share")
+    """The report's own distributed option; --nproc-per-node and --run-dir
+    are run options shared with the TUI (fuselens.run_args)."""
     p.add_argument("--merge", metavar="DIR", help="render the ranks a distributed run wrote to DIR, running nothing")
 
 
@@ -47,9 +45,9 @@ def launch_of(args: argparse.Namespace, program_args: list[str]) -> Any:
     """The TorchrunLaunch the command line asks for."""
     from fuselens.capture.distributed import launch_for
 
-    spec = ["-m", args.module] if args.module else [args.target] if args.target else []
     try:
-        return launch_for(spec, program_args, args.nproc_per_node, run_dir=args.run_dir, cwd=os.getcwd())
+        return launch_for(run_args.target_spec(args), program_args, args.nproc_per_node, run_dir=args.run_dir,
+                          cwd=os.getcwd())
     except ValueError as exc:
         raise TorchrunUsage(str(exc)) from None
 

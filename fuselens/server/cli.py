@@ -11,15 +11,27 @@ import threading
 from typing import Any, Callable, Optional
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="fuselens server",
-        description="Language server over stdio: graph breaks, recompiles and fusion as diagnostics.",
-    )
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The options of `fuselens server`."""
+    parser.description = "Language server over stdio: graph breaks, recompiles and fusion as diagnostics."
     parser.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default and only transport)")
     parser.add_argument("--log-file", help="write the server's log here (default: stderr, warnings only)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
-    args = parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`fuselens server ARGV`; returns the exit code."""
+    from fuselens.cli import main as fuselens_main
+
+    return fuselens_main(["server", *(sys.argv[1:] if argv is None else argv)])
+
+
+def run(args: argparse.Namespace, program_args: list[str]) -> int:
+    """Serve LSP over stdio until the editor goes away."""
+    if program_args:
+        from fuselens.cli_parser import UsageError
+
+        raise UsageError(f"the server runs no program; unexpected {' '.join(program_args)}")
     logging.basicConfig(
         filename=args.log_file,
         level=logging.DEBUG if args.verbose else logging.WARNING,
