@@ -30,10 +30,12 @@ class AnalysisFinished:
     """An analysis ended. Counts are None when it ended without a result
     (cancelled): the client then counts the diagnostics it holds."""
 
+    # status and cached have no default: pygls's converter leaves out
+    # fields equal to their default, and the client should see both.
     uri: str
+    status: str  # "ok" | "cancelled"
+    cached: bool
     version: Optional[int] = None
-    status: str = "ok"  # "ok" | "cancelled"
-    cached: bool = False
     graph_breaks: Optional[int] = None
     recompiles: Optional[int] = None
     errors: Optional[int] = None
@@ -44,6 +46,7 @@ class AnalysisFinished:
         uri = subject_uri(plan)
         return cls(
             uri=uri,
+            status="ok",
             version=plan.versions.get(uri),
             cached=cached,
             graph_breaks=len(report.graph_breaks),
@@ -55,7 +58,7 @@ class AnalysisFinished:
     @classmethod
     def cancelled(cls, plan: RunPlan) -> "AnalysisFinished":
         uri = subject_uri(plan)
-        return cls(uri=uri, version=plan.versions.get(uri), status="cancelled")
+        return cls(uri=uri, status="cancelled", cached=False, version=plan.versions.get(uri))
 
 
 def subject_uri(plan: RunPlan) -> str:
