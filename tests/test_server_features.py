@@ -247,6 +247,20 @@ async def test_analysis_started_and_finished_notifications_carry_the_run_counts(
         assert heard[2][0] == "fuselens/analysisFinished" and heard[2][1]["cached"] is True
 
 
+async def test_a_cancelled_run_is_announced_finished_without_counts(tmp_path):
+    program = tmp_path / "slow.py"
+    program.write_text("import time\ntime.sleep(300)\n")
+    async with session(tmp_path) as client:
+        finished: list[dict] = []
+        client.feature("fuselens/analysisFinished")(lambda params: finished.append(_as_dict(params)))
+        doc = open_file(client, program)
+        save_file(client, program)
+        await wait_until(lambda: client.progress_reports, 30)  # the run is under way
+        assert (await command(client, "fuselens.cancel", doc)) == {"cancelled": True}
+        (params,) = await wait_until(lambda: finished, 10)
+        assert params == {"uri": doc, "version": 1, "status": "cancelled", "cached": False}
+
+
 async def test_a_command_without_its_arguments_is_refused_as_invalid_params(ws):
     async with session(ws) as client:
         with pytest.raises(Exception, match="Invalid Params: Expected 2 arguments, got 1"):

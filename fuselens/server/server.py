@@ -242,14 +242,17 @@ class FuselensServer(LanguageServer):
         task = self.manager.submit(plan, self.deliver, self._progress_events(plan), use_cache)
         if task is not None:
             self.protocol.notify(ANALYSIS_STARTED, AnalysisStarted(uri=notifications.subject_uri(plan)))
-            task.add_done_callback(lambda t: self._tell_cancelled(plan, t))
+            before = self.results.get(plan.unit)
+            task.add_done_callback(lambda t: self._tell_cancelled(plan, t, before))
             asyncio.ensure_future(self._track_progress(plan, task))
         return task
 
-    def _tell_cancelled(self, plan: RunPlan, task: asyncio.Task) -> None:
-        """A cancelled run delivers nothing: say it ended, unless a newer run
-        of its unit (which cancelled it) is under way and will say so."""
-        if task.cancelled() and not self.manager.running(plan.unit):
+    def _tell_cancelled(self, plan: RunPlan, task: asyncio.Task, before: Optional[UnitResult]) -> None:
+        """A cancelled run delivers nothing: say it ended, unless what
+        cancelled it says so itself (a newer run of its unit under way, or a
+        newer result, from the cache, already delivered)."""
+        newer = self.manager.running(plan.unit) or self.results.get(plan.unit) is not before
+        if task.cancelled() and not newer:
             self.protocol.notify(ANALYSIS_FINISHED, AnalysisFinished.cancelled(plan))
 
     def deliver_cached(self, uri: str) -> bool:
