@@ -226,3 +226,50 @@ async def test_entry_from_pyproject_runs_train_py_with_args_and_reports_in_model
         out = _apply((root / "model.py").read_text(), action, model)
         ast.parse(out)
         assert "@torch.compile(dynamic=True)" in out
+
+
+async def test_analysis_started_and_finished_notifications_carry_the_run_counts(ws):
+    path = ws / "recompile.py"
+    async with session(ws) as client:
+        heard: list[tuple[str, dict]] = []
+        for method in ("fuselens/analysisStarted", "fuselens/analysisFinished"):
+            client.feature(method)(lambda params, method=method: heard.append((method, _as_dict(params))))
+        doc = open_file(client, path)
+        summary = await command(client, "fuselens.analyze", doc)
+        finished = await wait_until(lambda: [p for m, p in heard if m.endswith("Finished")], 10)
+        assert heard[0] == ("fuselens/analysisStarted", {"uri": doc})
+        assert finished == [{"uri": doc, "version": 1, "status": "ok", "cached": False, "graphBreaks": 0,
+                             "recompiles": summary["recompiles"], "errors": 0, "seconds": summary["wall_s"]}]
+        assert summary["recompiles"] == 1
+
+        await command(client, "fuselens.analyze", doc)  # answered from the cache: no run starts
+        await wait_until(lambda: len(heard) == 3, 10)
+        assert heard[2][0] == "fuselens/analysisFinished" and heard[2][1]["cached"] is True
+
+
+async def test_a_cancelled_run_is_announced_finished_without_counts(tmp_path):
+    program = tmp_path / "slow.py"
+    program.write_text("import time\ntime.sleep(300)\n")
+    async with session(tmp_path) as client:
+        finished: list[dict] = []
+        client.feature("fuselens/analysisFinished")(lambda params: finished.append(_as_dict(params)))
+        doc = open_file(client, program)
+        save_file(client, program)
+        await wait_until(lambda: client.progress_reports, 30)  # the run is under way
+        assert (await command(client, "fuselens.cancel", doc)) == {"cancelled": True}
+        (params,) = await wait_until(lambda: finished, 10)
+        assert params == {"uri": doc, "version": 1, "status": "cancelled", "cached": False}
+
+
+async def test_a_command_without_its_arguments_is_refused_as_invalid_params(ws):
+    async with session(ws) as client:
+        with pytest.raises(Exception, match="Invalid Params: Expected 2 arguments, got 1"):
+            await command(client, "fuselens.kernelSource", uri(ws / "recompile.py"))
+        with pytest.raises(Exception, match="Invalid Params: Expected .* got 0"):
+            await command(client, "fuselens.analyze")
+        assert (await command(client, "fuselens.serverInfo"))["pid"] > 0  # and the server goes on
+
+
+def _as_dict(params) -> dict:
+    """Params of a method lsprotocol does not know arrive as a named tuple."""
+    return params if isinstance(params, dict) else params._asdict()

@@ -8,6 +8,7 @@ import ast
 import asyncio
 
 import pytest
+from pygls.workspace import PositionCodec
 
 from fuselens.events import (
     CompiledGraph,
@@ -22,7 +23,6 @@ from fuselens.events import (
     ShapeChange,
     SourceLocation,
 )
-from fuselens.server import positions
 from fuselens.server.analysis import AnalysisManager, RunPlan
 from fuselens.server.diagnostics import kernel_ops, report_findings
 from fuselens.server.fixes import apply_edits, fixes_for
@@ -54,10 +54,12 @@ def test_pyproject_tool_fuselens_entry_backend_timeout_max_calls(tmp_path):
 
 
 @pytest.mark.parametrize("encoding,expected", [("utf-16", 5), ("utf-8", 8), ("utf-32", 4)])
-def test_columns_are_converted_to_the_negotiated_encoding(encoding, expected):
+def test_columns_are_converted_to_the_negotiated_encoding(tmp_path, encoding, expected):
     line = "é😀ab"  # é is 2 UTF-8 bytes, 😀 is 4 bytes and 2 UTF-16 units
-    assert positions.to_client(line, 4, encoding) == expected
-    assert positions.from_client(line, expected, encoding) == 4
+    program = ProgramText.for_script(str(tmp_path / "prog.py"), "file:///prog.py", line + "\n")
+    resolver = Resolver(program, [str(tmp_path)], PositionCodec(encoding))
+    assert resolver.line_end("file:///prog.py", 0).character == expected
+    assert resolver.line_range("file:///prog.py", 0).end.character == expected
 
 
 def test_notebook_cells_join_in_order_and_map_back_to_cell_relative_lines():
@@ -106,7 +108,7 @@ raise ValueError("boom")
 def _resolver(tmp_path, encoding="utf-16"):
     path = str(tmp_path / "prog.py")
     program = ProgramText.for_script(path, "file:///prog.py", SOURCE)
-    return Resolver(program, [str(tmp_path)], encoding), path
+    return Resolver(program, [str(tmp_path)], PositionCodec(encoding)), path
 
 
 def test_report_maps_to_diagnostics_with_stable_codes_related_stack_and_severities(tmp_path):

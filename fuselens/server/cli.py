@@ -37,11 +37,12 @@ def run(args: argparse.Namespace, program_args: list[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    from fuselens.server.features import register
-    from fuselens.server.server import FuselensServer
+    from fuselens import private_dirs
+    from fuselens.server import commands, features  # noqa: F401 - importing them registers each feature and command
 
-    server = FuselensServer()
-    register(server)
+    # A killed server cannot remove its scratch folder: the next one does.
+    private_dirs.clean_stale_scratch()
+    server = features.server
     exit_cleanly_on_signals(lambda: _clean_up(server))
     try:
         server.start_io()

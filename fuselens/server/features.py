@@ -1,21 +1,19 @@
-"""LSP features of the fuselens server, each a small function registered on
-the server object by `register`."""
+"""LSP features of the fuselens server: one server object, each feature a
+top-level function registered on it by pygls's decorator (commands are in
+commands.py). Importing this module builds the server and starts nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 from typing import Any, Optional
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
+from pygls.workspace import PositionCodec
 
 from fuselens.server import insights
-from fuselens.server.analysis import summary
 from fuselens.server.fixes import Edit, fixes_for
-from fuselens.server.positions import to_client
 from fuselens.server.program import ProgramText
 from fuselens.server.server import FuselensServer
 from fuselens.server.settings import Settings
@@ -23,249 +21,207 @@ from fuselens.server.trust import any_trust
 
 log = logging.getLogger(__name__)
 
-ANALYZE = "fuselens.analyze"
-CANCEL = "fuselens.cancel"
-KERNEL_SOURCE = "fuselens.kernelSource"
-WRITE_REPORT = "fuselens.writeReport"
-SERVER_INFO = "fuselens.serverInfo"
+server = FuselensServer()
 
 
 def is_python(doc: types.TextDocumentItem) -> bool:
     return doc.language_id == "python" or doc.uri.endswith((".py", ".pyw"))
 
 
-def register(ls: FuselensServer) -> None:  # noqa: C901 - one small function per feature
-    init_settings: dict[str, Settings] = {}
+# ---- lifecycle and configuration ------------------------------------------------
 
-    def apply_settings(raw: Any) -> None:
-        merged = ls.settings.merged(raw)
-        # Trust granted at initialization (the editor's workspace trust, the
-        # roots a Neovim config names) is not taken back by a configuration
-        # section that merely has the default.
-        init = init_settings.get("init")
-        if init and init.trusted:
-            merged.trusted = True
-        if init and init.trusted_roots:
-            merged.trusted_roots = tuple(dict.fromkeys(init.trusted_roots + merged.trusted_roots))
-        ls.settings = merged
-        tell_problems(merged)
 
-    def tell_problems(settings: Settings) -> None:
-        for problem in settings.problems:
-            log.warning(problem)
-            ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=problem))
+@server.feature(types.INITIALIZE)
+def initialize(ls: FuselensServer, params: types.InitializeParams) -> None:
+    ls.settings = ls.init_settings = Settings().merged(params.initialization_options)
+    tell_problems(ls, ls.settings)
+    # Pull only where the server can tell the client to pull again after a
+    # run (workspace/diagnostic/refresh). Neovim 0.10/0.11 advertise pull
+    # diagnostics without refresh: pulled, results of a run started by
+    # :w would only show at the next edit. Such clients get pushes. Registered
+    # here, before pygls builds the capabilities it answers with.
+    if ls.client_supports("text_document.diagnostic") and ls.client_supports("workspace.diagnostics.refresh_support"):
+        ls.pull_diagnostics = True
+        ls.feature(
+            types.TEXT_DOCUMENT_DIAGNOSTIC,
+            types.DiagnosticOptions(identifier="fuselens", inter_file_dependencies=True, workspace_diagnostics=False),
+        )(pull_diagnostics)
+    # Trust named at initialization (trusted, trustedRoots): the worker's
+    # torch import starts now, before the configuration round trip.
+    ls.warm_up()
 
-    async def wait_config() -> None:
-        try:
-            await asyncio.wait_for(ls.config_ready.wait(), 3)
-        except asyncio.TimeoutError:
-            pass
 
-    async def pull_configuration() -> None:
-        if not ls.client_supports("workspace.configuration"):
-            return
-        try:
-            items = [types.ConfigurationItem(section="fuselens")]
-            result = await asyncio.wait_for(ls.workspace_configuration_async(types.ConfigurationParams(items=items)), 3)
-        except Exception:
-            log.debug("workspace/configuration failed", exc_info=True)
-            return
-        if result and isinstance(result[0], dict):
-            apply_settings({"fuselens": result[0]})
+@server.feature(types.INITIALIZED)
+async def initialized(ls: FuselensServer, params: types.InitializedParams) -> None:
+    try:
+        await pull_configuration(ls)
+    finally:
+        ls.config_ready.set()
+    ls.warm_up()  # trust from the configuration: the first save need not wait for torch
 
-    @ls.feature(types.INITIALIZE)
-    def initialize(ls: FuselensServer, params: types.InitializeParams) -> None:
-        ls.settings = Settings().merged(params.initialization_options)
-        init_settings["init"] = ls.settings
-        tell_problems(ls.settings)
-        # Pull only where the server can tell the client to pull again after a
-        # run (workspace/diagnostic/refresh). Neovim 0.10/0.11 advertise pull
-        # diagnostics without refresh: pulled, results of a run started by
-        # :w would only show at the next edit. Such clients get pushes.
-        if ls.client_supports("text_document.diagnostic") and ls.client_supports("workspace.diagnostics.refresh_support"):
-            ls.pull_diagnostics = True
-            ls.feature(
-                types.TEXT_DOCUMENT_DIAGNOSTIC,
-                types.DiagnosticOptions(identifier="fuselens", inter_file_dependencies=True, workspace_diagnostics=False),
-            )(pull_diagnostics)
-        # Trust named at initialization (trusted, trustedRoots): the worker's
-        # torch import starts now, before the configuration round trip.
+
+@server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+async def did_change_configuration(ls: FuselensServer, params: types.DidChangeConfigurationParams) -> None:
+    was_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
+    if params.settings:
+        apply_settings(ls, params.settings)
+    else:
+        await pull_configuration(ls)
+    now_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
+    if any_trust(ls.settings) and now_trusted != was_trusted and ls.settings.run_on != "manual":
         ls.warm_up()
-
-    @ls.feature(types.INITIALIZED)
-    async def initialized(ls: FuselensServer, params: types.InitializedParams) -> None:
-        try:
-            await pull_configuration()
-        finally:
-            ls.config_ready.set()
-        ls.warm_up()  # trust from the configuration: the first save need not wait for torch
-
-    @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: FuselensServer, params: types.DidChangeConfigurationParams) -> None:
-        was_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
-        if params.settings:
-            apply_settings(params.settings)
-        else:
-            await pull_configuration()
-        now_trusted = (ls.settings.trusted, ls.settings.trusted_roots)
-        if any_trust(ls.settings) and now_trusted != was_trusted and ls.settings.run_on != "manual":
-            ls.warm_up()
-            for uri in open_units(ls):
-                ls.schedule(uri)
-
-    @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    async def did_open(ls: FuselensServer, params: types.DidOpenTextDocumentParams) -> None:
-        await wait_config()
-        doc = params.text_document
-        if is_python(doc) and ls.workspace.get_notebook_document(cell_uri=doc.uri) is None:
-            on_open(doc.uri)
-
-    def on_open(uri: str) -> None:
-        if ls.settings.run_on == "manual":
-            return
-        if not any_trust(ls.settings):
-            ls.tell_untrusted()
-        elif ls.settings.run_on == "open":
-            ls.schedule(uri)
-        else:
-            ls.deliver_cached(uri)  # results of an earlier run, no code runs
-
-    @ls.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))
-    async def did_save(ls: FuselensServer, params: types.DidSaveTextDocumentParams) -> None:
-        await wait_config()
-        uri = params.text_document.uri
-        if ls.settings.run_on == "manual":
-            return
-        if uri.endswith((".py", ".pyw")) or uri in ls.uri_unit:
+        for uri in open_units(ls):
             ls.schedule(uri)
 
-    @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: FuselensServer, params: types.DidCloseTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        if not ls.pull_diagnostics and uri in ls.uri_unit:
-            ls.publish(uri, [], None)
 
-    @ls.feature(types.NOTEBOOK_DOCUMENT_DID_OPEN)
-    async def notebook_did_open(ls: FuselensServer, params: types.DidOpenNotebookDocumentParams) -> None:
-        await wait_config()
-        on_open(params.notebook_document.uri)
+@server.feature(types.SHUTDOWN)
+def shutdown(ls: FuselensServer, params: Any) -> None:
+    for unit in list(ls.manager.tasks):
+        ls.manager.cancel(unit)
+    ls.cleanup()
 
-    @ls.feature(types.NOTEBOOK_DOCUMENT_DID_SAVE)
-    async def notebook_did_save(ls: FuselensServer, params: types.DidSaveNotebookDocumentParams) -> None:
-        await wait_config()
-        if ls.settings.run_on != "manual":
-            ls.schedule(params.notebook_document.uri)
 
-    @ls.feature(types.NOTEBOOK_DOCUMENT_DID_CLOSE)
-    def notebook_did_close(ls: FuselensServer, params: types.DidCloseNotebookDocumentParams) -> None:
-        ls.manager.cancel(params.notebook_document.uri)
-        if not ls.pull_diagnostics:
-            for cell in params.cell_text_documents:
-                ls.publish(cell.uri, [], None)
+def apply_settings(ls: FuselensServer, raw: Any) -> None:
+    merged = ls.settings.merged(raw)
+    # Trust granted at initialization (the editor's workspace trust, the
+    # roots a Neovim config names) is not taken back by a configuration
+    # section that merely has the default.
+    init = ls.init_settings
+    if init and init.trusted:
+        merged.trusted = True
+    if init and init.trusted_roots:
+        merged.trusted_roots = tuple(dict.fromkeys(init.trusted_roots + merged.trusted_roots))
+    ls.settings = merged
+    tell_problems(ls, merged)
 
-    @ls.feature(types.SHUTDOWN)
-    def shutdown(ls: FuselensServer, params: Any) -> None:
-        for unit in list(ls.manager.tasks):
-            ls.manager.cancel(unit)
-        ls.cleanup()
 
-    def pull_diagnostics(ls: FuselensServer, params: types.DocumentDiagnosticParams):
-        uri = params.text_document.uri
-        result = ls.result_for(uri)
-        result_id = result.result_id if result else "0"
-        if params.previous_result_id == result_id:
-            return types.RelatedUnchangedDocumentDiagnosticReport(result_id=result_id)
-        items = [f.diagnostic for f in ls.findings_for(uri)]
-        return types.RelatedFullDocumentDiagnosticReport(items=items, result_id=result_id)
+def tell_problems(ls: FuselensServer, settings: Settings) -> None:
+    for problem in settings.problems:
+        log.warning(problem)
+        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=problem))
 
-    @ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]))
-    def code_action(ls: FuselensServer, params: types.CodeActionParams) -> list[types.CodeAction]:
-        return code_actions(ls, params)
 
-    @ls.feature(types.TEXT_DOCUMENT_HOVER)
-    def hover(ls: FuselensServer, params: types.HoverParams) -> Optional[types.Hover]:
-        uri, result = params.text_document.uri, ls.result_for(params.text_document.uri)
-        if result is None:
-            return None
-        return insights.hover(result.report, result.resolver, result.functions, uri, params.position.line)
+async def pull_configuration(ls: FuselensServer) -> None:
+    if not ls.client_supports("workspace.configuration"):
+        return
+    try:
+        items = [types.ConfigurationItem(section="fuselens")]
+        result = await asyncio.wait_for(ls.workspace_configuration_async(types.ConfigurationParams(items=items)), 3)
+    except Exception:
+        log.debug("workspace/configuration failed", exc_info=True)
+        return
+    if result and isinstance(result[0], dict):
+        apply_settings(ls, {"fuselens": result[0]})
 
-    @ls.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))
-    def code_lens(ls: FuselensServer, params: types.CodeLensParams) -> list[types.CodeLens]:
-        uri, result = params.text_document.uri, ls.result_for(params.text_document.uri)
-        return insights.code_lenses(result.functions, uri, result.resolver) if result else []
 
-    @ls.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=False))
-    def inlay_hint(ls: FuselensServer, params: types.InlayHintParams) -> list[types.InlayHint]:
-        uri, result = params.text_document.uri, ls.result_for(params.text_document.uri)
-        if result is None or not ls.settings.inlay_hints:
-            return []
-        return insights.inlay_hints(result.report, result.resolver, uri, params.range.start.line, params.range.end.line)
+async def wait_config(ls: FuselensServer) -> None:
+    """Documents opened before the configuration arrived wait for it (a few
+    seconds at most): it decides trust and when to run."""
+    try:
+        await asyncio.wait_for(ls.config_ready.wait(), 3)
+    except asyncio.TimeoutError:
+        pass
 
-    @ls.command(ANALYZE)
-    async def analyze(ls: FuselensServer, *args: Any) -> dict[str, Any]:
-        """Run now (cache bypassed with {"force": true}); returns a summary."""
-        uri, force = _uri_arg(args), _option(args, "force")
-        if not uri:
-            return {"status": "error", "message": "fuselens.analyze needs a document URI"}
-        if not any_trust(ls.settings):
-            ls.tell_untrusted()
-            return {"status": "untrusted"}
-        plan = ls.plan_for(uri)
-        if plan is None:
-            return {"status": "outside-trusted-folders"}
-        task = ls.schedule(uri, use_cache=not force)
-        if task is None:
-            report = ls.manager.cached(plan) if plan else None
-            return summary(report, "ok" if report else "not-analysed", cached=True)
-        try:
-            report = await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the client cancelled this request: the run was cancelled with it
-            return {"status": "cancelled"}
-        return summary(report, "ok" if report is not None else "superseded")
 
-    @ls.command(CANCEL)
-    def cancel(ls: FuselensServer, *args: Any) -> dict[str, Any]:
-        uri = _uri_arg(args)
-        result = ls.result_for(uri)
-        unit = result.plan.unit if result else uri
-        notebook = ls.workspace.get_notebook_document(cell_uri=uri)
-        return {"cancelled": ls.manager.cancel(notebook.uri if notebook else unit)}
+# ---- documents --------------------------------------------------------------------
 
-    @ls.command(KERNEL_SOURCE)
-    def kernel_source(ls: FuselensServer, *args: Any) -> dict[str, Any]:
-        uri, name = _uri_arg(args), (args[1] if len(args) > 1 and isinstance(args[1], str) else "")
-        results = [ls.result_for(uri)] if ls.result_for(uri) else list(ls.results.values())
-        for result in results:
-            for kernel in result.report.kernels:
-                if kernel.name == name or not name:
-                    return {"name": kernel.name, "language": kernel.language, "kind": kernel.kind,
-                            "graph_id": kernel.graph_id, "source": kernel.source}
-        return {"name": name, "source": "", "error": "no such kernel in the latest analysis"}
 
-    @ls.command(WRITE_REPORT)
-    def write_report(ls: FuselensServer, *args: Any) -> dict[str, Any]:
-        result = ls.result_for(_uri_arg(args))
-        if result is None:
-            return {"error": "no analysis for this document yet"}
-        return write_report_file(ls, result)
+@server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+async def did_open(ls: FuselensServer, params: types.DidOpenTextDocumentParams) -> None:
+    await wait_config(ls)
+    doc = params.text_document
+    if is_python(doc) and ls.workspace.get_notebook_document(cell_uri=doc.uri) is None:
+        on_open(ls, doc.uri)
 
-    @ls.command(SERVER_INFO)
-    def server_info(ls: FuselensServer, *args: Any) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "torch_imported": "torch" in sys.modules,
-            "rss_kb": _rss_kb(),
-            "encoding": ls.encoding,
-            "pull_diagnostics": ls.pull_diagnostics,
-            "trusted": ls.settings.trusted,
-            "trusted_roots": list(ls.settings.trusted_roots),
-            "run_on": ls.settings.run_on,
-            "worker_warm": _worker_warm(),
-            "running": sum(1 for unit in list(ls.manager.tasks) if ls.manager.running(unit)),
-        }
+
+@server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))
+async def did_save(ls: FuselensServer, params: types.DidSaveTextDocumentParams) -> None:
+    await wait_config(ls)
+    uri = params.text_document.uri
+    if ls.settings.run_on == "manual":
+        return
+    if uri.endswith((".py", ".pyw")) or uri in ls.uri_unit:
+        ls.schedule(uri)
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: FuselensServer, params: types.DidCloseTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    if not ls.pull_diagnostics and uri in ls.uri_unit:
+        ls.publish(uri, [], None)
+
+
+@server.feature(types.NOTEBOOK_DOCUMENT_DID_OPEN)
+async def notebook_did_open(ls: FuselensServer, params: types.DidOpenNotebookDocumentParams) -> None:
+    await wait_config(ls)
+    on_open(ls, params.notebook_document.uri)
+
+
+@server.feature(types.NOTEBOOK_DOCUMENT_DID_SAVE)
+async def notebook_did_save(ls: FuselensServer, params: types.DidSaveNotebookDocumentParams) -> None:
+    await wait_config(ls)
+    if ls.settings.run_on != "manual":
+        ls.schedule(params.notebook_document.uri)
+
+
+@server.feature(types.NOTEBOOK_DOCUMENT_DID_CLOSE)
+def notebook_did_close(ls: FuselensServer, params: types.DidCloseNotebookDocumentParams) -> None:
+    ls.manager.cancel(params.notebook_document.uri)
+    if not ls.pull_diagnostics:
+        for cell in params.cell_text_documents:
+            ls.publish(cell.uri, [], None)
+
+
+def on_open(ls: FuselensServer, uri: str) -> None:
+    if ls.settings.run_on == "manual":
+        return
+    if not any_trust(ls.settings):
+        ls.tell_untrusted()
+    elif ls.settings.run_on == "open":
+        ls.schedule(uri)
+    else:
+        ls.deliver_cached(uri)  # results of an earlier run, no code runs
+
+
+# ---- language features ----------------------------------------------------------
+
+
+def pull_diagnostics(ls: FuselensServer, params: types.DocumentDiagnosticParams) -> types.DocumentDiagnosticReport:
+    """textDocument/diagnostic, registered by `initialize` for clients that can be told to pull again."""
+    uri = params.text_document.uri
+    result = ls.result_for(uri)
+    result_id = result.result_id if result else "0"
+    if params.previous_result_id == result_id:
+        return types.RelatedUnchangedDocumentDiagnosticReport(result_id=result_id)
+    items = [f.diagnostic for f in ls.findings_for(uri)]
+    return types.RelatedFullDocumentDiagnosticReport(items=items, result_id=result_id)
+
+
+@server.feature(types.TEXT_DOCUMENT_HOVER)
+def hover(ls: FuselensServer, params: types.HoverParams) -> Optional[types.Hover]:
+    uri, result = params.text_document.uri, ls.result_for(params.text_document.uri)
+    if result is None:
+        return None
+    return insights.hover(result.report, result.resolver, result.functions, uri, params.position.line)
+
+
+@server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))
+def code_lens(ls: FuselensServer, params: types.CodeLensParams) -> list[types.CodeLens]:
+    uri, result = params.text_document.uri, ls.result_for(params.text_document.uri)
+    return insights.code_lenses(result.functions, uri, result.resolver) if result else []
+
+
+@server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=False))
+def inlay_hint(ls: FuselensServer, params: types.InlayHintParams) -> list[types.InlayHint]:
+    uri, result = params.text_document.uri, ls.result_for(params.text_document.uri)
+    if result is None or not ls.settings.inlay_hints:
+        return []
+    return insights.inlay_hints(result.report, result.resolver, uri, params.range.start.line, params.range.end.line)
+
+
+@server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]))
+def code_action(ls: FuselensServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+    return code_actions(ls, params)
 
 
 def open_units(ls: FuselensServer) -> list[str]:
@@ -292,7 +248,7 @@ def code_actions(ls: FuselensServer, params: types.CodeActionParams) -> list[typ
         if line is None:
             continue
         for fix in fixes_for(program.text, finding.fix, line):
-            changes = _document_edits(program, fix.edits, ls.encoding)
+            changes = _document_edits(program, fix.edits, ls.position_codec)
             if changes:
                 actions.append(
                     types.CodeAction(
@@ -321,7 +277,7 @@ def current_program(ls: FuselensServer, uri: str) -> Optional[ProgramText]:
     return ProgramText.for_script(path or "", uri, text) if text is not None else None
 
 
-def _document_edits(program: ProgramText, edits: list[Edit], encoding: str) -> dict[str, list[types.TextEdit]]:
+def _document_edits(program: ProgramText, edits: list[Edit], codec: PositionCodec) -> dict[str, list[types.TextEdit]]:
     """Program-coordinate edits -> per-document TextEdits in client units."""
     out: dict[str, list[types.TextEdit]] = {}
     for edit in edits:
@@ -334,8 +290,8 @@ def _document_edits(program: ProgramText, edits: list[Edit], encoding: str) -> d
         start_text = seg.lines[start_line] if start_line < len(seg.lines) else ""
         end_text = seg.lines[end_line] if end_line < len(seg.lines) else ""
         rng = types.Range(
-            start=types.Position(line=start_line, character=to_client(start_text, edit.col, encoding)),
-            end=types.Position(line=end_line, character=to_client(end_text, edit.end_col, encoding)),
+            start=types.Position(line=start_line, character=codec.client_num_units(start_text[: max(0, edit.col)])),
+            end=types.Position(line=end_line, character=codec.client_num_units(end_text[: max(0, edit.end_col)])),
         )
         out.setdefault(seg.uri, []).append(types.TextEdit(range=rng, new_text=edit.text))
     return out
@@ -343,54 +299,3 @@ def _document_edits(program: ProgramText, edits: list[Edit], encoding: str) -> d
 
 def _overlaps(a: types.Range, b: types.Range) -> bool:
     return not (a.end.line < b.start.line or b.end.line < a.start.line)
-
-
-def _uri_arg(args: tuple) -> str:
-    for arg in args:
-        if isinstance(arg, str):
-            return arg
-        if isinstance(arg, dict) and isinstance(arg.get("uri"), str):
-            return arg["uri"]
-    return ""
-
-
-def _option(args: tuple, name: str) -> Any:
-    for arg in args:
-        if isinstance(arg, dict) and name in arg:
-            return arg[name]
-    return None
-
-
-def write_report_file(ls: FuselensServer, result) -> dict[str, Any]:
-    """Write the HTML report of a result (JSON when HTML cannot be made)."""
-    stem = os.path.splitext(os.path.basename(result.plan.label.split()[0] if result.plan.label else "report"))[0]
-    try:
-        from fuselens.report.html import render_html
-
-        text, ext = render_html(result.report, root=result.plan.cwd), "html"
-    except Exception as exc:  # the renderer is optional for the server
-        log.warning("HTML report failed (%s); writing JSON", exc)
-        text, ext = result.report.to_json(), "json"
-    path = os.path.join(ls.scratch_dir, f"{stem}-report.{ext}")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    from fuselens.server.resolve import path_to_uri
-
-    return {"path": path, "uri": path_to_uri(path), "format": ext}
-
-
-def _worker_warm() -> bool:
-    """A spare worker has imported torch and waits for the next run."""
-    runner = sys.modules.get("fuselens.capture.runner")
-    return bool(runner is not None and runner.spare_ready())
-
-
-def _rss_kb() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0

@@ -7,9 +7,9 @@ import os
 from typing import Callable, Optional
 
 from lsprotocol import types
+from pygls.workspace import PositionCodec
 
 from fuselens.events import SourceLocation
-from fuselens.server import positions
 from fuselens.server.program import ProgramText, split_lines
 
 # path -> (uri, lines) for documents the editor has open (their text may be
@@ -34,14 +34,14 @@ class Resolver:
         self,
         program: ProgramText,
         roots: list[str],
-        encoding: str = positions.UTF16,
+        codec: PositionCodec = PositionCodec(),
         open_doc: Optional[OpenDocs] = None,
         notebook_cells: Optional[list[str]] = None,
         default_uri: Optional[str] = None,
     ) -> None:
         self.program = program
         self.roots = [os.path.realpath(r) for r in roots if r]
-        self.encoding = encoding
+        self.codec = codec  # code-point columns -> the client's units
         self._open_doc = open_doc or (lambda path: None)
         self._notebook_cells = notebook_cells or []
         self.default_uri = default_uri or (program.segments[0].uri if program.segments else "")
@@ -86,15 +86,14 @@ class Resolver:
         end = len(text.rstrip())
         if end <= start:
             start, end = 0, len(text)
-        enc = self.encoding
         return types.Range(
-            start=types.Position(line=max(line, 0), character=positions.to_client(text, start, enc)),
-            end=types.Position(line=max(line, 0), character=positions.to_client(text, end, enc)),
+            start=types.Position(line=max(line, 0), character=self.codec.client_num_units(text[:start])),
+            end=types.Position(line=max(line, 0), character=self.codec.client_num_units(text[:end])),
         )
 
     def line_end(self, uri: str, line: int) -> types.Position:
         text = self.line_text(uri, line)
-        return types.Position(line=line, character=positions.to_client(text, len(text.rstrip()), self.encoding))
+        return types.Position(line=line, character=self.codec.client_num_units(text.rstrip()))
 
     def location(self, loc: SourceLocation) -> Optional[types.Location]:
         where = self.locate(loc)

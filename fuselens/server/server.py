@@ -15,15 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lsprotocol import types
+from pygls.capabilities import get_capability
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
+from pygls.workspace import PositionCodec
 
 from fuselens import __version__, private_dirs
 from fuselens.events import Report
-from fuselens.server import analysis, planning
+from fuselens.server import analysis, notifications, planning
 from fuselens.server.analysis import AnalysisManager, RunPlan
 from fuselens.server.diagnostics import Finding, report_findings
 from fuselens.server.insights import CompiledFunction, compiled_functions
+from fuselens.server.notifications import ANALYSIS_FINISHED, ANALYSIS_STARTED, AnalysisFinished, AnalysisStarted
 from fuselens.server.program import split_lines
 from fuselens.server.resolve import Resolver
 from fuselens.server.settings import Settings
@@ -77,6 +80,7 @@ class FuselensServer(LanguageServer):
             ),
         )
         self.settings = Settings()
+        self.init_settings: Optional[Settings] = None  # from initializationOptions: trust given there stays
         self.manager = AnalysisManager(runner=self._run_plan, debounce_s=SAVE_DEBOUNCE_S)
         self.results: dict[str, UnitResult] = {}  # unit -> latest result
         self.uri_unit: dict[str, str] = {}  # document uri -> unit with results for it
@@ -87,8 +91,6 @@ class FuselensServer(LanguageServer):
         self.outside_told: set[str] = set()  # paths already told they lie outside trusted folders
         self._scratch_dir: Optional[str] = None
         self._result_counter = 0
-        # A killed server cannot remove its scratch folder: the next one does.
-        private_dirs.clean_stale_scratch()
 
     @property
     def scratch_dir(self) -> str:
@@ -100,19 +102,22 @@ class FuselensServer(LanguageServer):
 
     # ---- capabilities -------------------------------------------------------
     def client_supports(self, dotted: str) -> bool:
-        node: Any = self.client_capabilities
-        for part in dotted.split("."):
-            node = getattr(node, part, None)
-            if node is None:
-                return False
-        return bool(node)
+        """Whether the client's capabilities hold a true `dotted` field
+        (`"workspace.code_lens.refresh_support"`)."""
+        return bool(get_capability(self.client_capabilities, dotted, False))
+
+    @property
+    def position_codec(self) -> PositionCodec:
+        """Columns in the negotiated position encoding (UTF-16 before the
+        client has initialized)."""
+        try:
+            return self.workspace.position_codec
+        except RuntimeError:
+            return PositionCodec()
 
     @property
     def encoding(self) -> str:
-        try:
-            encoding = self.workspace.position_encoding or "utf-16"
-        except RuntimeError:
-            return "utf-16"
+        encoding = self.position_codec.encoding or types.PositionEncodingKind.Utf16
         return str(getattr(encoding, "value", encoding))
 
     # ---- documents ----------------------------------------------------------
@@ -236,8 +241,19 @@ class FuselensServer(LanguageServer):
             return None
         task = self.manager.submit(plan, self.deliver, self._progress_events(plan), use_cache)
         if task is not None:
+            self.protocol.notify(ANALYSIS_STARTED, AnalysisStarted(uri=notifications.subject_uri(plan)))
+            before = self.results.get(plan.unit)
+            task.add_done_callback(lambda t: self._tell_cancelled(plan, t, before))
             asyncio.ensure_future(self._track_progress(plan, task))
         return task
+
+    def _tell_cancelled(self, plan: RunPlan, task: asyncio.Task, before: Optional[UnitResult]) -> None:
+        """A cancelled run delivers nothing: say it ended, unless what
+        cancelled it says so itself (a newer run of its unit under way, or a
+        newer result, from the cache, already delivered)."""
+        newer = self.manager.running(plan.unit) or self.results.get(plan.unit) is not before
+        if task.cancelled() and not newer:
+            self.protocol.notify(ANALYSIS_FINISHED, AnalysisFinished.cancelled(plan))
 
     def deliver_cached(self, uri: str) -> bool:
         """Publish cached results for `uri` without running anything."""
@@ -300,7 +316,7 @@ class FuselensServer(LanguageServer):
     # ---- delivering ---------------------------------------------------------
     def deliver(self, plan: RunPlan, report: Report, cached: bool) -> None:
         resolver = Resolver(
-            plan.program, plan.roots, self.encoding, self.open_doc_by_path, plan.notebook_cells, plan.default_uri
+            plan.program, plan.roots, self.position_codec, self.open_doc_by_path, plan.notebook_cells, plan.default_uri
         )
         findings = report_findings(report, resolver)
         functions = compiled_functions(report, resolver)
@@ -320,6 +336,7 @@ class FuselensServer(LanguageServer):
             self.workspace_code_lens_refresh(None)
         if self.settings.inlay_hints and self.client_supports("workspace.inlay_hint.refresh_support"):
             self.workspace_inlay_hint_refresh(None)
+        self.protocol.notify(ANALYSIS_FINISHED, AnalysisFinished.of(plan, report, cached))
 
     def publish(self, uri: str, diagnostics: list[types.Diagnostic], version: Optional[int]) -> None:
         if self.pull_diagnostics:

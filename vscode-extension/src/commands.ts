@@ -41,7 +41,7 @@ export function registerCommands(
     } catch (err) {
       reportError("Analysis failed", err);
     } finally {
-      status.analysisFinished(result, uri);
+      status.analyzeAnswered(result, uri);
     }
   });
 

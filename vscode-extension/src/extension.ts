@@ -6,6 +6,7 @@ import * as vscode from "vscode";
 import { registerCommands } from "./commands";
 import { KERNEL_SCHEME } from "./logic/kernelUri";
 import { settingsChangeAction } from "./logic/settings";
+import { ANALYSIS_FINISHED, ANALYSIS_STARTED, AnalysisFinishedParams, AnalysisStartedParams } from "./logic/status";
 import { onDidChangePythonInterpreter } from "./pythonExtension";
 import { FuselensServer } from "./server";
 import { StatusBar } from "./statusBar";
@@ -30,17 +31,10 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       status.set({ kind: "stopped", reason: detail });
     }
   });
-  // Optional server notifications; a server that sends neither still works
-  // (the status bar then counts diagnostics).
-  server.onNotification("fuselens/analysisStarted", (params) =>
-    status.analysisStarted((params as { uri?: string } | undefined)?.uri),
-  );
-  server.onNotification("fuselens/analysisFinished", (params) => status.analysisFinished(params));
-  // What the server does send: work-done progress around each analysis.
-  server.onProgress({
-    begin: (message) => status.set({ kind: "running", file: message?.replace(/^running\s+/, "") }),
-    end: () => status.analysisFinished(undefined),
-  });
+  // The server says when each analysis starts and finishes, with its counts
+  // (its work-done progress is for showing, not for reading).
+  server.onNotification(ANALYSIS_STARTED, (params) => status.analysisStarted((params as AnalysisStartedParams).uri));
+  server.onNotification(ANALYSIS_FINISHED, (params) => status.analysisFinished(params as AnalysisFinishedParams));
 
   registerCommands(context, server, status, kernels);
 

@@ -1,11 +1,10 @@
-// Server work-done progress (`window/workDoneProgress/create` + `$/progress`),
-// shown by VS Code as usual and also reported to the status bar item.
-//
-// The language client's built-in handler shows the progress but keeps it to
-// itself, and a progress token has room for one listener, so this replaces
-// that handler with one that does both. Cancelling the VS Code notification
+// Server work-done progress (`window/workDoneProgress/create` + `$/progress`).
+// The language client's built-in handler shows every progress in the status
+// bar, where it cannot be cancelled; this one replaces it and shows
+// cancellable runs as a notification whose Cancel button
 // sends `window/workDoneProgress/cancel`, which the server turns into
-// cancelling the run.
+// cancelling the run. (The status bar hears of runs from the server's
+// `fuselens/analysisStarted`/`analysisFinished` notifications instead.)
 
 import * as vscode from "vscode";
 import {
@@ -17,19 +16,13 @@ import {
   WorkDoneProgressReport,
 } from "vscode-languageclient/node";
 
-export interface ProgressListener {
-  begin(message: string | undefined): void;
-  end(message: string | undefined): void;
-}
-
-export function trackServerProgress(client: LanguageClient, listener: ProgressListener): vscode.Disposable {
+export function trackServerProgress(client: LanguageClient): vscode.Disposable {
   return client.onRequest(WorkDoneProgressCreateRequest.type, ({ token }) => {
     let report: ((value: WorkDoneProgressReport) => void) | undefined;
     let finish: (() => void) | undefined;
     const done = new Promise<void>((resolve) => (finish = resolve));
     const subscription = client.onProgress(WorkDoneProgress.type, token, (value) => {
       if (value.kind === "begin") {
-        listener.begin(value.message);
         show(value, (r) => (report = r), done, () =>
           client.sendNotification(WorkDoneProgressCancelNotification.type, { token }),
         );
@@ -37,7 +30,6 @@ export function trackServerProgress(client: LanguageClient, listener: ProgressLi
         report?.(value);
       } else if (value.kind === "end") {
         subscription.dispose();
-        listener.end(value.message);
         finish?.();
       }
     });

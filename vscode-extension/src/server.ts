@@ -18,7 +18,7 @@ import { preferPushDiagnostics } from "./logic/capabilities";
 import { uriForServer } from "./logic/commandArgs";
 import { chooseInterpreter, InterpreterChoice, serverCommandLine, startFailure } from "./logic/interpreter";
 import { enforceTrust, initializationOptions, readSettings, FuselensSettings } from "./logic/settings";
-import { ProgressListener, trackServerProgress } from "./progress";
+import { trackServerProgress } from "./progress";
 import { activePythonEnvironment } from "./pythonExtension";
 
 export const SERVER_ID = "fuselens";
@@ -44,7 +44,6 @@ export class FuselensServer implements vscode.Disposable {
   private queue: Promise<void> = Promise.resolve();
   private listeners: ServerListener[] = [];
   private notificationHandlers: [string, (params: unknown) => void][] = [];
-  private progressListener: ProgressListener | undefined;
   /** launchConfig() of the running server, as JSON. */
   private launched = "";
   interpreter: InterpreterChoice | undefined;
@@ -66,11 +65,6 @@ export class FuselensServer implements vscode.Disposable {
     if (this.client) {
       this.clientDisposables.push(this.client.onNotification(method, handler));
     }
-  }
-
-  /** Hears when server analyses begin and end (work-done progress). */
-  onProgress(listener: ProgressListener): void {
-    this.progressListener = listener;
   }
 
   get running(): boolean {
@@ -198,9 +192,7 @@ export class FuselensServer implements vscode.Disposable {
     for (const [method, handler] of this.notificationHandlers) {
       this.clientDisposables.push(client.onNotification(method, handler));
     }
-    if (this.progressListener) {
-      this.clientDisposables.push(trackServerProgress(client, this.progressListener));
-    }
+    this.clientDisposables.push(trackServerProgress(client));
     try {
       await client.start();
       this.output.info(`Server running: ${client.initializeResult?.serverInfo?.name ?? SERVER_NAME} ${client.initializeResult?.serverInfo?.version ?? ""}`);

@@ -2,9 +2,12 @@
 
 import * as vscode from "vscode";
 import {
+  AnalysisFinishedParams,
+  AnalysisSummary,
   StatusState,
   statusView,
   summarizeDiagnostics,
+  summaryFromAnalyzeAnswer,
   summaryFromNotification,
 } from "./logic/status";
 
@@ -35,16 +38,20 @@ export class StatusBar implements vscode.Disposable {
     this.set({ kind: "running", file: uri ? shortName(uri) : undefined });
   }
 
-  /**
-   * An analysis ended. `params` with counts (the `fuselens.analyze` answer,
-   * or a `fuselens/analysisFinished` notification) are shown as they are;
-   * otherwise the diagnostics are counted (they keep the item current after).
-   */
-  analysisFinished(params: unknown, uri?: string): void {
-    const parsed = summaryFromNotification(params);
-    const file = parsed?.uri ?? uri;
-    if (parsed) {
-      this.set({ kind: "result", summary: parsed.summary, file: file ? shortName(file) : undefined });
+  /** The server's `fuselens/analysisFinished` notification. */
+  analysisFinished(params: AnalysisFinishedParams): void {
+    this.showResult(summaryFromNotification(params), params.uri);
+  }
+
+  /** The answer of a `fuselens.analyze` we sent (also when it failed and no notification came). */
+  analyzeAnswered(answer: unknown, uri: string): void {
+    this.showResult(summaryFromAnalyzeAnswer(answer), uri);
+  }
+
+  /** Counts are shown as they are; without them the diagnostics are counted (they keep the item current after). */
+  private showResult(summary: AnalysisSummary | undefined, uri: string): void {
+    if (summary) {
+      this.set({ kind: "result", summary, file: shortName(uri) });
     } else {
       this.refreshFromEditor(true);
     }

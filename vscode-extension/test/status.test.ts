@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import * as assert from "node:assert/strict";
-import { statusView, summarizeDiagnostics, summaryFromNotification } from "../src/logic/status";
+import { statusView, summarizeDiagnostics, summaryFromAnalyzeAnswer, summaryFromNotification } from "../src/logic/status";
 
 test("only fuselens diagnostics are counted, by their code", () => {
   const s = summarizeDiagnostics([
@@ -14,19 +14,21 @@ test("only fuselens diagnostics are counted, by their code", () => {
   assert.deepEqual(s, { graphBreaks: 2, recompiles: 1, errors: 1 });
 });
 
-test("analysisFinished counts may be numbers or lists, camel or snake case", () => {
-  assert.deepEqual(summaryFromNotification({ uri: "file:///a.py", graphBreaks: 2, recompiles: 1, errors: 0, seconds: 3.5 }), {
-    uri: "file:///a.py",
-    summary: { graphBreaks: 2, recompiles: 1, errors: 0, seconds: 3.5 },
-  });
-  assert.deepEqual(summaryFromNotification({ graph_breaks: [1, 2, 3], recompiles: [] })?.summary, {
-    graphBreaks: 3,
-    recompiles: 0,
-    errors: 0,
-    seconds: undefined,
-  });
-  assert.equal(summaryFromNotification({ uri: "file:///a.py" }), undefined);
-  assert.equal(summaryFromNotification(null), undefined);
+test("an analysisFinished notification gives its counts; a cancelled one, without counts, gives none", () => {
+  assert.deepEqual(
+    summaryFromNotification({ uri: "file:///a.py", status: "ok", cached: false, graphBreaks: 2, recompiles: 1, errors: 0, seconds: 3.5 }),
+    { graphBreaks: 2, recompiles: 1, errors: 0, seconds: 3.5 },
+  );
+  assert.equal(summaryFromNotification({ uri: "file:///a.py", status: "cancelled", cached: false }), undefined);
+});
+
+test("the fuselens.analyze answer counts its error kinds; an answer without counts gives none", () => {
+  assert.deepEqual(
+    summaryFromAnalyzeAnswer({ status: "ok", cached: false, graph_breaks: 3, recompiles: 0, errors: ["timeout"], wall_s: 1.5 }),
+    { graphBreaks: 3, recompiles: 0, errors: 1, seconds: 1.5 },
+  );
+  assert.equal(summaryFromAnalyzeAnswer({ status: "untrusted" }), undefined);
+  assert.equal(summaryFromAnalyzeAnswer(null), undefined);
 });
 
 test("the status text names breaks and recompiles with singular and plural", () => {

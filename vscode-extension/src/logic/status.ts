@@ -72,38 +72,60 @@ export function diagnosticKind(d: DiagnosticLike): "graph-break" | "recompile" |
   return "other";
 }
 
+/** `fuselens/analysisStarted`: a run of the unit of `uri` began. */
+export interface AnalysisStartedParams {
+  uri: string;
+}
+
 /**
- * Reads a `fuselens/analysisFinished` notification's parameters. Accepts
- * camelCase or snake_case counts, or lists; returns undefined for anything
- * without counts so the caller falls back to diagnostics.
+ * `fuselens/analysisFinished` (fuselens/server/notifications.py). The server
+ * leaves out fields that are None: a cancelled run has no counts.
  */
-export function summaryFromNotification(params: unknown): { uri?: string; summary: AnalysisSummary } | undefined {
-  if (!params || typeof params !== "object") {
+export interface AnalysisFinishedParams {
+  uri: string;
+  status: "ok" | "cancelled";
+  cached: boolean;
+  version?: number;
+  graphBreaks?: number;
+  recompiles?: number;
+  errors?: number;
+  seconds?: number;
+}
+
+export const ANALYSIS_STARTED = "fuselens/analysisStarted";
+export const ANALYSIS_FINISHED = "fuselens/analysisFinished";
+
+/** The counts of a finished analysis; undefined when it has none (cancelled), so the caller counts diagnostics. */
+export function summaryFromNotification(params: AnalysisFinishedParams): AnalysisSummary | undefined {
+  if (params.graphBreaks === undefined && params.recompiles === undefined) {
     return undefined;
   }
-  const p = params as Record<string, unknown>;
-  const count = (...names: string[]): number | undefined => {
-    for (const n of names) {
-      const v = p[n];
-      if (typeof v === "number") {
-        return v;
-      }
-      if (Array.isArray(v)) {
-        return v.length;
-      }
-    }
-    return undefined;
-  };
-  const breaks = count("graphBreaks", "graph_breaks", "breaks");
-  const recompiles = count("recompiles");
-  if (breaks === undefined && recompiles === undefined) {
-    return undefined;
-  }
-  const seconds = count("seconds", "durationS", "duration_s", "wallS", "wall_s");
-  const uri = typeof p.uri === "string" ? p.uri : undefined;
   return {
-    uri,
-    summary: { graphBreaks: breaks ?? 0, recompiles: recompiles ?? 0, errors: count("errors") ?? 0, seconds },
+    graphBreaks: params.graphBreaks ?? 0,
+    recompiles: params.recompiles ?? 0,
+    errors: params.errors ?? 0,
+    seconds: params.seconds,
+  };
+}
+
+/**
+ * Reads the answer of the `fuselens.analyze` command (`graph_breaks`,
+ * `recompiles`, `errors` as a list of kinds, `wall_s`); undefined for an
+ * answer without counts (untrusted, cancelled, an error).
+ */
+export function summaryFromAnalyzeAnswer(answer: unknown): AnalysisSummary | undefined {
+  if (!answer || typeof answer !== "object") {
+    return undefined;
+  }
+  const a = answer as { graph_breaks?: unknown; recompiles?: unknown; errors?: unknown; wall_s?: unknown };
+  if (typeof a.graph_breaks !== "number" || typeof a.recompiles !== "number") {
+    return undefined;
+  }
+  return {
+    graphBreaks: a.graph_breaks,
+    recompiles: a.recompiles,
+    errors: Array.isArray(a.errors) ? a.errors.length : 0,
+    seconds: typeof a.wall_s === "number" ? a.wall_s : undefined,
   };
 }
 
