@@ -1,31 +1,35 @@
-"""Cheap pointwise nodes recomputed inside their consumers instead of stored.
+"""Cheap pointwise nodes recomputed inside their readers instead of stored.
 
 The scheduler fuses a producer into a consumer only when both iterate over the
-same space. Real models are full of cheap producers that are read in another
-space: Llama's rotary embedding negates half of q (`neg`, 2x4x128x32) that a
-`cat` reads inside 2x4x128x64, scales `cos` once (128x64) for four broadcasting
+same space. Real models are full of cheap producers read in another space:
+Llama's rotary embedding negates half of q (`neg`, 2x4x128x32) that a `cat`
+reads inside 2x4x128x64, scales `cos` once (128x64) for four broadcasting
 multiplies, and builds 0-d `scalar_tensor`s that a `where` reads everywhere.
-Each became a kernel of its own, a launch and a buffer round trip (on the H100
-Llama inference ran 145 launches against Inductor's 110). Inductor never has
-these kernels because its pointwise IR nodes are inlined into their readers
-unless realized; this pass gives ours the same property after lowering:
+Each was a kernel of its own, a launch and a buffer round trip (Llama inference
+on the H100: 145 launches against Inductor's 110). Inductor has no such kernels
+because its pointwise IR nodes are inlined into their readers unless realized;
+this pass gives ours the same property, after lowering.
 
-a pointwise node read by a compute node in another iteration space, whose
-readers are all compute nodes, that is not a graph output, and whose
-recomputation is cheap is removed from the graph; every
-reader evaluates the producer's body at the index it used to load. A reader's
-load of element `offset` of the producer's buffer becomes the producer's body
-at the logical index that offset has in the producer's (dense) layout.
+A pointwise node is removed from the graph, and every reader evaluates its body
+where it loaded it, when
+- a compute node in another iteration space reads it (in the same space the
+  scheduler fuses, and says why when it does not);
+- all its readers are compute nodes and it is not a graph output;
+- it does not derive from a reduction (a row statistic's epilogue such as
+  rsqrt(var + eps) stays once per row in the row's kernel);
+- it is cheap: each reader element recomputes at most MAX_OPS operations (the
+  producer's, times how often the reader loads it);
+- memory traffic does not grow: with several readers it reads at most one
+  buffer (each reader then loads that buffer where it loaded the producer;
+  otherwise a residual stream x + attention + MLP ... would be recomputed layer
+  after layer).
+A producer that must stay stored (a graph output, or read by a library call) is
+still recomputed by its readers in other spaces when it is trivial (at most
+TRIVIAL_OPS operations: a negation, a constant).
 
-Cheap means: each reader element recomputes at most MAX_OPS operations (the
-producer's, times how often the reader loads it), and memory traffic does not
-grow: a producer with
-several readers is inlined only when it reads at most one buffer (each reader
-then loads that buffer where it loaded the producer). Without that rule a
-residual stream (x + attention, + MLP, ...) is recomputed layer after layer. A producer that must stay stored (a graph
-output, or read by a library call) is still recomputed by readers in other
-spaces when it is trivial (at most TRIVIAL_OPS operations: a negation, a
-constant), which removes the ordering the readers had on its kernel.
+Readers reach an inlined producer through its loader, which hands over the
+logical index (`ir.IndexedLoads`); a load by flat offset is mapped back to the
+index that offset has in the producer's dense layout.
 """
 
 from __future__ import annotations
@@ -53,11 +57,10 @@ class Inlined:
     kept: bool  # still stored for a graph output or a library call
 
     def reason(self) -> str:
-        where = ", ".join(self.readers)
-        why = "it is still stored for " + ("a graph output or library call" if self.kept else "")
-        base = (f"{self.node} ({self.aten_op}, {self.ops} op{'s' if self.ops != 1 else ''}) is recomputed inside "
-                f"{where} instead of stored and loaded: cheaper than a kernel and a buffer of its own")
-        return base + ("; " + why if self.kept else "")
+        ops = f"{self.ops} op{'s' if self.ops != 1 else ''}"
+        text = (f"{self.node} ({self.aten_op}, {ops}) is recomputed inside {', '.join(self.readers)} instead of "
+                "stored and loaded: cheaper than a kernel and a buffer of its own")
+        return text + ("; it is still stored for a graph output or a library call" if self.kept else "")
 
 
 class _CountingOps:
@@ -118,20 +121,6 @@ def logical_index(node: ComputeNode, offset: Expr) -> list[Expr]:
             for size, stride in zip(node.size, node.stride)]
 
 
-def _dense(node: ComputeNode, hints: dict) -> bool:
-    dims = [d for d in range(len(node.size)) if node.size[d] != 1]
-    try:
-        dims.sort(key=lambda d: int(sympy.sympify(node.stride[d]).subs(hints)))
-    except (TypeError, ValueError):
-        return False
-    acc: Expr = sympy.Integer(1)
-    for d in dims:
-        if not ir.same_expr(node.stride[d], acc):
-            return False
-        acc = acc * node.size[d]
-    return True
-
-
 def _space(node: ComputeNode) -> Sequence[Expr]:
     return node.full_size if node.is_reduction else node.size
 
@@ -175,7 +164,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str]) -> list[Inlined]:
         users = readers[p.name]
         compute_users = [u for u in users if isinstance(u, ComputeNode)]
         kept = p.name in output_sources or len(compute_users) < len(users)
-        if not compute_users or not _dense(p, graph.size_hints):
+        if not compute_users or not ir.dense_layout(p.size, p.stride, graph.size_hints):
             continue
         if all(ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size)) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)

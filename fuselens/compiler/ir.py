@@ -124,6 +124,21 @@ def contiguous_strides(sizes: Sequence[Expr]) -> list[Expr]:
     return list(reversed(strides))
 
 
+def dense_layout(size: Sequence[Expr], stride: Sequence[Expr], hints: dict) -> bool:
+    """Strides that are a permutation of a contiguous layout (no gaps, no overlap)."""
+    dims = [d for d in range(len(size)) if size[d] != 1]
+    try:
+        dims.sort(key=lambda d: int(sympy.sympify(stride[d]).subs(hints)))
+    except (TypeError, ValueError):
+        return False
+    acc: Expr = sympy.Integer(1)
+    for d in dims:
+        if not same_expr(stride[d], acc):
+            return False
+        acc = acc * size[d]
+    return True
+
+
 def offset_of(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.Integer(0)) -> Expr:
     """The storage offset of a logical index (size-1 dims contribute nothing)."""
     out = offset

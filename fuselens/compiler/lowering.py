@@ -115,7 +115,7 @@ class Lowerer:
         if _is_tensor(val) and len(val.shape) == len(size):
             st = [ir.sympify_size(s) for s in val.stride()]
             sz = [ir.sympify_size(s) for s in val.shape]
-            if ir.same_sizes(sz, size) and _dense(sz, st, self.graph.size_hints):
+            if ir.same_sizes(sz, size) and ir.dense_layout(sz, st, self.graph.size_hints):
                 return st
         return ir.contiguous_strides(size)
 
@@ -279,21 +279,6 @@ def sources_of(tv: TensorValue) -> set[str]:
     rec = ir.LoadRecorder()
     tv.loader(rec, [ir.index_var("d", i) for i in range(len(tv.size))])
     return {b for b, _ in rec.loads}
-
-
-def _dense(size: Sequence[Expr], stride: Sequence[Expr], hints: dict) -> bool:
-    """Strides that are a permutation of a contiguous layout (no gaps, no overlap)."""
-    dims = [d for d in range(len(size)) if size[d] != 1]
-    try:
-        dims.sort(key=lambda d: int(sympy.sympify(stride[d]).subs(hints)))
-    except (TypeError, ValueError):
-        return False
-    acc: Expr = sympy.Integer(1)
-    for d in dims:
-        if not ir.same_expr(stride[d], acc):
-            return False
-        acc = acc * size[d]
-    return True
 
 
 def _scalar_expr(v: Any) -> Any:
