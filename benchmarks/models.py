@@ -258,6 +258,11 @@ def main(argv: Any = None) -> int:
         pass
     results = []
     for m in [m for m in args.models.split(",") if m]:
+        try:
+            __import__("torchvision" if m == "resnet50" else "transformers")
+        except ImportError as e:  # torchvision has no CPU wheel for every torch
+            print(f"skip {m}: {e}", flush=True)
+            continue
         for mode in modes:
             results.append(run_model(m, mode, args.device, backends, args.profile, args.reps))
             if args.out:  # after each model: a run cut short keeps what it measured
