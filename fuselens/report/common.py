@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from fuselens.capture.guardtext import MAX_TEXT, clip as clip_text  # noqa: F401  (one home for the limit)
+from fuselens import present
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
@@ -160,6 +161,30 @@ def phase_totals(report: Report) -> list[tuple[str, float]]:
 def compile_seconds(report: Report) -> float:
     """Total compile time: the recorded total, else the sum of phases."""
     return report.timings.compile_s or sum(p.seconds for p in report.timings.phases)
+
+
+def run_facts(report: Report) -> list[str]:
+    """The run's facts as every format's header lists them (plain text: each format escapes)."""
+    run = report.run
+    facts = [f"torch {run.torch_version}"] if run.torch_version else []
+    if run.python_version:
+        facts.append(f"Python {run.python_version}")
+    facts.append(f"backend {run.backend or 'as in the program'}")
+    if run.device:
+        facts.append(run.device)
+    if run.exit_code is not None:
+        facts.append(f"exit code {run.exit_code}")
+    if report.timings.wall_s:
+        facts.append(f"wall {present.duration_s(report.timings.wall_s)}")
+    if compile_seconds(report):
+        facts.append(f"compile {present.duration_s(compile_seconds(report))}")
+    if run.caches:
+        facts.append(f"{run.caches} caches")
+    if run.fix_verdicts:
+        facts.append(f"fix verdicts {run.fix_verdicts}")
+    if run.max_calls_reached:
+        facts.append("stopped at --max-calls")
+    return facts
 
 
 def kernel_time_us(report: Report) -> float:

@@ -90,19 +90,7 @@ def swatch(color: str) -> str:
 # -- sections -----------------------------------------------------------
 def _header(report: Report, root: Optional[str]) -> str:
     run = report.run
-    facts = []
-    if run.torch_version:
-        facts.append(f"torch {run.torch_version}")
-    if run.python_version:
-        facts.append(f"Python {run.python_version}")
-    facts.append(f"backend {run.backend or 'as in the program'}")
-    if run.device:
-        facts.append(run.device)
-    if run.exit_code is not None:
-        facts.append(f"exit code {run.exit_code}")
-    if run.max_calls_reached:
-        facts.append("stopped at --max-calls")
-    chips = "".join(f'<span class="chip">{escape(f)}</span>' for f in facts)
+    chips = "".join(f'<span class="chip">{escape(f)}</span>' for f in common.run_facts(report))
     target = " ".join([present.display_path(run.target, root), *run.args])
     return (f'<header><h1>fuselens report</h1><p class="target"><code>{escape(target)}</code></p>'
             f'<p class="chips">{chips}</p></header>')

@@ -97,23 +97,7 @@ def _header(out: list[str], report: Report, root: Optional[str]) -> None:
     run = report.run
     out.append(f"# fuselens report: {code(' '.join([present.display_path(run.target, root), *run.args]))}")
     out.append("")
-    facts = []
-    if run.torch_version:
-        facts.append(f"torch {esc(run.torch_version)}")
-    if run.python_version:
-        facts.append(f"Python {esc(run.python_version)}")
-    facts.append(f"backend {esc(run.backend or 'as in the program')}")
-    if run.device:
-        facts.append(esc(run.device))
-    if run.exit_code is not None:
-        facts.append(f"exit code {run.exit_code}")
-    if report.timings.wall_s:
-        facts.append(f"wall {present.duration_s(report.timings.wall_s)}")
-    if common.compile_seconds(report):
-        facts.append(f"compile {present.duration_s(common.compile_seconds(report))}")
-    if run.max_calls_reached:
-        facts.append("stopped at --max-calls")
-    out += [" · ".join(facts), ""]
+    out += [" · ".join(esc(f) for f in common.run_facts(report)), ""]
     c = common.counts(report)
     out.append(
         f"**Summary:** {esc(common.summary_line(report))} · {common.plural(c.graphs, 'compiled graph')} · "

@@ -142,27 +142,7 @@ class _View:
         title = Text("fuselens report ", style="bold")
         title.append(" ".join([present.display_path(run.target, self.root), *run.args]), style="bold cyan")
         self.c.print(title)
-        facts = []
-        if run.torch_version:
-            facts.append(f"torch {run.torch_version}")
-        if run.python_version:
-            facts.append(f"python {run.python_version}")
-        facts.append(f"backend {run.backend or 'as in the program'}")
-        if run.device:
-            facts.append(run.device)
-        if run.exit_code is not None:
-            facts.append(f"exit code {run.exit_code}")
-        if report.timings.wall_s:
-            facts.append(f"wall {present.duration_s(report.timings.wall_s)}")
-        if common.compile_seconds(report):
-            facts.append(f"compile {present.duration_s(common.compile_seconds(report))}")
-        if run.caches:
-            facts.append(f"{run.caches} caches")
-        if run.fix_verdicts:
-            facts.append(f"fix verdicts {run.fix_verdicts}")
-        if run.max_calls_reached:
-            facts.append("stopped at --max-calls")
-        self.c.print(Text(" · ".join(facts), style="dim"))
+        self.c.print(Text(" · ".join(common.run_facts(report)), style="dim"))
 
     def errors(self, errors: list[ErrorEntry]) -> None:
         if not errors:
