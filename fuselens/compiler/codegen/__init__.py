@@ -42,6 +42,22 @@ class KernelSource:
     layout): the runtime may write the output into a dying input's storage (C++ only)."""
 
 
+
+def reduction_phases(group: Any, members: dict) -> dict[str, int]:
+    """The pass over the rows each member of a kernel group runs in (both targets): a
+    pointwise member reading a finished reduction (or its outer epilogue) runs one pass
+    later; an outer member runs in the pass of its latest input."""
+    phase: dict[str, int] = {}
+    for n in group.nodes:
+        deps = [members[r] for r in n.reads if r in members]
+        if group.level(n) == "outer":
+            phase[n.name] = max([phase[d.name] for d in deps] or [-1])
+        else:
+            phase[n.name] = max([0] + [phase[d.name] + (1 if group.level(d) in ("reduction", "outer") else 0)
+                                       for d in deps])
+    return phase
+
+
 def get_generator(target: str) -> Any:
     """The code generator module for `target` ("cpp"; "triton" when present)."""
     if target == "triton":

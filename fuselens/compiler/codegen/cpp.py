@@ -27,7 +27,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource, canonical_text, cname
+from fuselens.compiler.codegen import KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.cpp_ops import CTYPES, HALVES, CppOps, CVal, cconst, cexpr, storage_ctype
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
 from fuselens.compiler.scheduler import KernelGroup
@@ -239,20 +239,8 @@ class CppKernel:
 
     # -- phases
     def _phases(self) -> int:
-        last = 0
-        for n in self.g.nodes:
-            lvl = self.g.level(n)
-            deps = [self.members[r] for r in n.reads if r in self.members]
-            if lvl == "outer":
-                p = max([self.phase[d.name] for d in deps] or [-1])
-            else:
-                p = 0
-                for d in deps:
-                    dl = self.g.level(d)
-                    p = max(p, self.phase[d.name] + (1 if dl in ("reduction", "outer") else 0))
-            self.phase[n.name] = p
-            last = max(last, p)
-        return last
+        self.phase.update(reduction_phases(self.g, self.members))
+        return max([0, *self.phase.values()])
 
     # -- the function
     def generate(self) -> KernelSource:

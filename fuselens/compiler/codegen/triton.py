@@ -44,7 +44,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource, canonical_text, cname
+from fuselens.compiler.codegen import KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
 from fuselens.compiler.codegen.triton_prelude import prelude_header
 from fuselens.compiler.codegen.triton_patterns import (deviation_center, drop_dead, online_softmax_pairs, share_sincos,
@@ -350,20 +350,8 @@ class TritonKernel:
 
     # -- planning -------------------------------------------------------------
     def _phases(self) -> int:
-        last = 0
-        for n in self.g.nodes:
-            lvl = self.g.level(n)
-            deps = [self.members[r] for r in n.reads if r in self.members]
-            if lvl == "outer":
-                p = max([self.phase[d.name] for d in deps] or [-1])
-            else:
-                p = 0
-                for d in deps:
-                    dl = self.g.level(d)
-                    p = max(p, self.phase[d.name] + (1 if dl in ("reduction", "outer") else 0))
-            self.phase[n.name] = p
-            last = max(last, p)
-        return last
+        self.phase.update(reduction_phases(self.g, self.members))
+        return max([0, *self.phase.values()])
 
     def _accesses(self) -> list[tuple[str, dict, bool]]:
         """(buffer, {gvar: stride}, is_store) of every memory access at the full level."""
