@@ -293,7 +293,12 @@ def _identity_pw(ctx: Lowerer, x: Any) -> TensorValue:
 @register(aten._to_copy.default)
 def lower_to_copy(ctx: Lowerer, x: Any, **kw: Any) -> TensorValue:
     dev = kw.get("device")
-    if dev is not None and torch.device(dev).type != "cpu":
+    src = ctx.current.args[0].meta.get("val") if ctx.current is not None and ctx.current.args else None
+    out = ctx.out_meta()
+    if dev is not None and not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)
+                                and src.device == out.device):
+        # a copy between devices is ATen's; `.to(x.device, dtype)` on the same device (a loss
+        # dividing by its token count) is only a conversion, fused like any other
         raise NotLowered("copy to another device")
     return _identity_pw(ctx, x)
 

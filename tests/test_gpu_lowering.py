@@ -1,0 +1,29 @@
+"""Lowering rules that only a CUDA graph exercises. Marked `gpu`: CI has no GPU, so these
+run on the GPU machine (`python -m pytest -m gpu tests/test_gpu_lowering.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuselens.compiler
+from fuselens import sink
+from fuselens.events import ErrorEntry, Kernel
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_same_device_to_copy_is_a_conversion_fused_into_a_kernel_not_an_aten_fallback():
+    fuselens.compiler.register()  # a source checkout on the GPU machine has no entry point
+
+    def mean_over_tokens(x, labels):  # what a Hugging Face causal-LM loss does with its token count
+        return x.sum() / (labels != -100).sum().to(x.device, torch.float32)
+
+    x, labels = torch.randn(4096, device="cuda"), torch.randint(-100, 3, (4096,), device="cuda")
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        out = torch.compile(mean_over_tokens, backend="fuselens")(x, labels)
+    torch.testing.assert_close(out, mean_over_tokens(x, labels))
+    assert not [e.message for e in events if isinstance(e, ErrorEntry) and "another device" in e.message]
+    assert [k.kind for k in events if isinstance(k, Kernel)] and all(
+        k.kind == "triton" for k in events if isinstance(k, Kernel)), [k.kind for k in events if isinstance(k, Kernel)]
