@@ -134,13 +134,7 @@ def fuselens_identity() -> str:
     for folder, dirs, files in os.walk(package):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, name)
-            h.update(os.path.relpath(path, package).encode("utf-8", "surrogateescape") + b"\0")
-            try:
-                with open(path, "rb") as f:
-                    h.update(hashlib.sha256(f.read()).digest())
-            except OSError:
-                h.update(b"unreadable")
+            _hash_file(h, os.path.join(folder, name), package)
     return f"{fuselens.__version__}+{h.hexdigest()[:16]}"
 
 
@@ -178,12 +172,7 @@ def local_files_digest(script: str) -> str:
     for path in sorted(seen):
         if path == os.path.abspath(script):
             continue  # the program's own text is in the key already (edited)
-        h.update(os.path.relpath(path, root).encode("utf-8", "surrogateescape") + b"\0")
-        try:
-            with open(path, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
-        except OSError:
-            h.update(b"unreadable")
+        _hash_file(h, path, root)
     return h.hexdigest()
 
 
@@ -216,3 +205,13 @@ def _local_files(root: str, name: str) -> list[str]:
         if len(found) >= MAX_LOCAL_FILES:
             break
     return found[:MAX_LOCAL_FILES]
+
+
+def _hash_file(h: "hashlib._Hash", path: str, root: str) -> None:
+    """Feed a file's path (relative to `root`) and content digest into `h`."""
+    h.update(os.path.relpath(path, root).encode("utf-8", "surrogateescape") + b"\0")
+    try:
+        with open(path, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    except OSError:
+        h.update(b"unreadable")
