@@ -167,6 +167,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                 for tv in v if isinstance(v, tuple) else [v]:
                     if isinstance(tv, TensorValue):
                         out_sources |= sources_of(tv)
+        out_sources |= set(graph.input_mutations)  # stored: into the input itself, or copied there
         from fuselens.compiler.inline_pointwise import inline_pointwise
 
         inlined = inline_pointwise(graph, out_sources)
@@ -326,6 +327,9 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
                 bw_compiler=make("aot_backward"),
                 inference_compiler=make("aot_inference"),
                 decompositions=table,
+                # BatchNorm's running stats and an optimizer's parameters are written by our
+                # kernels (lowering `copy_`), not copied back by AOTAutograd after the graph
+                keep_inference_input_mutations=True,
                 partition_fn=checked_partition(partition, _location_of, seen),
             )
             break

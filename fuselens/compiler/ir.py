@@ -244,6 +244,8 @@ class GraphIR:
     fallback_reasons: dict[str, str] = field(default_factory=dict)
     runtime_views: set[str] = field(default_factory=set)  # view nodes re-run by the runtime
     constants: dict[str, Any] = field(default_factory=dict)  # get_attr tensors by name
+    # compute node -> the graph input it overwrites (an input mutation kept in the graph)
+    input_mutations: dict[str, str] = field(default_factory=dict)
 
     def compute_nodes(self) -> list[ComputeNode]:
         return [s for s in self.steps if isinstance(s, ComputeNode)]

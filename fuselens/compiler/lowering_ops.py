@@ -312,6 +312,25 @@ def lower_copy(ctx: Lowerer, dst: Any, src: Any, non_blocking: bool = False) -> 
     return _identity_pw(ctx, src)
 
 
+@register(aten.copy_.default)
+def lower_copy_into_input(ctx: Lowerer, dst: Any, src: Any, non_blocking: bool = False) -> TensorValue:
+    """An input mutation AOTAutograd kept in the graph (BatchNorm's running stats, an
+    optimizer's parameters): a node computing the new value, which the plan stores
+    straight into the input when that is safe (plan.py `_mutate_inputs`)."""
+    inputs = {i.name for i in ctx.graph.inputs}
+    if not (isinstance(dst, TensorValue) and dst.direct and dst.source in inputs
+            and ir.same_sizes(dst.strides or [], ctx.graph.buffers[dst.source].stride)):
+        raise NotLowered("copy_ into a view of an input")
+    size = list(dst.size)
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        return load_as(ops, src, idx, dst.dtype, size)
+
+    value = ctx.add_compute(body, size, dst.dtype, stride=list(dst.strides or []))
+    ctx.graph.input_mutations[value.source] = dst.source
+    return value
+
+
 def _fill(ctx: Lowerer, value: Any) -> TensorValue:
     if isinstance(value, TensorValue):
         raise NotLowered("fill with a tensor value")

@@ -136,6 +136,7 @@ class Planner:
             else:
                 self._extern(unit)
         outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
+        in_place = self._mutate_inputs()
         self._insert_frees(outputs)
         taken = self._reuse_dying_inputs()
         timing = None
@@ -159,8 +160,11 @@ class Planner:
                 symbol_sources[s.name] = (src[0], g.inputs[src[1]].name, src[2])
         reusable = {n for n in self.kernel_allocated if self._root(n) == n and not any(
             self._root(k) == n for k in self.alias_parent)} - taken
-        return GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
-                           outputs, reusable - self._output_bufs, timing, constants=g.constants)
+        runner = GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
+                             outputs, reusable - self._output_bufs - in_place, timing, constants=g.constants)
+        names = [i.name for i in g.inputs]
+        runner.mutated_inputs = sorted(names.index(d) for d in g.input_mutations.values())
+        return runner
 
     def _extern(self, e: ExternNode) -> None:
         node = e.fx_node
@@ -181,6 +185,26 @@ class Planner:
                     for leaf in _bufs((args, kwargs)):
                         self._union(o, leaf)
 
+    def _mutate_inputs(self) -> set[str]:
+        """Where each input mutation kept in the graph lands. The kernel computing the new
+        value stores it straight into the input when nothing after that kernel reads the
+        input's old value and no member of the kernel reads the input at another element
+        than the one it overwrites; otherwise an explicit `copy_` runs after the graph's
+        last step. Returns the nodes stored in place (their buffer is the input's)."""
+        in_place: set[str] = set()
+        for node, dst in self.g.input_mutations.items():
+            at = next(i for i, s in enumerate(self.plan) if isinstance(s, KernelCall) and node in s.outputs)
+            later = {self._root(b) for s in self.plan[at + 1:] for b in _step_buffers(s)}
+            group = self.sched.group_of[node]
+            member = next(m for m in group.nodes if m.name == node)
+            if self._root(dst) not in later and _reads_only_overwritten_element(group, member, dst, self.g):
+                self.plan[at].reuse[node] = dst
+                in_place.add(node)
+            else:
+                self.plan.append(ExternCall(f"{node}_into_input", torch.ops.aten.copy_.default,
+                                            (("buf", dst), ("buf", node)), {}, f"{node}_into_input"))
+        return in_place
+
     def _reuse_dying_inputs(self) -> set[str]:
         """Let a pointwise kernel write its output over an input that dies at this
         very call (the codegen lists the safe pairs in `KernelSource.inplace`): no
@@ -198,6 +222,8 @@ class Planner:
             nxt = self.plan[i + 1] if i + 1 < len(self.plan) else None
             dying = set(nxt.names) if isinstance(nxt, Free) else set()
             for out, cands in inplace.items():
+                if out in step.reuse:  # stored into a mutated graph input already
+                    continue
                 for c in cands:
                     if c in dying and c not in protected and c not in aliased and c not in taken:
                         step.reuse[out] = c
@@ -260,6 +286,39 @@ def _compile_slots(se: SymEval) -> Any:
         return [[vals[i] for i in s] if isinstance(s, list) else vals[s] for s in shape]
 
     return evaluate
+
+
+def _step_buffers(step: Any) -> list[str]:
+    if isinstance(step, KernelCall):
+        return list(step.buffers)
+    if isinstance(step, ExternCall):
+        return list(_bufs((step.args, step.kwargs)))
+    return []
+
+
+def _reads_only_overwritten_element(group: KernelGroup, node: ir.ComputeNode, dst: str, graph: GraphIR) -> bool:
+    """Whether `node` may store into input `dst` inside its kernel: every member that
+    loads `dst` comes before `node`, is pointwise over `node`'s sizes, at `node`'s level
+    of the kernel, and loads exactly the element `node` overwrites (so each element is
+    read before it is written, and by the iteration that writes it)."""
+    dvars = [ir.index_var("d", i) for i in range(len(node.size))]
+    own = ir.offset_of(dvars, graph.buffers[dst].stride)
+    level = group.level(node)
+    for m in group.nodes:
+        loads = [e for b, e in ir.record_loads(m) if b == dst]
+        if m is node:
+            if loads and not all(ir.same_expr(e, own) for e in loads):
+                return False
+            break
+        if not loads:
+            continue
+        if (m.is_reduction or group.level(m) != level or not ir.same_sizes(m.size, node.size)
+                or (group.has_reduction and level == "full")  # the kernel's passes could reorder them
+                or not all(ir.same_expr(e, own) for e in loads)):
+            return False
+    else:
+        return False
+    return not any(b == dst for m in group.nodes[group.nodes.index(node) + 1:] for b, _ in ir.record_loads(m))
 
 
 def _bufs(a: Any):
