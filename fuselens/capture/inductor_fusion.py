@@ -273,13 +273,25 @@ def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[Fus
 
     `seg` is the graph's `_Segment` (post-grad targets in graph order,
     kernel -> post-grad provenance, post -> Dynamo nodes, refusals)."""
-    out: list[FusionDecision] = []
+    kernel_of_post, posts_of = _provenance(seg)
+    return _fused(kernels, posts_of, graph_id) + _not_fused(seg, kernel_of_post, graph_id)
+
+
+def _provenance(seg: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Post-grad node -> the (first) kernel that computes it, and kernel ->
+    its post-grad nodes, from the `kernel:line` keys of the code provenance."""
     kernel_of_post: dict[str, str] = {}
     posts_of: dict[str, list[str]] = {}
     for key, posts in seg.code_to_post.items():
         posts_of.setdefault(key.rsplit(":", 1)[0], []).extend(posts)
         for post in posts:
             kernel_of_post.setdefault(post, key.rsplit(":", 1)[0])
+    return kernel_of_post, posts_of
+
+
+def _fused(kernels: list[Kernel], posts_of: dict[str, list[str]], graph_id: str) -> list[FusionDecision]:
+    """One "fused" decision per generated kernel of two or more ops."""
+    out: list[FusionDecision] = []
     for kernel in kernels:
         if kernel.kind == "extern" or len(kernel.ops) < 2:
             continue
@@ -296,52 +308,66 @@ def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[Fus
                 locations=list(kernel.source_lines),
             )
         )
+    return out
+
+
+def _not_fused(seg: Any, kernel_of_post: dict[str, str], graph_id: str) -> list[FusionDecision]:
+    """One "not_fused" decision per distinct pair the scheduler refused."""
     order = {name: i for i, name in enumerate(seg.post_targets)}
+    out: list[FusionDecision] = []
     seen: set[tuple] = set()
     for refusal in seg.refusals:
-        first, second = refusal.sides
-        # A node can be an origin of both sides (Inductor inlines the tail of
-        # a reduction into its consumer): name each side by what is its own.
-        second = [n for n in second if n not in first] or second
-        first = [n for n in first if n not in second] or first
-        if not first or not second:
+        decision = _refusal_decision(refusal, seg, order, kernel_of_post, graph_id)
+        if decision is None:
             continue
-        k1 = {kernel_of_post.get(n) for n in first} - {None}
-        k2 = {kernel_of_post.get(n) for n in second} - {None}
-        # The producer side is named by its last node, the consumer side by
-        # its first: the pair where the kernels meet.
-        a = _pre(max(first, key=lambda n: order.get(n, -1)), seg, last=True)
-        b = _pre(min(second, key=lambda n: order.get(n, len(order))), seg, last=False)
-        if a == b:
-            continue
-        rule, words, option = _RULES.get(refusal.reason, ("", "", ""))
-        rule = f"inductor:{rule or _slug(refusal.reason)}"
-        key = (a, b, rule)
+        key = (*decision.nodes, decision.rule)
         if key in seen:
             continue  # the scheduler retries pairs in several rounds
         seen.add(key)
-        if k1 and k1 == k2 and len(k1) == 1:
-            # Inductor's C++ backend writes consecutive unfused nodes into one
-            # function, one loop nest after the other: apart all the same.
-            reason = f"{a} and {b} stayed in separate loops (one after the other in {_kernel_label(k1)}): "
-        else:
-            reason = f"{a} ({_kernel_label(k1)}) and {b} ({_kernel_label(k2)}) stayed in separate kernels: "
-        reason += words or refusal.text
-        if words:
-            reason += f" (Inductor: {refusal.text})"
-        out.append(
-            FusionDecision(
-                decision="not_fused",
-                nodes=[a, b],
-                reason=reason,
-                kernel=None,
-                graph_id=graph_id,
-                rule=rule,
-                locations=list(refusal.locations),
-                option=option,
-            )
-        )
+        out.append(decision)
     return out
+
+
+def _refusal_decision(
+    refusal: Refusal, seg: Any, order: dict[str, int], kernel_of_post: dict[str, str], graph_id: str
+) -> Optional[FusionDecision]:
+    """The refusal as a decision between the two Dynamo nodes where its sides
+    meet; None when the sides cannot be told apart."""
+    first, second = refusal.sides
+    # A node can be an origin of both sides (Inductor inlines the tail of
+    # a reduction into its consumer): name each side by what is its own.
+    second = [n for n in second if n not in first] or second
+    first = [n for n in first if n not in second] or first
+    if not first or not second:
+        return None
+    k1 = {kernel_of_post.get(n) for n in first} - {None}
+    k2 = {kernel_of_post.get(n) for n in second} - {None}
+    # The producer side is named by its last node, the consumer side by
+    # its first: the pair where the kernels meet.
+    a = _pre(max(first, key=lambda n: order.get(n, -1)), seg, last=True)
+    b = _pre(min(second, key=lambda n: order.get(n, len(order))), seg, last=False)
+    if a == b:
+        return None
+    rule, words, option = _RULES.get(refusal.reason, ("", "", ""))
+    if k1 and k1 == k2 and len(k1) == 1:
+        # Inductor's C++ backend writes consecutive unfused nodes into one
+        # function, one loop nest after the other: apart all the same.
+        reason = f"{a} and {b} stayed in separate loops (one after the other in {_kernel_label(k1)}): "
+    else:
+        reason = f"{a} ({_kernel_label(k1)}) and {b} ({_kernel_label(k2)}) stayed in separate kernels: "
+    reason += words or refusal.text
+    if words:
+        reason += f" (Inductor: {refusal.text})"
+    return FusionDecision(
+        decision="not_fused",
+        nodes=[a, b],
+        reason=reason,
+        kernel=None,
+        graph_id=graph_id,
+        rule=f"inductor:{rule or _slug(refusal.reason)}",
+        locations=list(refusal.locations),
+        option=option,
+    )
 
 
 def _pre(post: str, seg: Any, last: bool) -> str:
