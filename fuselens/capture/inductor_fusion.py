@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fuselens.capture import frames as fr
-from fuselens.capture.tracetext import _FRAME_RE
 from fuselens.events import FusionDecision, Kernel, SourceLocation
 
 FUSION_LOGGER = "torch._inductor.scheduler.__fusion"
@@ -227,7 +226,7 @@ def _refusal(msg: Any) -> Optional[Refusal]:
         origins = _origins(name)
         sides.append([n.name for n in origins])
         for node in origins:
-            loc = _user_line(node.meta.get("stack_trace"))
+            loc = fr.innermost_user_in(node.meta.get("stack_trace"))
             if loc is not None and all((loc.file, loc.line) != (o.file, o.line) for o in locations):
                 locations.append(loc)
     return Refusal(names, (sides[0], sides[1]), reason, text, locations)
@@ -256,15 +255,6 @@ def _origins(name: str) -> list[Any]:
         if part == name:
             break  # the whole name was one node
     return out
-
-
-def _user_line(stack_trace: Optional[str]) -> Optional[SourceLocation]:
-    frames = []
-    for line in str(stack_trace or "").splitlines():
-        m = _FRAME_RE.match(line)
-        if m:
-            frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
-    return fr.innermost_user(frames)
 
 
 # ---------------------------------------------------------------- decisions

@@ -14,10 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fuselens.capture.frames import make_location, resume_line, user_function_name
+from fuselens.capture.frames import make_location, resume_line, traceback_frame, user_function_name
 from fuselens.capture.guardtext import clip, guard_value, short_value
 
-_FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<fn>.+?)\s*$')
 _GB_ID_RE = re.compile(r"/gb/gb(?P<id>\d+)\.html")
 _AT_RE = re.compile(r"^Graph break in user code at (?P<file>.+):(?P<line>\d+)\s*$")
 
@@ -60,9 +59,9 @@ class _GraphBreakReader:
     def read(self, raw: str) -> bool:
         """Take one line; False once Dynamo's own traceback begins."""
         if self.section == "traceback":
-            m = _FRAME_RE.match(raw)
-            if m:
-                self.out.frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
+            frame = traceback_frame(raw)
+            if frame is not None:
+                self.out.frames.append(frame)
                 return True
             return not raw.strip().startswith("Traceback (most recent call last)")
         self._read_text(raw.strip())
@@ -266,9 +265,9 @@ def _guard_line(body: str, head: str) -> Optional[tuple[str, int, str]]:
     # The "User stack trace" has the full path; the `# file:line` comment on
     # the guard line is truncated by torch to a fixed width.
     for line in body.splitlines()[1:]:
-        f = _FRAME_RE.match(line)
-        if f:
-            guard_line = (f.group("file"), int(f.group("line")), user_function_name(f.group("fn")))
+        frame = traceback_frame(line)
+        if frame is not None:
+            guard_line = (frame[0], frame[1], user_function_name(frame[2]))
     g = _GUARD_AT_RE.search(head)
     if g and guard_line is None:
         guard_line = (g.group("file").strip(), int(g.group("line")), user_function_name(g.group("fn")))
