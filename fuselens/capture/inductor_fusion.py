@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fuselens.capture import frames as fr
+from fuselens.capture.torchlog import TorchLogReader
 from fuselens.events import FusionDecision, Kernel, SourceLocation
 
 FUSION_LOGGER = "torch._inductor.scheduler.__fusion"
@@ -114,17 +115,17 @@ class Refusal:
     locations: list[SourceLocation] = field(default_factory=list)
 
 
-class FusionLog(logging.Handler):
+class FusionLog(TorchLogReader):
     """Handler on Inductor's fusion artifact logger; refusals per compile id."""
 
     def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
+        super().__init__()
         self._pending: dict[str, list[Refusal]] = {}
         self._merges: dict[str, list[tuple[str, str]]] = {}  # "fusing A with B", per compile id
         self._lock = threading.Lock()
-        self.errors = 0
 
     def reset_run(self) -> None:
+        """Forget the last run's refusals and merges, and listen again."""
         with self._lock:
             self._pending.clear()
             self._merges.clear()
@@ -165,24 +166,21 @@ class FusionLog(logging.Handler):
                 out.append(r)
         return out
 
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
+    def read(self, record: logging.LogRecord) -> None:
         msg = record.msg
-        try:
-            if msg == "fusing %s with %s" and isinstance(record.args, tuple) and len(record.args) == 2:
-                cid = _current_compile_id()
-                with self._lock:
-                    self._merges.setdefault(cid, []).append((str(record.args[0]), str(record.args[1])))
-                return
-            if not hasattr(msg, "reason"):
-                return  # the other fusion messages (candidates, scores)
-            refusal = _refusal(msg)
-            if refusal is None:
-                return
+        if msg == "fusing %s with %s" and isinstance(record.args, tuple) and len(record.args) == 2:
             cid = _current_compile_id()
             with self._lock:
-                self._pending.setdefault(cid, []).append(refusal)
-        except Exception:  # never break a compile because we misread a message
-            self.errors += 1
+                self._merges.setdefault(cid, []).append((str(record.args[0]), str(record.args[1])))
+            return
+        if not hasattr(msg, "reason"):
+            return  # the other fusion messages (candidates, scores)
+        refusal = _refusal(msg)
+        if refusal is None:
+            return
+        cid = _current_compile_id()
+        with self._lock:
+            self._pending.setdefault(cid, []).append(refusal)
 
 
 def install() -> FusionLog:

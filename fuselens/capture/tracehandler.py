@@ -27,6 +27,7 @@ from fuselens.capture import callsite, fsdp, guardtext
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
 from fuselens.capture.ddp import break_origin
+from fuselens.capture.torchlog import TorchLogReader
 from fuselens.events import ErrorEntry, FixAdvice, GraphBreak, PhaseTime, Recompile, ShapeChange, SourceLocation
 
 Emit = Callable[[Any], None]
@@ -89,12 +90,12 @@ def _recompile_location(
     return location, function
 
 
-class TraceHandler(logging.Handler):
+class TraceHandler(TorchLogReader):
     """Receives `torch.__trace` records and emits GraphBreak, Recompile,
     PhaseTime, ErrorEntry and (through `on_output_code`) Inductor code."""
 
     def __init__(self, emit: Emit, on_record: Optional[Callable[[str, dict, Optional[str]], None]] = None) -> None:
-        super().__init__(level=logging.DEBUG)
+        super().__init__()
         self._emit = emit
         # Every record also goes to on_record(compile_id, metadata, payload)
         # (the Inductor kernel reader); on_metrics(compile_id) after a compile.
@@ -110,7 +111,6 @@ class TraceHandler(logging.Handler):
         self.frames_by_compile: dict[str, tuple[str, int, str]] = {}
         self._frame_code: dict[str, tuple[str, str, int]] = {}  # frame id -> (co_name, co_filename, firstlineno)
         self._lock = threading.RLock()
-        self.errors = 0
 
     def reset_run(self) -> None:
         """Forget per-run state (interned strings stay: torch keeps its table)."""
@@ -122,16 +122,12 @@ class TraceHandler(logging.Handler):
             self.frames_by_compile.clear()
             self._frame_code.clear()
 
-    # logging.Handler API -------------------------------------------------
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
+    def read(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "metadata", None)
         if not isinstance(meta, dict):
             return
-        try:
-            with self._lock:
-                self._dispatch(meta, getattr(record, "payload", None))
-        except Exception:  # never break the user's compile because we misread a record
-            self.errors += 1
+        with self._lock:
+            self._dispatch(meta, getattr(record, "payload", None))
 
     def _dispatch(self, meta: dict, payload: Optional[str]) -> None:
         if "str" in meta:
