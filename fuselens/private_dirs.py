@@ -68,15 +68,24 @@ def private_dir(path: str) -> str:
         st = os.lstat(real)
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafePathError(f"fuselens: {real} is not a directory; remove it or point FUSELENS_CACHE_DIR elsewhere")
-        if _uid() >= 0 and st.st_uid != _uid():
+        foreign = _foreign_owner(st)
+        if foreign:
             raise UnsafePathError(
-                f"fuselens: refusing to use {real}: it belongs to uid {st.st_uid}, not to you (uid {_uid()}); "
-                "another account could place code there. Remove it or set FUSELENS_CACHE_DIR to a folder of yours."
+                f"fuselens: refusing to use {real}: {foreign}; another account could place code there. "
+                "Remove it or set FUSELENS_CACHE_DIR to a folder of yours."
             )
         if stat.S_IMODE(st.st_mode) & 0o077:
             os.chmod(real, 0o700)  # ours: what others could read or write before stops now
         _checked.add(real)
         return real
+
+
+def _foreign_owner(st: os.stat_result) -> str:
+    """Why a file or folder with stat `st` is not ours; "" when it is (or the
+    platform has no uids)."""
+    if _uid() >= 0 and st.st_uid != _uid():
+        return f"it belongs to uid {st.st_uid}, not to you (uid {_uid()})"
+    return ""
 
 
 def _make_0700(path: str) -> None:
@@ -130,10 +139,9 @@ def check_private_file(path: str) -> str:
     st = os.lstat(real)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(f"fuselens: refusing to load {real}: not a regular file")
-    if _uid() >= 0 and st.st_uid != _uid():
-        raise UnsafePathError(
-            f"fuselens: refusing to load {real}: it belongs to uid {st.st_uid}, not to you (uid {_uid()})"
-        )
+    foreign = _foreign_owner(st)
+    if foreign:
+        raise UnsafePathError(f"fuselens: refusing to load {real}: {foreign}")
     if stat.S_IMODE(st.st_mode) & 0o022:
         raise UnsafePathError(f"fuselens: refusing to load {real}: other accounts can write it (mode {stat.S_IMODE(st.st_mode):o})")
     return real

@@ -14,7 +14,7 @@ import re
 import signal
 from typing import Optional
 
-from fuselens.capture import frames as fr
+from fuselens.capture.frames import is_user_file, make_location
 from fuselens.events import SourceLocation
 
 ENV = "FUSELENS_FAULT_FILE"
@@ -46,8 +46,8 @@ def user_location(text: str) -> Optional[SourceLocation]:
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
         for line in block.splitlines():
             m = _FRAME_RE.match(line)
-            if m and fr.is_user_file(m.group("file")):
-                return fr.make_location(m.group("file"), int(m.group("line")), m.group("fn"))
+            if m and is_user_file(m.group("file")):
+                return make_location(m.group("file"), int(m.group("line")), m.group("fn"))
     return None
 
 

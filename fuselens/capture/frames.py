@@ -19,6 +19,9 @@ from fuselens.events import SourceLocation
 
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RESUME_RE = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
+# A frame of a traceback as text, `  File "f.py", line 7, in fn`: Dynamo's
+# user code tracebacks and guard stacks, and the `stack_trace` of FX nodes.
+_TRACEBACK_FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<fn>.+?)\s*$')
 
 
 def _library_dirs() -> list[str]:
@@ -110,6 +113,22 @@ def innermost_user(frames: Iterable[tuple[str, int, str]]) -> Optional[SourceLoc
         if is_user_file(filename):
             found = (filename, line, function)
     return make_location(*found) if found else None
+
+
+def traceback_frame(line: str) -> Optional[tuple[str, int, str]]:
+    """(filename, line, function) of one frame line of a traceback, else None."""
+    m = _TRACEBACK_FRAME_RE.match(line)
+    return (m.group("file"), int(m.group("line")), m.group("fn")) if m else None
+
+
+def traceback_frames(text: str) -> list[tuple[str, int, str]]:
+    """The frames of a traceback's text, outermost first; other lines are skipped."""
+    return [frame for frame in map(traceback_frame, text.splitlines()) if frame is not None]
+
+
+def innermost_user_in(traceback: Optional[str]) -> Optional[SourceLocation]:
+    """The innermost user frame of a traceback's text (an FX node's `stack_trace`)."""
+    return innermost_user(traceback_frames(str(traceback or "")))
 
 
 def user_stack(frames: Iterable[tuple[str, int, str]]) -> list[SourceLocation]:

@@ -94,20 +94,6 @@ def _shape(node: Any) -> str:
     return ""
 
 
-def _stack_location(stack_trace: Optional[str]) -> Optional[SourceLocation]:
-    """Innermost user frame of an FX node's `stack_trace` text."""
-    if not stack_trace:
-        return None
-    from fuselens.capture.tracetext import _FRAME_RE  # the same "File ..., line N, in f" shape
-
-    frames = []
-    for line in stack_trace.splitlines():
-        m = _FRAME_RE.match(line)
-        if m:
-            frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
-    return fr.innermost_user(frames)
-
-
 def graph_event(gm: Any, compile_id: str, backend: str, frame: Optional[tuple[str, int, str]], stage: str = "dynamo") -> CompiledGraph:
     """A CompiledGraph of an FX GraphModule, nodes located in user code."""
     nodes, ops = [], []
@@ -121,7 +107,7 @@ def graph_event(gm: Any, compile_id: str, backend: str, frame: Optional[tuple[st
                 op=node.op,
                 target=target,
                 inputs=[n.name for n in node.all_input_nodes],
-                location=_stack_location(node.meta.get("stack_trace")),
+                location=fr.innermost_user_in(node.meta.get("stack_trace")),
                 shape=_shape(node),
             )
         )

@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator, Optional
 
 from fuselens.capture import frames as fr
 from fuselens.capture.inductor_fusion import fusion_decisions
-from fuselens.capture.tracetext import _FRAME_RE
 from fuselens.events import Kernel, KernelTiming, SourceLocation
 
 Emit = Callable[[Any], None]
@@ -271,12 +270,7 @@ def _extern_call(code: str, name: str) -> str:
 def _user_lines(traces: list[str]) -> list[SourceLocation]:
     out: list[SourceLocation] = []
     for trace in traces:
-        frames = []
-        for line in str(trace).splitlines():
-            m = _FRAME_RE.match(line)
-            if m:
-                frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
-        loc = fr.innermost_user(frames)
+        loc = fr.innermost_user_in(trace)
         if loc is not None and all((loc.file, loc.line, loc.cell) != (o.file, o.line, o.cell) for o in out):
             out.append(loc)
     return out

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fuselens.capture import frames as fr
-from fuselens.capture.tracetext import _FRAME_RE
+from fuselens.capture.torchlog import TorchLogReader
 from fuselens.events import FusionDecision, Kernel, SourceLocation
 
 FUSION_LOGGER = "torch._inductor.scheduler.__fusion"
@@ -115,17 +115,17 @@ class Refusal:
     locations: list[SourceLocation] = field(default_factory=list)
 
 
-class FusionLog(logging.Handler):
+class FusionLog(TorchLogReader):
     """Handler on Inductor's fusion artifact logger; refusals per compile id."""
 
     def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
+        super().__init__()
         self._pending: dict[str, list[Refusal]] = {}
         self._merges: dict[str, list[tuple[str, str]]] = {}  # "fusing A with B", per compile id
         self._lock = threading.Lock()
-        self.errors = 0
 
     def reset_run(self) -> None:
+        """Forget the last run's refusals and merges, and listen again."""
         with self._lock:
             self._pending.clear()
             self._merges.clear()
@@ -166,24 +166,21 @@ class FusionLog(logging.Handler):
                 out.append(r)
         return out
 
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
+    def read(self, record: logging.LogRecord) -> None:
         msg = record.msg
-        try:
-            if msg == "fusing %s with %s" and isinstance(record.args, tuple) and len(record.args) == 2:
-                cid = _current_compile_id()
-                with self._lock:
-                    self._merges.setdefault(cid, []).append((str(record.args[0]), str(record.args[1])))
-                return
-            if not hasattr(msg, "reason"):
-                return  # the other fusion messages (candidates, scores)
-            refusal = _refusal(msg)
-            if refusal is None:
-                return
+        if msg == "fusing %s with %s" and isinstance(record.args, tuple) and len(record.args) == 2:
             cid = _current_compile_id()
             with self._lock:
-                self._pending.setdefault(cid, []).append(refusal)
-        except Exception:  # never break a compile because we misread a message
-            self.errors += 1
+                self._merges.setdefault(cid, []).append((str(record.args[0]), str(record.args[1])))
+            return
+        if not hasattr(msg, "reason"):
+            return  # the other fusion messages (candidates, scores)
+        refusal = _refusal(msg)
+        if refusal is None:
+            return
+        cid = _current_compile_id()
+        with self._lock:
+            self._pending.setdefault(cid, []).append(refusal)
 
 
 def install() -> FusionLog:
@@ -227,7 +224,7 @@ def _refusal(msg: Any) -> Optional[Refusal]:
         origins = _origins(name)
         sides.append([n.name for n in origins])
         for node in origins:
-            loc = _user_line(node.meta.get("stack_trace"))
+            loc = fr.innermost_user_in(node.meta.get("stack_trace"))
             if loc is not None and all((loc.file, loc.line) != (o.file, o.line) for o in locations):
                 locations.append(loc)
     return Refusal(names, (sides[0], sides[1]), reason, text, locations)
@@ -258,28 +255,31 @@ def _origins(name: str) -> list[Any]:
     return out
 
 
-def _user_line(stack_trace: Optional[str]) -> Optional[SourceLocation]:
-    frames = []
-    for line in str(stack_trace or "").splitlines():
-        m = _FRAME_RE.match(line)
-        if m:
-            frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
-    return fr.innermost_user(frames)
-
-
 # ---------------------------------------------------------------- decisions
 def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[FusionDecision]:
     """Fused kernels and not-fused pairs of one Inductor graph.
 
     `seg` is the graph's `_Segment` (post-grad targets in graph order,
     kernel -> post-grad provenance, post -> Dynamo nodes, refusals)."""
-    out: list[FusionDecision] = []
+    kernel_of_post, posts_of = _provenance(seg)
+    return _fused(kernels, posts_of, graph_id) + _not_fused(seg, kernel_of_post, graph_id)
+
+
+def _provenance(seg: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Post-grad node -> the (first) kernel that computes it, and kernel ->
+    its post-grad nodes, from the `kernel:line` keys of the code provenance."""
     kernel_of_post: dict[str, str] = {}
     posts_of: dict[str, list[str]] = {}
     for key, posts in seg.code_to_post.items():
         posts_of.setdefault(key.rsplit(":", 1)[0], []).extend(posts)
         for post in posts:
             kernel_of_post.setdefault(post, key.rsplit(":", 1)[0])
+    return kernel_of_post, posts_of
+
+
+def _fused(kernels: list[Kernel], posts_of: dict[str, list[str]], graph_id: str) -> list[FusionDecision]:
+    """One "fused" decision per generated kernel of two or more ops."""
+    out: list[FusionDecision] = []
     for kernel in kernels:
         if kernel.kind == "extern" or len(kernel.ops) < 2:
             continue
@@ -296,52 +296,66 @@ def fusion_decisions(seg: Any, kernels: list[Kernel], graph_id: str) -> list[Fus
                 locations=list(kernel.source_lines),
             )
         )
+    return out
+
+
+def _not_fused(seg: Any, kernel_of_post: dict[str, str], graph_id: str) -> list[FusionDecision]:
+    """One "not_fused" decision per distinct pair the scheduler refused."""
     order = {name: i for i, name in enumerate(seg.post_targets)}
+    out: list[FusionDecision] = []
     seen: set[tuple] = set()
     for refusal in seg.refusals:
-        first, second = refusal.sides
-        # A node can be an origin of both sides (Inductor inlines the tail of
-        # a reduction into its consumer): name each side by what is its own.
-        second = [n for n in second if n not in first] or second
-        first = [n for n in first if n not in second] or first
-        if not first or not second:
+        decision = _refusal_decision(refusal, seg, order, kernel_of_post, graph_id)
+        if decision is None:
             continue
-        k1 = {kernel_of_post.get(n) for n in first} - {None}
-        k2 = {kernel_of_post.get(n) for n in second} - {None}
-        # The producer side is named by its last node, the consumer side by
-        # its first: the pair where the kernels meet.
-        a = _pre(max(first, key=lambda n: order.get(n, -1)), seg, last=True)
-        b = _pre(min(second, key=lambda n: order.get(n, len(order))), seg, last=False)
-        if a == b:
-            continue
-        rule, words, option = _RULES.get(refusal.reason, ("", "", ""))
-        rule = f"inductor:{rule or _slug(refusal.reason)}"
-        key = (a, b, rule)
+        key = (*decision.nodes, decision.rule)
         if key in seen:
             continue  # the scheduler retries pairs in several rounds
         seen.add(key)
-        if k1 and k1 == k2 and len(k1) == 1:
-            # Inductor's C++ backend writes consecutive unfused nodes into one
-            # function, one loop nest after the other: apart all the same.
-            reason = f"{a} and {b} stayed in separate loops (one after the other in {_kernel_label(k1)}): "
-        else:
-            reason = f"{a} ({_kernel_label(k1)}) and {b} ({_kernel_label(k2)}) stayed in separate kernels: "
-        reason += words or refusal.text
-        if words:
-            reason += f" (Inductor: {refusal.text})"
-        out.append(
-            FusionDecision(
-                decision="not_fused",
-                nodes=[a, b],
-                reason=reason,
-                kernel=None,
-                graph_id=graph_id,
-                rule=rule,
-                locations=list(refusal.locations),
-                option=option,
-            )
-        )
+        out.append(decision)
     return out
+
+
+def _refusal_decision(
+    refusal: Refusal, seg: Any, order: dict[str, int], kernel_of_post: dict[str, str], graph_id: str
+) -> Optional[FusionDecision]:
+    """The refusal as a decision between the two Dynamo nodes where its sides
+    meet; None when the sides cannot be told apart."""
+    first, second = refusal.sides
+    # A node can be an origin of both sides (Inductor inlines the tail of
+    # a reduction into its consumer): name each side by what is its own.
+    second = [n for n in second if n not in first] or second
+    first = [n for n in first if n not in second] or first
+    if not first or not second:
+        return None
+    k1 = {kernel_of_post.get(n) for n in first} - {None}
+    k2 = {kernel_of_post.get(n) for n in second} - {None}
+    # The producer side is named by its last node, the consumer side by
+    # its first: the pair where the kernels meet.
+    a = _pre(max(first, key=lambda n: order.get(n, -1)), seg, last=True)
+    b = _pre(min(second, key=lambda n: order.get(n, len(order))), seg, last=False)
+    if a == b:
+        return None
+    rule, words, option = _RULES.get(refusal.reason, ("", "", ""))
+    if k1 and k1 == k2 and len(k1) == 1:
+        # Inductor's C++ backend writes consecutive unfused nodes into one
+        # function, one loop nest after the other: apart all the same.
+        reason = f"{a} and {b} stayed in separate loops (one after the other in {_kernel_label(k1)}): "
+    else:
+        reason = f"{a} ({_kernel_label(k1)}) and {b} ({_kernel_label(k2)}) stayed in separate kernels: "
+    reason += words or refusal.text
+    if words:
+        reason += f" (Inductor: {refusal.text})"
+    return FusionDecision(
+        decision="not_fused",
+        nodes=[a, b],
+        reason=reason,
+        kernel=None,
+        graph_id=graph_id,
+        rule=f"inductor:{rule or _slug(refusal.reason)}",
+        locations=list(refusal.locations),
+        option=option,
+    )
 
 
 def _pre(post: str, seg: Any, last: bool) -> str:

@@ -247,7 +247,6 @@ def merge(rank_reports: list[Report], launch_events: Optional[list[Any]] = None)
     breaks, recompiles, errors = _Union(_break_key), _Union(_recompile_key), _Union(_error_key)
     graphs = _Union(lambda g: (g.graph_id, tuple(g.ops)))
     splits = _Union(_split_key)
-    kernels: dict[tuple, Kernel] = {}
     fusion: list[Any] = []
     infos = [r.ranks[0] for r in rank_reports]
     for report, info in zip(rank_reports, infos):
@@ -266,27 +265,13 @@ def merge(rank_reports: list[Report], launch_events: Optional[list[Any]] = None)
         for d in report.fusion:
             if d not in fusion:
                 fusion.append(d)
-        for k in report.kernels:
-            key = (k.graph_id, k.name)
-            if key not in kernels:
-                kernels[key] = dataclasses.replace(k, ranks=[], calls=0, total_time_us=0.0)
-            kernels[key].calls += k.calls
-            kernels[key].total_time_us = round(kernels[key].total_time_us + k.total_time_us, 3)
-            kernels[key].ranks.append(rank)
 
     status = {i.rank: i.status for i in infos}
     world = max([i.world_size for i in infos] + [len(infos)])
     missing = sorted(set(range(world)) - set(status))
-    divergence = _divergence(breaks.values(), recompiles.values(), status)
-    for rank in missing:
-        divergence.append(ErrorEntry(
-            "killed",
-            f"rank {rank} of {world} wrote no events: it never started under capture, or its host's "
-            "files were not gathered into this directory",
-            ranks=[rank],
-        ))
+    divergence = _divergence(breaks.values(), recompiles.values(), status) + _missing_ranks(missing, world)
     slowest_compile = max(rank_reports, key=lambda r: r.timings.compile_s, default=None)
-    all_kernels = list(kernels.values())
+    all_kernels = _summed_kernels(rank_reports)
     merged = Report(
         run=_merged_run(rank_reports, launch_events or []),
         graph_breaks=breaks.values(),
@@ -305,6 +290,34 @@ def merge(rank_reports: list[Report], launch_events: Optional[list[Any]] = None)
         ranks=infos + [RankInfo(rank=r, world_size=world, status="missing") for r in missing],
     )
     return merged
+
+
+def _summed_kernels(rank_reports: list[Report]) -> list[Kernel]:
+    """One Kernel per (graph, name) over all ranks: calls and time summed,
+    `ranks` the ranks that ran it."""
+    kernels: dict[tuple, Kernel] = {}
+    for report in rank_reports:
+        for k in report.kernels:
+            key = (k.graph_id, k.name)
+            if key not in kernels:
+                kernels[key] = dataclasses.replace(k, ranks=[], calls=0, total_time_us=0.0)
+            kernels[key].calls += k.calls
+            kernels[key].total_time_us = round(kernels[key].total_time_us + k.total_time_us, 3)
+            kernels[key].ranks.append(report.ranks[0].rank)
+    return list(kernels.values())
+
+
+def _missing_ranks(missing: list[int], world: int) -> list[ErrorEntry]:
+    """An error for each rank of the world that left no rank file."""
+    return [
+        ErrorEntry(
+            "killed",
+            f"rank {rank} of {world} wrote no events: it never started under capture, or its host's "
+            "files were not gathered into this directory",
+            ranks=[rank],
+        )
+        for rank in missing
+    ]
 
 
 def _divergence(breaks: list[GraphBreak], recompiles: list[Recompile], status: dict[int, str]) -> list[ErrorEntry]:

@@ -24,8 +24,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+# Siblings by module path, never through the package: fuselens.capture's
+# __init__ imports this module.
+import fuselens.capture.faultstack as faultstack
 from fuselens import parent_watch
-from fuselens.capture import faultstack
 from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target

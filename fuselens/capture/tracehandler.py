@@ -27,7 +27,8 @@ from fuselens.capture import callsite, fsdp, guardtext
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
 from fuselens.capture.ddp import break_origin
-from fuselens.events import ErrorEntry, GraphBreak, PhaseTime, Recompile, ShapeChange, SourceLocation
+from fuselens.capture.torchlog import TorchLogReader
+from fuselens.events import ErrorEntry, FixAdvice, GraphBreak, PhaseTime, Recompile, ShapeChange, SourceLocation
 
 Emit = Callable[[Any], None]
 
@@ -55,12 +56,46 @@ def _compile_id(meta: dict) -> str:
     return f"{fid}/{cid}"
 
 
-class TraceHandler(logging.Handler):
+@dataclass
+class _GuardReading:
+    """What the failed guards of one recompile say, each entry once."""
+
+    reasons: list[str] = field(default_factory=list)
+    shapes: list[ShapeChange] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    fixes: list[FixAdvice] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)  # one per guard
+    sizes: list[tuple[str, int]] = field(default_factory=list)  # (input, dim) of size guards on inputs
+
+
+def _recompile_location(
+    co_name: str, co_file: str, first: int, p: _Pending, call: Optional[callsite.CallText]
+) -> tuple[SourceLocation, str]:
+    """Where a recompile of code object `co_name` shows, and the function it names."""
+    function = fr.user_function_name(co_name)
+    if not co_file and p.start:
+        co_file = p.start[0]
+    # Code identity: the file and first line of the code object, never
+    # its name (two `forward`s in one file are two functions).
+    def_line = first
+    if fr.is_generated_function(co_name):
+        def_line = fr.enclosing_def_line(co_file, fr.resume_line(co_name) or first) or fr.resume_line(co_name) or first
+    if co_file and fr.is_user_file(co_file):
+        return fr.make_location(co_file, def_line, function), function
+    if p.call_site is not None:
+        # Library code was compiled (an nn.Module wrapper, transformers'
+        # `wrapper`): point at the user's call and name what they called.
+        return p.call_site, call.callee if call is not None else p.call_site.function or function
+    location = fr.make_location(co_file, def_line, function) if co_file else SourceLocation("<unknown>", 0, function)
+    return location, function
+
+
+class TraceHandler(TorchLogReader):
     """Receives `torch.__trace` records and emits GraphBreak, Recompile,
     PhaseTime, ErrorEntry and (through `on_output_code`) Inductor code."""
 
     def __init__(self, emit: Emit, on_record: Optional[Callable[[str, dict, Optional[str]], None]] = None) -> None:
-        super().__init__(level=logging.DEBUG)
+        super().__init__()
         self._emit = emit
         # Every record also goes to on_record(compile_id, metadata, payload)
         # (the Inductor kernel reader); on_metrics(compile_id) after a compile.
@@ -76,7 +111,6 @@ class TraceHandler(logging.Handler):
         self.frames_by_compile: dict[str, tuple[str, int, str]] = {}
         self._frame_code: dict[str, tuple[str, str, int]] = {}  # frame id -> (co_name, co_filename, firstlineno)
         self._lock = threading.RLock()
-        self.errors = 0
 
     def reset_run(self) -> None:
         """Forget per-run state (interned strings stay: torch keeps its table)."""
@@ -88,16 +122,12 @@ class TraceHandler(logging.Handler):
             self.frames_by_compile.clear()
             self._frame_code.clear()
 
-    # logging.Handler API -------------------------------------------------
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
+    def read(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "metadata", None)
         if not isinstance(meta, dict):
             return
-        try:
-            with self._lock:
-                self._dispatch(meta, getattr(record, "payload", None))
-        except Exception:  # never break the user's compile because we misread a record
-            self.errors += 1
+        with self._lock:
+            self._dispatch(meta, getattr(record, "payload", None))
 
     def _dispatch(self, meta: dict, payload: Optional[str]) -> None:
         if "str" in meta:
@@ -259,67 +289,22 @@ class TraceHandler(logging.Handler):
                 self._emit(PhaseTime(phase, round(float(m[key]), 6), cid, parent=parent))
 
     def _emit_recompile(self, cid: str, co_name: str, co_file: str, first: int, p: _Pending, hit_limit: bool) -> None:
-        function = fr.user_function_name(co_name)
-        if not co_file and p.start:
-            co_file = p.start[0]
-        # Code identity: the file and first line of the code object, never
-        # its name (two `forward`s in one file are two functions).
-        def_line = first
-        if fr.is_generated_function(co_name):
-            def_line = fr.enclosing_def_line(co_file, fr.resume_line(co_name) or first) or fr.resume_line(co_name) or first
         call = callsite.parse_call(p.call_site.code) if p.call_site is not None else None
-        if co_file and fr.is_user_file(co_file):
-            location = fr.make_location(co_file, def_line, function)
-        elif p.call_site is not None:
-            # Library code was compiled (an nn.Module wrapper, transformers'
-            # `wrapper`): point at the user's call and name what they called.
-            location = p.call_site
-            function = call.callee if call is not None else p.call_site.function or function
-        else:
-            location = fr.make_location(co_file, def_line, function) if co_file else SourceLocation("<unknown>", 0, function)
+        location, function = _recompile_location(co_name, co_file, first, p, call)
         identity = (location.file, location.line)
         raws = guardtext.latest_entry(p.raw_reasons)
-        reasons, shapes, dtypes, fixes, causes = [], [], [], [], []
-        sizes: list[tuple[str, int]] = []
+        read = _GuardReading()
         for raw in raws:
-            g = tracetext.translate_guard(raw, co_name)
-            dynamic = self._became_dynamic(p, g)
-            shown = callsite.user_argument(g.input_name, call) if g.input_name else None
-            if shown:
-                g.text = g.text.replace(f"'{g.input_name}'", f"'{shown}'")
-                g.input_name = shown
-            if g.text not in reasons:
-                reasons.append(g.text)
-            if g.kind in ("size", "stride", "value", "rank"):
-                new = g.new
-                if g.kind == "value":
-                    new = str((p.dynamic.get((f"L['{g.input_name}']", "scalar")) or {}).get("new", ""))
-                change = ShapeChange(g.input_name, g.dim, g.old, guardtext.short_value(new), became_dynamic=dynamic)
-                if change not in shapes:
-                    shapes.append(change)
-            if g.kind == "dtype":
-                entry = f"{g.input_name}: {g.old} -> {g.new}"
-                if entry not in dtypes:
-                    dtypes.append(entry)
-            intermediate = g.input_name.startswith("the intermediate") or fr.is_generated_function(co_name)
-            root = ""
-            if g.kind == "size" and intermediate:
-                root = next((n for n, d in self._last_sizes.get(identity, []) if d == g.dim), "")
-            elif g.kind == "size" and g.dim is not None:
-                sizes.append((g.input_name, g.dim))
-            for advice in fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, intermediate=intermediate, input_name=root):
-                if all(advice.title != f.title for f in fixes):
-                    fixes.append(advice)
-            causes.append(fixes[0].cause if fixes else g.kind)
-        if sizes:
-            self._last_sizes[identity] = sizes
+            self._read_guard(read, tracetext.translate_guard(raw, co_name), co_name, p, call, identity)
+        if read.sizes:
+            self._last_sizes[identity] = read.sizes
+        reasons, fixes = read.reasons, read.fixes
         reasons.extend(s for s in p.specializations if s not in reasons)
+        fix = fixes[0].title if fixes else ""
         if hit_limit:
             reasons.append(
                 "recompile limit reached (torch._dynamo.config.recompile_limit): Dynamo stopped compiling this function and runs it eagerly"
             )
-        fix = fixes[0].title if fixes else ""
-        if hit_limit:
             fix = f"{fix}; or raise torch._dynamo.config.recompile_limit" if fix else \
                 "remove the cause of the recompiles above, or raise torch._dynamo.config.recompile_limit"
         self._emit(
@@ -329,15 +314,54 @@ class TraceHandler(logging.Handler):
                 compile_id=cid,
                 reasons=[guardtext.clip(r) for r in reasons],
                 raw_reasons=[guardtext.short_guard(r) for r in raws],
-                shape_changes=shapes,
-                dtype_changes=dtypes,
+                shape_changes=read.shapes,
+                dtype_changes=read.dtypes,
                 fix=fix,
                 hit_limit=hit_limit,
                 call_site=p.call_site,
                 fixes=fixes,
-                cause=causes[0] if causes else "",
+                cause=read.causes[0] if read.causes else "",
             )
         )
+
+    def _read_guard(
+        self,
+        read: _GuardReading,
+        g: tracetext.GuardFailure,
+        co_name: str,
+        p: _Pending,
+        call: Optional[callsite.CallText],
+        identity: tuple[str, int],
+    ) -> None:
+        """Add what one failed guard says to `read`, in the user's names."""
+        dynamic = self._became_dynamic(p, g)
+        shown = callsite.user_argument(g.input_name, call) if g.input_name else None
+        if shown:
+            g.text = g.text.replace(f"'{g.input_name}'", f"'{shown}'")
+            g.input_name = shown
+        if g.text not in read.reasons:
+            read.reasons.append(g.text)
+        if g.kind in ("size", "stride", "value", "rank"):
+            new = g.new
+            if g.kind == "value":
+                new = str((p.dynamic.get((f"L['{g.input_name}']", "scalar")) or {}).get("new", ""))
+            change = ShapeChange(g.input_name, g.dim, g.old, guardtext.short_value(new), became_dynamic=dynamic)
+            if change not in read.shapes:
+                read.shapes.append(change)
+        if g.kind == "dtype":
+            entry = f"{g.input_name}: {g.old} -> {g.new}"
+            if entry not in read.dtypes:
+                read.dtypes.append(entry)
+        intermediate = g.input_name.startswith("the intermediate") or fr.is_generated_function(co_name)
+        root = ""
+        if g.kind == "size" and intermediate:
+            root = next((n for n, d in self._last_sizes.get(identity, []) if d == g.dim), "")
+        elif g.kind == "size" and g.dim is not None:
+            read.sizes.append((g.input_name, g.dim))
+        for advice in fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, intermediate=intermediate, input_name=root):
+            if all(advice.title != f.title for f in read.fixes):
+                read.fixes.append(advice)
+        read.causes.append(read.fixes[0].cause if read.fixes else g.kind)
 
     @staticmethod
     def _became_dynamic(p: _Pending, g: tracetext.GuardFailure) -> bool:

@@ -14,10 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fuselens.capture.frames import make_location, resume_line, user_function_name
+from fuselens.capture.frames import make_location, resume_line, traceback_frame, user_function_name
 from fuselens.capture.guardtext import clip, guard_value, short_value
 
-_FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<fn>.+?)\s*$')
 _GB_ID_RE = re.compile(r"/gb/gb(?P<id>\d+)\.html")
 _AT_RE = re.compile(r"^Graph break in user code at (?P<file>.+):(?P<line>\d+)\s*$")
 
@@ -41,82 +40,88 @@ def parse_graph_break(text: str) -> ParsedGraphBreak:
     line, indented "Explanation:" / "Hint:" blocks, a "Developer debug
     context:" block, a gbNNNN link, "User code traceback:" with `File ...`
     frames, then Dynamo's own traceback (ignored)."""
-    out = ParsedGraphBreak()
-    lines = text.splitlines()
-    section = "head"
-    reason_lines: list[str] = []
+    reader = _GraphBreakReader()
+    for raw in text.splitlines():
+        if not reader.read(raw):
+            break
+    return reader.finish()
+
+
+@dataclass
+class _GraphBreakReader:
+    """Reads the artifact a line at a time; `section` is the block being read."""
+
+    out: ParsedGraphBreak = field(default_factory=ParsedGraphBreak)
+    section: str = "head"
+    reason_lines: list[str] = field(default_factory=list)
     current: Optional[list[str]] = None  # lines of the explanation/hint being read
-    for raw in lines:
-        line = raw.strip()
-        if section == "traceback":
-            m = _FRAME_RE.match(raw)
-            if m:
-                out.frames.append((m.group("file"), int(m.group("line")), m.group("fn")))
-                continue
-            if line.startswith("Traceback (most recent call last)"):
-                break
-            continue
+
+    def read(self, raw: str) -> bool:
+        """Take one line; False once Dynamo's own traceback begins."""
+        if self.section == "traceback":
+            frame = traceback_frame(raw)
+            if frame is not None:
+                self.out.frames.append(frame)
+                return True
+            return not raw.strip().startswith("Traceback (most recent call last)")
+        self._read_text(raw.strip())
+        return True
+
+    def _read_text(self, line: str) -> None:
+        out = self.out
         m = _AT_RE.match(line)
         if m and out.at is None:
             out.at = (m.group("file"), int(m.group("line")))
-            continue
-        if line.startswith("Graph Break Reason:"):
-            section = "reason"
-            reason_lines.append(line[len("Graph Break Reason:") :].strip())
-            continue
-        if line.startswith("User code traceback:"):
-            section = "traceback"
-            continue
-        gid = _GB_ID_RE.search(line)
-        if gid:
+        elif line.startswith("Graph Break Reason:"):
+            self.section = "reason"
+            self.reason_lines.append(line[len("Graph Break Reason:") :].strip())
+        elif line.startswith("User code traceback:"):
+            self.section = "traceback"
+        elif gid := _GB_ID_RE.search(line):
             out.registry_id = f"GB{gid.group('id')}"
-            continue
-        if line.startswith("Explanation:"):
-            current = [line[len("Explanation:") :].strip()]
+        elif line.startswith("Explanation:"):
+            self.current = [line[len("Explanation:") :].strip()]
             out.explanation = ""
-            section = "explanation"
-            continue
-        if line.startswith("Hint:"):
-            _close(out, section, current)
-            current = [line[len("Hint:") :].strip()]
+            self.section = "explanation"
+        elif line.startswith("Hint:"):
+            self._close()
+            self.current = [line[len("Hint:") :].strip()]
             out.hints.append("")
-            section = "hint"
-            continue
-        if line.startswith("Developer debug context:"):
-            _close(out, section, current)
-            section, current = "debug", None
-            continue
-        if section == "reason":
-            reason_lines.append(line)
-        elif section in ("explanation", "hint") and current is not None:
-            current.append(line)
-    if section in ("explanation", "hint"):
-        _close(out, section, current)
-    # The reason is either one line, or "Encountered graph break when
-    # attempting to trace X:" followed by the registry title (gb_type).
-    reason_lines = [r for r in reason_lines if r]
-    if reason_lines:
-        out.reason = reason_lines[0]
-        if len(reason_lines) > 1:
-            out.gb_type = reason_lines[1]
-            if out.reason.startswith("Encountered graph break when attempting to trace"):
-                out.reason = reason_lines[1]
-        else:
-            out.gb_type = reason_lines[0]
-    return out
+            self.section = "hint"
+        elif line.startswith("Developer debug context:"):
+            self._close()
+            self.section, self.current = "debug", None
+        elif self.section == "reason":
+            self.reason_lines.append(line)
+        elif self.section in ("explanation", "hint") and self.current is not None:
+            self.current.append(line)
+
+    def _close(self) -> None:
+        """Store the explanation or hint read so far."""
+        if self.current is None:
+            return
+        if self.section == "explanation":
+            self.out.explanation = _join(self.current)
+        elif self.section == "hint" and self.out.hints:
+            self.out.hints[-1] = _join(self.current)
+
+    def finish(self) -> ParsedGraphBreak:
+        if self.section in ("explanation", "hint"):
+            self._close()
+        # The reason is either one line, or "Encountered graph break when
+        # attempting to trace X:" followed by the registry title (gb_type).
+        reason_lines = [r for r in self.reason_lines if r]
+        if reason_lines:
+            self.out.reason = self.out.gb_type = reason_lines[0]
+            if len(reason_lines) > 1:
+                self.out.gb_type = reason_lines[1]
+                if self.out.reason.startswith("Encountered graph break when attempting to trace"):
+                    self.out.reason = reason_lines[1]
+        return self.out
 
 
 def _join(lines: list[str]) -> str:
     return "\n".join(l for l in lines).strip()
-
-
-def _close(out: ParsedGraphBreak, section: str, current: Optional[list[str]]) -> None:
-    if current is None:
-        return
-    if section == "explanation":
-        out.explanation = _join(current)
-    elif section == "hint" and out.hints:
-        out.hints[-1] = _join(current)
 
 
 # ---------------------------------------------------------------- recompiles
@@ -203,6 +208,21 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     resume-function locals."""
     body = _PREFIX_RE.sub("", raw, count=1)
     head = body.split("\n", 1)[0].strip()
+    tensor = _tensor_guard(head, raw, function)
+    if tensor is not None:
+        return tensor
+    if head.startswith("GLOBAL_STATE changed"):
+        return _global_state_guard(head, raw)
+    guard_line = _guard_line(body, head)
+    m = _VALUE_RE.match(head)
+    if m and ("___" not in m.group("lhs") or _STACK_RE.match(m.group("lhs"))):
+        return _value_guard(m, head, raw, function, guard_line)
+    expr = head.split("#", 1)[0].strip()
+    return GuardFailure(f"guard failed: {clip(user_name(expr, function))}", raw, kind="other", guard_line=guard_line)
+
+
+def _tensor_guard(head: str, raw: str, function: str) -> Optional[GuardFailure]:
+    """A guard on a tensor's size, stride, dtype, rank or other property."""
     m = _SIZE_RE.search(head)
     if m:
         name = user_name(m.group("name"), function)
@@ -226,45 +246,57 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     if m:
         name = user_name(m.group("name"), function)
         return GuardFailure(clip(f"tensor '{name}' {m.group('rest')}"), raw, name, kind="other")
+    return None
+
+
+def _global_state_guard(head: str, raw: str) -> GuardFailure:
+    """Autocast, grad mode or other global torch state changed."""
+    what = head.split(":", 1)[-1].strip()
+    if "autocast" in what:
+        return GuardFailure(clip(f"autocast was switched between calls ({what})"), raw, kind="autocast")
+    if "grad" in what:
+        return GuardFailure(clip(f"grad mode changed between calls ({what})"), raw, kind="grad_mode")
+    return GuardFailure(clip(f"global torch state changed between calls ({what})"), raw, kind="global_state")
+
+
+def _guard_line(body: str, head: str) -> Optional[tuple[str, int, str]]:
+    """(file, line, function) of the user code that installed the guard."""
     guard_line = None
     # The "User stack trace" has the full path; the `# file:line` comment on
     # the guard line is truncated by torch to a fixed width.
     for line in body.splitlines()[1:]:
-        f = _FRAME_RE.match(line)
-        if f:
-            guard_line = (f.group("file"), int(f.group("line")), user_function_name(f.group("fn")))
+        frame = traceback_frame(line)
+        if frame is not None:
+            guard_line = (frame[0], frame[1], user_function_name(frame[2]))
     g = _GUARD_AT_RE.search(head)
     if g and guard_line is None:
         guard_line = (g.group("file").strip(), int(g.group("line")), user_function_name(g.group("fn")))
-    if head.startswith("GLOBAL_STATE changed"):
-        what = head.split(":", 1)[-1].strip()
-        if "autocast" in what:
-            return GuardFailure(clip(f"autocast was switched between calls ({what})"), raw, kind="autocast")
-        if "grad" in what:
-            return GuardFailure(clip(f"grad mode changed between calls ({what})"), raw, kind="grad_mode")
-        return GuardFailure(clip(f"global torch state changed between calls ({what})"), raw, kind="global_state")
-    m = _VALUE_RE.match(head)
-    if m and ("___" not in m.group("lhs") or _STACK_RE.match(m.group("lhs"))):
-        name = user_name(m.group("lhs"), function)
-        value = short_value(guard_value(head) or m.group("value"))
-        where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
-        if name.startswith("the intermediate"):
-            return GuardFailure(
-                f"{name} changed: the code after the break was specialized to its value {value}",
-                raw, name, None, value, "", kind="stack_value", guard_line=guard_line,
-            )
-        if m.group("lhs").startswith("G["):  # a module global the compiled code reads (and often changes)
-            return GuardFailure(
-                f"global '{name}' changed: the code was specialized to {name} == {value}{where}",
-                raw, name, None, value, "", kind="global_value", guard_line=guard_line,
-            )
-        kind = "value" if _is_number(value) else "object_value"
+    return guard_line
+
+
+def _value_guard(
+    m: re.Match, head: str, raw: str, function: str, guard_line: Optional[tuple[str, int, str]]
+) -> GuardFailure:
+    """`lhs == value`: the code was specialized to a local's, a global's or a
+    value carried over a graph break."""
+    name = user_name(m.group("lhs"), function)
+    value = short_value(guard_value(head) or m.group("value"))
+    where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
+    if name.startswith("the intermediate"):
         return GuardFailure(
-            f"value of '{name}' changed: the code was specialized to {name} == {value}{where}",
-            raw, name, None, value, "", kind=kind, guard_line=guard_line,
+            f"{name} changed: the code after the break was specialized to its value {value}",
+            raw, name, None, value, "", kind="stack_value", guard_line=guard_line,
         )
-    expr = head.split("#", 1)[0].strip()
-    return GuardFailure(f"guard failed: {clip(user_name(expr, function))}", raw, kind="other", guard_line=guard_line)
+    if m.group("lhs").startswith("G["):  # a module global the compiled code reads (and often changes)
+        return GuardFailure(
+            f"global '{name}' changed: the code was specialized to {name} == {value}{where}",
+            raw, name, None, value, "", kind="global_value", guard_line=guard_line,
+        )
+    kind = "value" if _is_number(value) else "object_value"
+    return GuardFailure(
+        f"value of '{name}' changed: the code was specialized to {name} == {value}{where}",
+        raw, name, None, value, "", kind=kind, guard_line=guard_line,
+    )
 
 
 def _is_number(value: str) -> bool:

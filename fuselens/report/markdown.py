@@ -109,20 +109,24 @@ def _header(out: list[str], report: Report, root: Optional[str]) -> None:
 def _errors(out: list[str], report: Report, root: Optional[str]) -> None:
     """Only a failed program or diverged ranks; fallbacks are in _notes."""
     errors = common.failures(report)
-    if not errors:
-        return
-    out += [f"## Errors ({len(errors)})", "", f"*{esc(common.errors_detail(errors))}*", ""]
-    for err in errors:
-        _entry(out, err, f"error: {err.kind}", root)
+    _error_section(out, "Errors", common.errors_detail(errors), [(e, f"error: {e.kind}") for e in errors], root)
 
 
 def _notes(out: list[str], report: Report, root: Optional[str]) -> None:
     notes = common.notes(report)
-    if not notes:
+    labelled = [(e, f"warning: {common.note_category(e)}") for e in notes]
+    _error_section(out, "Fallbacks", common.NOTES_DETAIL, labelled, root)
+
+
+def _error_section(
+    out: list[str], title: str, detail: str, labelled: list[tuple[ErrorEntry, str]], root: Optional[str]
+) -> None:
+    """A section of errors, each under its level ("error: exception"); none when empty."""
+    if not labelled:
         return
-    out += [f"## Fallbacks ({len(notes)})", "", f"*{esc(common.NOTES_DETAIL)}*", ""]
-    for err in notes:
-        _entry(out, err, f"warning: {common.note_category(err)}", root)
+    out += [f"## {title} ({len(labelled)})", "", f"*{esc(detail)}*", ""]
+    for err, level in labelled:
+        _entry(out, err, level, root)
 
 
 def _fix_items(fixes: list[FixAdvice]) -> list[str]:

@@ -18,15 +18,7 @@ from rich.text import Text
 
 from fuselens import present
 from fuselens.events import (
-    CompiledGraph,
-    ErrorEntry,
-    FixAdvice,
-    FusionDecision,
-    GraphBreak,
-    Kernel,
-    Recompile,
-    Report,
-    SourceLocation,
+    CompiledGraph, ErrorEntry, FixAdvice, FusionDecision, GraphBreak, Kernel, Recompile, Report, SourceLocation,
 )
 from fuselens.report import charts, common, ranks_view
 

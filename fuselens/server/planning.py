@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from fuselens.server.analysis import RunPlan, contents_digest
 from fuselens.server.program import ProgramText, notebook_program
@@ -59,30 +59,7 @@ def script_plan(
     roots = [r for r in (workspace_root, config.root if config else None, doc_dir) if r]
     options = run_options(settings, config)
     if config is not None and config.entry:
-        script = entry_script(config)
-        if script is not None and os.path.realpath(script) == os.path.realpath(path):
-            entry_text, entry_uri = text, uri
-        elif script is not None:
-            entry_text = open_text(script) or read_text(script)
-            entry_uri = path_to_uri(script)
-        else:
-            entry_text, entry_uri = "", uri
-        program = ProgramText.for_script(script, entry_uri, entry_text) if script else ProgramText("", "", [])
-        return RunPlan(
-            unit=f"entry:{config.root}",
-            kind="entry",
-            value=" ".join(config.entry),
-            args=list(config.entry),
-            cwd=config.root,
-            options=options,
-            program=program,
-            roots=roots,
-            default_uri=entry_uri,
-            label=_torchrun_label(config) + " ".join(config.entry),
-            versions={uri: version} if version is not None else {},
-            contents=contents_digest([text, entry_text], [config.root], recursive=True),
-            nproc_per_node=config.nproc_per_node,
-        )
+        return _entry_plan(config, uri, path, text, version, options, roots, open_text)
     cwd = config.root if config else (workspace_root if workspace_root and path.startswith(workspace_root) else doc_dir)
     return RunPlan(
         unit=uri,
@@ -98,6 +75,44 @@ def script_plan(
         versions={uri: version} if version is not None else {},
         contents=contents_digest([text], [doc_dir]),
         nproc_per_node=config.nproc_per_node if config else None,
+    )
+
+
+def _entry_plan(
+    config: ProjectConfig,
+    uri: str,
+    path: str,
+    text: str,
+    version: Optional[int],
+    options: dict,
+    roots: list[str],
+    open_text: Callable[[str], Optional[str]],
+) -> RunPlan:
+    """Plan for the project's configured entry, run on behalf of the open
+    document at `path` (whose unsaved `text` stands in when it is the entry)."""
+    script = entry_script(config)
+    if script is not None and os.path.realpath(script) == os.path.realpath(path):
+        entry_text, entry_uri = text, uri
+    elif script is not None:
+        entry_text = open_text(script) or read_text(script)
+        entry_uri = path_to_uri(script)
+    else:
+        entry_text, entry_uri = "", uri
+    program = ProgramText.for_script(script, entry_uri, entry_text) if script else ProgramText("", "", [])
+    return RunPlan(
+        unit=f"entry:{config.root}",
+        kind="entry",
+        value=" ".join(config.entry),
+        args=list(config.entry),
+        cwd=config.root,
+        options=options,
+        program=program,
+        roots=roots,
+        default_uri=entry_uri,
+        label=_torchrun_label(config) + " ".join(config.entry),
+        versions={uri: version} if version is not None else {},
+        contents=contents_digest([text, entry_text], [config.root], recursive=True),
+        nproc_per_node=config.nproc_per_node,
     )
 
 
