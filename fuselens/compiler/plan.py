@@ -240,7 +240,7 @@ class Planner:
         for i, step in enumerate(self.plan):
             names: list[str] = []
             if isinstance(step, KernelCall):
-                names = list(step.buffers)
+                names = list(step.buffers) + list(step.reuse.values())  # an input it writes in place
             else:
                 names = list(_bufs((step.args, step.kwargs)))
                 outs = step.outputs if isinstance(step.outputs, list) else [step.outputs]

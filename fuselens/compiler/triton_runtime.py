@@ -565,8 +565,12 @@ class CudaGraphRunner:
 
     _boxed_call = True
 
-    def __init__(self, runner: Any, graph_id: str, timing: bool, static_inputs: Optional[set[int]] = None) -> None:
+    def __init__(self, runner: Any, graph_id: str, timing: bool, static_inputs: Optional[set[int]] = None,
+                 mutated_inputs: Sequence[int] = ()) -> None:
         self.runner = runner
+        # inputs the graph overwrites: a copied one is copied back after each replay, and a
+        # static one must not be overwritten by the warm-up before capture as well
+        self.mutated_inputs = list(mutated_inputs)
         self.graph_id = graph_id
         # replayed in place, like Parameters; a moved one is captured again (see __call__)
         self.static_inputs = set(static_inputs or ())
@@ -601,10 +605,13 @@ class CudaGraphRunner:
             if isinstance(a, torch.Tensor) and i not in params:
                 s.copy_(a)
         self._stop(self.copy_timer, t0)
+        back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
         args.clear()
         t1 = self._start(self.replay_timer)
         graph.replay()
         self._stop(self.replay_timer, t1)
+        for a, s in back:
+            a.copy_(s)
         return list(outs)
 
     def _capture(self, inputs: list) -> tuple:
@@ -624,8 +631,11 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        kept = [(static[i], static[i].clone()) for i in self.mutated_inputs if i in params]
         with torch.cuda.stream(side):  # one more warm-up on the capture stream (allocator state)
             self.runner(list(static))
+            for t, before in kept:  # this call already applied its update; the warm-up's is undone
+                t.copy_(before)
         torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph):
             outs = self.runner(list(static))
@@ -668,6 +678,7 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
     Returns (callable, extra events)."""
     device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor)), None)
     runner.device = device if device is not None and device.type == "cuda" else None
+    mutated = list(getattr(runner, "mutated_inputs", ()))
     timing = bool(options.time_kernels)
     on_cuda = device is not None and device.type == "cuda"
     if lib is not None and timing and not (on_cuda and options.cuda_graphs):
@@ -676,7 +687,7 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
 
     runner = wrap(runner, fast=on_cuda) or runner
     if on_cuda and options.cuda_graphs:
-        return CudaGraphRunner(runner, graph_id, timing, static_input_indices()), []
+        return CudaGraphRunner(runner, graph_id, timing, static_input_indices(), mutated), []
     return runner, []
 
 
