@@ -62,7 +62,9 @@ class Settings:
     # force a backend; None keeps the program's own
     backend: Optional[str] = field(default=None, metadata=_expects("a backend name"))
     timeout_s: float = field(default=120.0, metadata=_expects("a positive number of seconds", lambda v: v > 0))
-    max_calls: Optional[int] = field(default=None, metadata=_expects("a positive integer", lambda v: v is None or v > 0))
+    max_calls: Optional[int] = field(
+        default=None, metadata=_expects("a positive integer", lambda v: v is None or v > 0)
+    )
     # "train.py --steps 2"; overrides [tool.fuselens] entry
     entry: Optional[str] = field(default=None, metadata=_expects('a command line like "train.py --steps 2"'))
     compiler_options: dict[str, Any] = field(default_factory=dict)  # fuselens compiler, for every run
