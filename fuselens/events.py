@@ -11,12 +11,11 @@ the TUI import it and must stay light.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
+
+from fuselens.serialize import from_data, to_data
 
 SCHEMA_VERSION = 1
 
@@ -326,7 +325,7 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
+        return to_data(self)
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -336,7 +335,7 @@ class Report:
         version = data.get("schema_version", SCHEMA_VERSION)
         if version > SCHEMA_VERSION:
             raise ValueError(f"report schema {version} is newer than this fuselens ({SCHEMA_VERSION})")
-        return from_dict(cls, data)
+        return from_data(cls, data)
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
@@ -363,58 +362,9 @@ EVENT_CLASSES: dict[str, type] = {
 }
 
 
-def to_dict(obj: Any) -> Any:
-    """Dataclasses to plain JSON-able values (dicts, lists, scalars)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {str(k): to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-_HINTS_CACHE: dict[type, dict[str, Any]] = {}
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS_CACHE:
-        _HINTS_CACHE[cls] = typing.get_type_hints(cls)
-    return _HINTS_CACHE[cls]
-
-
-def _convert(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(args[0], value) if len(args) == 1 else value
-    if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(item, v) for v in value]
-    if origin is dict:
-        _, item = typing.get_args(tp) or (Any, Any)
-        return {k: _convert(item, v) for k, v in value.items()}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return from_dict(tp, value)
-    return value
-
-
-def from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """Inverse of `to_dict`. Unknown keys are ignored so that an older reader
-    can load a newer minor addition."""
-    hints = _field_types(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name])
-    return cls(**kwargs)
-
-
 def encode_event(event: Any) -> str:
     """One JSON line for the worker -> parent stream."""
-    return json.dumps({"type": type(event).__name__, "data": to_dict(event)})
+    return json.dumps({"type": type(event).__name__, "data": to_data(event)})
 
 
 def decode_event(line: str) -> Any:
@@ -424,4 +374,4 @@ def decode_event(line: str) -> Any:
     cls = EVENT_CLASSES.get(msg.get("type", ""))
     if cls is None:
         raise ValueError(f"unknown event type {msg.get('type')!r}")
-    return from_dict(cls, msg["data"])
+    return from_data(cls, msg["data"])

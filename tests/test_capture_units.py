@@ -12,6 +12,7 @@ from fuselens.capture import RunOptions, Target, TargetError, assemble
 from fuselens.notebook_program import neutralize_ipython, split_cell_filename
 from fuselens.capture.tracetext import parse_graph_break, split_recompile_payload, translate_guard
 from fuselens.events import GraphBreak, Kernel, KernelTiming, PhaseTime, Recompile, RunInfo, SourceLocation
+from fuselens.serialize import from_data, to_data
 
 CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
 
@@ -56,7 +57,7 @@ def test_broken_notebook_json_is_a_target_error(tmp_path):
 
 def test_run_options_round_trip_through_dict():
     opts = RunOptions(backend="eager", timeout_s=3.0, max_calls=2, compiler_options={"fusion": False})
-    assert RunOptions.from_dict(json.loads(json.dumps(opts.to_dict()))) == opts
+    assert from_data(RunOptions, json.loads(json.dumps(to_data(opts)))) == opts
 
 
 def test_ipython_magics_become_pass_keeping_line_numbers():

@@ -128,7 +128,7 @@ def test_each_fix_for_the_report_applies_and_parses(tmp_path):
     findings = report_findings(_report(path), resolver)["file:///prog.py"]
     titles = []
     for finding in findings:
-        for fix in fixes_for(SOURCE, finding.fix, finding.line):
+        for fix in fixes_for(SOURCE, finding.event, finding.line):
             ast.parse(apply_edits(SOURCE, fix.edits))
             titles.append(fix.title)
     assert sorted(titles) == sorted([
@@ -143,9 +143,10 @@ def test_fix_that_would_not_parse_is_never_offered():
     source = "import torch\nf = torch.compile(lambda x: x)\n"
     # the compiled callable is a lambda: no def, no call site, and `dynamic=True`
     # is the only candidate; a print removal on a non-print line yields nothing
-    fixes = fixes_for(source, {"kind": "graph-break", "reason": "print", "hints": []}, 1)
+    fixes = fixes_for(source, GraphBreak(SourceLocation("prog.py", 2), reason="print"), 1)
     assert fixes == []
-    assert fixes_for("def broken(:\n", {"kind": "recompile", "function": "f", "changes": [["x", 0]]}, 0) == []
+    recompile = Recompile("f", SourceLocation("prog.py", 1), "0/1", shape_changes=[ShapeChange("x", 0, "2", "3")])
+    assert fixes_for("def broken(:\n", recompile, 0) == []
 
 
 def test_inductor_kernel_ops_are_read_from_its_name():

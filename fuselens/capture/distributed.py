@@ -35,6 +35,7 @@ from fuselens.capture import rankmerge
 from fuselens.capture.runner import _drain, _Tail, _worker_env
 from fuselens.capture.target import RunOptions
 from fuselens.events import ErrorEntry, Report, RunInfo, encode_event
+from fuselens.serialize import to_data
 
 _STOP_GRACE_S = 15.0  # torchrun's SIGTERM -> ranks -> exit, before SIGKILL
 _POLL_S = 0.2
@@ -121,7 +122,7 @@ def analyze_distributed(launch: TorchrunLaunch, options: Optional[RunOptions] = 
     run_dir = os.path.abspath(launch.run_dir or tempfile.mkdtemp(prefix="fuselens-run-"))
     os.makedirs(run_dir, exist_ok=True)
     cmd = [sys.executable, "-m", "fuselens.capture.launch", "--run-dir", run_dir,
-           "--options", json.dumps(options.to_dict()), "--", *launch.torchrun_args]
+           "--options", json.dumps(to_data(options)), "--", *launch.torchrun_args]
     env = _worker_env(options.env)
     proc = subprocess.Popen(cmd, cwd=launch.cwd or None, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

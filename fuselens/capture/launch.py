@@ -24,6 +24,7 @@ import sys
 from typing import Any, Optional
 
 from fuselens.capture.target import RunOptions, Target, TargetError
+from fuselens.serialize import from_data, to_data
 
 RANK_MODULE = "fuselens.capture.rank"
 
@@ -68,12 +69,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     request_file = os.path.join(run_dir, f"request-{socket.gethostname()}-{os.getpid()}.json")
     try:
         args, target = rewrite(torchrun_argv, run_dir, request_file)
-        options = RunOptions.from_dict(json.loads(ours.options))
+        options = from_data(RunOptions, json.loads(ours.options))
     except (TargetError, ValueError) as exc:
         print(f"fuselens: {exc}", file=sys.stderr)
         return 2
     with open(request_file, "w", encoding="utf-8") as f:
-        json.dump({"target": target.to_dict(), "options": options.to_dict()}, f)
+        json.dump({"target": to_data(target), "options": to_data(options)}, f)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -35,6 +35,7 @@ from fuselens.capture.rankmerge import fault_file
 from fuselens.capture.target import RunOptions, Target
 from fuselens.capture.worker import event_line
 from fuselens.events import ErrorEntry, RankInfo, RunInfo, encode_event
+from fuselens.serialize import from_data
 
 REQUEST_FILE = "request.json"
 _PARENT_POLL_S = 0.2
@@ -132,8 +133,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     with open(args.request or os.path.join(args.run_dir, REQUEST_FILE), encoding="utf-8") as f:
         request = json.load(f)
-    target = Target.from_dict(request["target"])
-    options = RunOptions.from_dict(request.get("options") or {})
+    target = from_data(Target, request["target"])
+    options = from_data(RunOptions, request.get("options") or {})
     identity = identity_from_env()
     events_path = rank_file(args.run_dir, identity.rank)
     out = RankFile(events_path, identity)

@@ -32,6 +32,7 @@ from fuselens.capture.assemble import ReportBuilder
 from fuselens.capture.protocol import DONE, OUTPUT_END, STARTED, run_request
 from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, Report, RunInfo, decode_event
+from fuselens.serialize import to_data
 
 EventCallback = Callable[[Any], None]
 
@@ -230,7 +231,7 @@ class _Worker:
         deadline = started_at + options.timeout_s + _STARTUP_S if options.timeout_s else None
         state = {"started": False, "done": False, "malformed": 0, "timeout_s": options.timeout_s, "deadline": deadline}
         try:
-            self._control.write(run_request(target.to_dict(), options.to_dict()))
+            self._control.write(run_request(to_data(target), to_data(options)))
             self._control.flush()
         except (OSError, ValueError):
             pass  # worker already gone: the read loop sees EOF and reports it

@@ -7,7 +7,6 @@ notebook, each optionally followed by `-- args...` for the program.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -86,15 +85,6 @@ class Target:
             return f"-m {self.value}"
         return self.shown or self.value
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Target":
-        return cls(
-            data["kind"], data["value"], list(data.get("args") or []), data.get("cwd"), str(data.get("shown") or "")
-        )
-
 
 @dataclass
 class RunOptions:
@@ -128,14 +118,6 @@ class RunOptions:
     env: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     cold_caches: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunOptions":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def _is_dotted_name(name: str) -> bool:

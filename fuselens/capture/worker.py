@@ -27,6 +27,7 @@ from fuselens.capture.assemble import nest_phase
 from fuselens.capture.protocol import DONE, OUTPUT_END, READY, STARTED, control_line
 from fuselens.capture.target import RunOptions, Target
 from fuselens.events import ErrorEntry, PhaseTime, RunInfo, encode_event
+from fuselens.serialize import from_data
 
 _FLUSH_EVERY_S = 0.5
 
@@ -335,8 +336,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         try:
             request = json.loads(line)
-            target = Target.from_dict(request["target"])
-            options = RunOptions.from_dict(request.get("options") or {})
+            target = from_data(Target, request["target"])
+            options = from_data(RunOptions, request.get("options") or {})
         except (ValueError, KeyError, TypeError) as exc:
             channel.event(ErrorEntry("internal", f"bad run request: {exc!r}"))
             _end_output()

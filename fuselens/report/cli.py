@@ -23,6 +23,7 @@ from fuselens import run_args
 from fuselens.cli_parser import UsageError
 from fuselens.events import Report
 from fuselens.report import common, torchrun_cli
+from fuselens.serialize import to_data
 
 FORMATS = ("terminal", "json", "md", "html", "sarif")
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -230,7 +231,7 @@ def _verify(report: Report, target: Any, options: Any) -> None:
         return analyze(Target("script", path, list(target.args), target.cwd, path), quiet)
 
     # Whether caches are cold changes how long a run takes, not what it shows.
-    depends = {k: v for k, v in quiet.to_dict().items() if k not in ("cold_caches", "output_limit_bytes")}
+    depends = {k: v for k, v in to_data(quiet).items() if k not in ("cold_caches", "output_limit_bytes")}
     context = RunContext.of(target.value, target.args, target.cwd, depends, report.run.torch_version,
                             report.run.python_version)
     store = VerdictStore.open(refresh=options.cold_caches)

@@ -11,7 +11,6 @@ even when a cancelled worker still manages to answer.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hashlib
 import json
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
 from fuselens.events import ErrorEntry, Report, RunInfo
+from fuselens.serialize import from_data
 from fuselens.server.program import ProgramText
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ async def run_plan(plan: RunPlan, on_event: Optional[Callable[[Any], None]] = No
             target = Target(plan.kind, plan.value, list(plan.args), plan.cwd)
     except TargetError as exc:
         return error_report(plan, "exception", f"cannot run the configured entry: {exc}")
-    return await analyze_async(target, RunOptions.from_dict(plan.options), on_event=on_event)
+    return await analyze_async(target, from_data(RunOptions, plan.options), on_event=on_event)
 
 
 async def _run_torchrun(plan: RunPlan) -> Report:
@@ -154,7 +154,7 @@ async def _run_torchrun(plan: RunPlan) -> Report:
         launch = launch_for(argv[:cut], argv[cut:], plan.nproc_per_node, cwd=plan.cwd)
     except ValueError as exc:
         return error_report(plan, "exception", f"cannot run the configured entry under torchrun: {exc}")
-    return await analyze_distributed_async(launch, RunOptions.from_dict(plan.options))
+    return await analyze_distributed_async(launch, from_data(RunOptions, plan.options))
 
 
 def error_report(plan: RunPlan, kind: str, message: str) -> Report:
@@ -251,6 +251,6 @@ def summary(report: Optional[Report], status: str, cached: bool = False) -> dict
         "recompiles": len(report.recompiles),
         "graphs": len(report.graphs),
         "kernels": len(report.kernels),
-        "errors": [dataclasses.asdict(e)["kind"] for e in report.errors],
+        "errors": [e.kind for e in report.errors],
         "wall_s": report.timings.wall_s,
     }

@@ -1,15 +1,16 @@
 """Report -> LSP diagnostics. Pure: no server, no I/O beyond the resolver.
 
 Every diagnostic has `source: "fuselens"` and one of the stable codes below;
-a `Finding` keeps the diagnostic together with what a code action needs to
-build a fix later (against the document text current at that time).
+a `Finding` keeps the diagnostic together with the event it shows, from which
+a code action builds a fix later (against the document text current at that
+time).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from dataclasses import dataclass
+from typing import Iterable, Optional, Union
 
 from lsprotocol import types
 
@@ -44,13 +45,18 @@ DATA_DEPENDENT_HINT = (
 )
 
 
+# What a diagnostic shows: the schema's own record (fused findings of Inductor's
+# kernels have no FusionDecision: their Kernel).
+FindingEvent = Union[GraphBreak, Recompile, ErrorEntry, FusionDecision, Kernel]
+
+
 @dataclass
 class Finding:
     uri: str
     line: int  # 0-based, in the document `uri`
     code: str
     diagnostic: types.Diagnostic
-    fix: dict[str, Any] = field(default_factory=dict)  # input of fixes.actions_for
+    event: FindingEvent  # input of fixes.fixes_for
 
 
 def report_findings(report: Report, resolver: Resolver) -> dict[str, list[Finding]]:
@@ -120,10 +126,7 @@ def _graph_breaks(breaks: list[GraphBreak], resolver: Resolver) -> list[Finding]
             resolver, uri, line, GRAPH_BREAK, types.DiagnosticSeverity.Warning,
             "\n".join(lines), _related(resolver, gb.user_stack), href,
         )
-        fix = {"kind": GRAPH_BREAK, "reason": gb.reason, "gb_type": gb.gb_type,
-               "registry_id": gb.registry_id, "hints": list(gb.hints), "explanation": gb.explanation,
-               "function": gb.location.function}
-        out.append(Finding(uri, line, GRAPH_BREAK, diag, fix))
+        out.append(Finding(uri, line, GRAPH_BREAK, diag, gb))
     return out
 
 
@@ -174,11 +177,7 @@ def _recompiles(recompiles: list[Recompile], resolver: Resolver) -> list[Finding
         lines += _on_ranks(rc.ranks)
         severity = types.DiagnosticSeverity.Warning
         diag = _diagnostic(resolver, uri, line, code, severity, "\n".join(lines))
-        fix = {"kind": RECOMPILE, "function": rc.function,
-               "changes": [[c.input_name, c.dim] for c in rc.shape_changes],
-               "def_line": rc.location.line,
-               "verified": [f.edit for f in rc.fixes if f.preferred]}
-        out.append(Finding(uri, line, code, diag, fix))
+        out.append(Finding(uri, line, code, diag, rc))
     return out
 
 
@@ -212,7 +211,7 @@ def _errors(errors: list[ErrorEntry], resolver: Resolver) -> list[Finding]:
         if tail and tail not in message:
             message += "\n" + tail
         diag = _diagnostic(resolver, uri, line, code, severity, message)
-        out.append(Finding(uri, line, code, diag, {"kind": code, "error_kind": err.kind}))
+        out.append(Finding(uri, line, code, diag, err))
     return out
 
 
@@ -275,11 +274,11 @@ def _fusion(report: Report, resolver: Resolver) -> list[Finding]:
         places = _unique_places(kernel_locations(kernel, nodes), resolver)
         if len(ops) < 2 and len(places) < 2:
             continue  # one op alone: nothing was fused
-        out += _fused_findings(resolver, kernel.name, ops, places, seen)
+        out += _fused_findings(resolver, kernel, kernel.name, ops, places, seen)
     for decision in report.fusion:
         places = _unique_places(decision.locations, resolver)
         if decision.decision == "fused" and decision.kernel:
-            out += _fused_findings(resolver, decision.kernel, decision.nodes, places, seen)
+            out += _fused_findings(resolver, decision, decision.kernel, decision.nodes, places, seen)
         elif decision.decision == "not_fused" and places:
             out += _blocked_findings(resolver, decision, places)
     return out
@@ -294,7 +293,7 @@ def _unique_places(locs: Iterable[SourceLocation], resolver: Resolver) -> list[t
     return places
 
 
-def _fused_findings(resolver, name, ops, places, seen) -> list[Finding]:
+def _fused_findings(resolver, event: Union[Kernel, FusionDecision], name, ops, places, seen) -> list[Finding]:
     out = []
     line_list = ", ".join(str(line + 1) for _, line in places)
     what = ", ".join(ops) if ops else "its ops"
@@ -304,7 +303,7 @@ def _fused_findings(resolver, name, ops, places, seen) -> list[Finding]:
         seen.add((uri, line, name))
         message = f"Fused into kernel {name}: {what}" + (f" (lines {line_list})" if len(places) > 1 else "")
         diag = _diagnostic(resolver, uri, line, FUSED, types.DiagnosticSeverity.Hint, message)
-        out.append(Finding(uri, line, FUSED, diag, {"kind": FUSED, "kernel": name}))
+        out.append(Finding(uri, line, FUSED, diag, event))
     return out
 
 
@@ -322,7 +321,5 @@ def _blocked_findings(resolver: Resolver, decision: FusionDecision, places) -> l
     ]
     uri, line = places[0]
     diag = _diagnostic(resolver, uri, line, FUSION_BLOCKED, types.DiagnosticSeverity.Information, message, related)
-    fix = {"kind": FUSION_BLOCKED, "option": decision.option, "rule": decision.rule,
-           "function": decision.locations[0].function if decision.locations else ""}
-    out.append(Finding(uri, line, FUSION_BLOCKED, diag, fix))
+    out.append(Finding(uri, line, FUSION_BLOCKED, diag, decision))
     return out

@@ -236,7 +236,7 @@ def code_actions(ls: FuselensServer, params: types.CodeActionParams) -> list[typ
     wanted = params.context.only
     if wanted and not any(str(k).startswith("quickfix") for k in wanted):
         return []
-    findings = [f for f in ls.findings_for(uri) if f.fix and _overlaps(f.diagnostic.range, params.range)]
+    findings = [f for f in ls.findings_for(uri) if _overlaps(f.diagnostic.range, params.range)]
     if not findings:
         return []
     program = current_program(ls, uri)
@@ -247,7 +247,7 @@ def code_actions(ls: FuselensServer, params: types.CodeActionParams) -> list[typ
         line = program.to_program(uri, finding.line)
         if line is None:
             continue
-        for fix in fixes_for(program.text, finding.fix, line):
+        for fix in fixes_for(program.text, finding.event, line):
             changes = _document_edits(program, fix.edits, ls.position_codec)
             if changes:
                 actions.append(

@@ -1,4 +1,4 @@
-"""Quick-fix edit builders. Pure: (program source, finding) -> fixes.
+"""Quick-fix edit builders. Pure: (program source, finding's event) -> fixes.
 
 Every fix is applied to the source and re-parsed with `ast` before it is
 offered (`checked`); an edit that would not parse is never shown. Positions
@@ -11,8 +11,10 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
+from fuselens.events import FusionDecision, GraphBreak, Recompile
+from fuselens.server.diagnostics import FindingEvent, is_data_dependent
 from fuselens.server.source_index import CompileSite, SourceIndex
 
 LOGGING_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}
@@ -68,19 +70,20 @@ def checked(source: str, fix: Optional[Fix]) -> Optional[Fix]:
     return fix
 
 
-def fixes_for(source: str, spec: dict[str, Any], line: int) -> list[Fix]:
-    """All checked fixes for one finding at program line `line` (0-based)."""
+def fixes_for(source: str, event: FindingEvent, line: int) -> list[Fix]:
+    """All checked fixes for the finding of `event` (a `Finding.event`) at
+    program line `line` (0-based); none for the kinds of event no edit fixes."""
     index = SourceIndex(source)
     if index.tree is None:
         return []
-    kind = spec.get("kind")
     candidates: list[Optional[Fix]] = []
-    if kind == "recompile":
-        candidates += recompile_fixes(index, spec)
-    elif kind == "graph-break":
-        candidates += graph_break_fixes(index, spec, line)
-    elif kind == "fusion-blocked" and spec.get("option"):
-        candidates.append(option_fix(index, spec["option"], spec.get("function", "")))
+    if isinstance(event, Recompile):
+        candidates += recompile_fixes(index, event)
+    elif isinstance(event, GraphBreak):
+        candidates += graph_break_fixes(index, event, line)
+    elif isinstance(event, FusionDecision) and event.decision == "not_fused" and event.option:
+        function = event.locations[0].function if event.locations else ""
+        candidates.append(option_fix(index, event.option, function))
     out, titles = [], set()
     for fix in candidates:
         fix = checked(source, fix)
@@ -93,11 +96,11 @@ def fixes_for(source: str, spec: dict[str, Any], line: int) -> list[Fix]:
 # ---- recompiles -------------------------------------------------------------
 
 
-def recompile_fixes(index: SourceIndex, spec: dict[str, Any]) -> list[Optional[Fix]]:
-    site = index.site_for(spec.get("function", ""))
+def recompile_fixes(index: SourceIndex, rc: Recompile) -> list[Optional[Fix]]:
+    site = index.site_for(rc.function)
     if site is None:
         return []
-    changes = [(name, dim) for name, dim in spec.get("changes", []) if isinstance(dim, int)]
+    changes = [(c.input_name, c.dim) for c in rc.shape_changes if isinstance(c.dim, int)]
     marks: list[Optional[Fix]] = []
     for name, dim in changes:
         for call, stmt in index.call_sites(site)[:3]:
@@ -106,7 +109,7 @@ def recompile_fixes(index: SourceIndex, spec: dict[str, Any]) -> list[Optional[F
     # Preferred only when `fuselens report` verified the same catalogue fix
     # (fuselens/fixcatalog.py, report/verify.py): a mark_dynamic that looks
     # right can crash with ConstraintViolationError.
-    verified = set(spec.get("verified", []))
+    verified = {f.edit for f in rc.fixes if f.preferred}
     for fix in marks + [dynamic_true_fix(index, site)]:
         if fix is not None and (("mark_dynamic" in fix.title and "mark_dynamic" in verified)
                                 or ("dynamic=True" in fix.title and "dynamic_true" in verified)):
@@ -187,9 +190,9 @@ def _add_keyword(index: SourceIndex, call: ast.Call, text: str) -> Edit:
 # ---- graph breaks ------------------------------------------------------------
 
 
-def graph_break_fixes(index: SourceIndex, spec: dict[str, Any], line: int) -> list[Optional[Fix]]:
-    text = " ".join([spec.get("reason", ""), spec.get("gb_type", "")])
-    hints = "".join(spec.get("hints", []))
+def graph_break_fixes(index: SourceIndex, gb: GraphBreak, line: int) -> list[Optional[Fix]]:
+    text = " ".join([gb.reason, gb.gb_type])
+    hints = "".join(gb.hints)
     out: list[Optional[Fix]] = []
     if "item()" in text or "capture_scalar_outputs" in hints:
         out.append(config_fix(index, "torch._dynamo.config.capture_scalar_outputs", "True"))
@@ -198,8 +201,7 @@ def graph_break_fixes(index: SourceIndex, spec: dict[str, Any], line: int) -> li
         out.append(remove_statement_fix(index, logging_call))
         if _is_print(logging_call):
             out.append(reorder_print_fix(index))
-    lowered = text.lower()
-    if "data-dependent branch" in lowered or "generic_jump" in lowered or spec.get("registry_id") in ("GB0170", "GB0035"):
+    if is_data_dependent(gb):
         out.append(cond_fix(index, line + 1))
     for name, value in _CONFIG_IN_HINT.findall(hints.replace("`", "")):
         out.append(config_fix(index, name, value))

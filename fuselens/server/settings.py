@@ -6,21 +6,27 @@ Settings arrive from three places, later ones winning: `initializationOptions`,
 nested under "fuselens" (`{"fuselens": {"trusted": true}}`) or dotted
 (`{"fuselens.trusted": true}`): editors differ in what they send.
 
-`compilerOptions` (`{"fuselens.compilerOptions": {"max_fusion_size": 8}}`) are the
-fuselens compiler's, validated by its options dataclass like `fuselens report
---set`; the bad ones are left out and said in `Settings.problems`, for the server
-to show.
+Each value is structured into its field's type by the converter for user input
+(fuselens/serialize.py: types checked, not coerced; a choice outside the
+field's Literal refused). `compilerOptions` (`{"fuselens.compilerOptions":
+{"max_fusion_size": 8}}`) are the fuselens compiler's, validated by its options
+dataclass like `fuselens report --set`. A bad value of any setting is left out
+and said in `Settings.problems`, for the server to show.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
+
+import cattrs
 
 from fuselens.compiler import options as compiler_options  # torch-free
+from fuselens.serialize import user_input
 
-RUN_ON_VALUES = ("save", "open", "manual")
+RunOn = Literal["save", "open", "manual"]
 
 # camelCase keys as editors write them -> Settings field names.
 _KEYS = {
@@ -36,39 +42,72 @@ _KEYS = {
 }
 
 
+def _expects(text: str, check: Optional[Callable[[Any], bool]] = None) -> dict[str, Any]:
+    """Field metadata: what a value must be, in the words of the problem
+    message, and what it must hold beyond its type."""
+    return {"expects": text, "check": check}
+
+
 @dataclass
 class Settings:
     """What the user configured. `trusted` and `trusted_roots` gate every run of
     user code, per folder (trust.py)."""
 
-    trusted: bool = False  # the client's workspace folders are trusted (VS Code workspace trust)
-    trusted_roots: tuple[str, ...] = ()  # folders trusted by name (absolute paths), e.g. from a Neovim config
-    run_on: str = "save"  # save | open | manual
-    inlay_hints: bool = False
-    backend: Optional[str] = None  # force a backend; None keeps the program's own
-    timeout_s: float = 120.0
-    max_calls: Optional[int] = None
-    entry: Optional[str] = None  # "train.py --steps 2"; overrides [tool.fuselens] entry
+    # the client's workspace folders are trusted (VS Code workspace trust)
+    trusted: bool = field(default=False, metadata=_expects("true or false"))
+    # folders trusted by name (absolute paths), e.g. from a Neovim config
+    trusted_roots: tuple[str, ...] = field(default=(), metadata=_expects("a list of folder paths", all))
+    run_on: RunOn = field(default="save", metadata=_expects("one of " + ", ".join(map(repr, typing.get_args(RunOn)))))
+    inlay_hints: bool = field(default=False, metadata=_expects("true or false"))
+    # force a backend; None keeps the program's own
+    backend: Optional[str] = field(default=None, metadata=_expects("a backend name"))
+    timeout_s: float = field(default=120.0, metadata=_expects("a positive number of seconds", lambda v: v > 0))
+    max_calls: Optional[int] = field(
+        default=None, metadata=_expects("a positive integer", lambda v: v is None or v > 0)
+    )
+    # "train.py --steps 2"; overrides [tool.fuselens] entry
+    entry: Optional[str] = field(default=None, metadata=_expects('a command line like "train.py --steps 2"'))
     compiler_options: dict[str, Any] = field(default_factory=dict)  # fuselens compiler, for every run
     problems: tuple[str, ...] = ()  # what the last merge left out, one message each
 
     def merged(self, raw: Any) -> "Settings":
         """A copy with the values of `raw` (any of the accepted shapes) applied.
-        Values of the wrong type are ignored, so a bad setting cannot stop the
-        server; bad compiler options are also named in `problems`."""
-        values = dataclasses.asdict(self)
-        values["problems"] = ()
+        A bad value leaves the setting as it was, so that it cannot stop the
+        server, and is named in `problems` for the user to fix."""
+        values: dict[str, Any] = {}
+        problems: list[str] = []
         for key, value in _flatten(raw).items():
             name = _KEYS.get(key)
             if name is None:
-                continue
+                continue  # the client's own settings (interpreter, trace) ride along
             if name == "compiler_options":
-                values[name], values["problems"] = _compiler_options(value)
+                values[name], found = _compiler_options(value)
+                problems += found
                 continue
-            coerced = _coerce(name, value)
-            if coerced is not _INVALID:
-                values[name] = coerced
-        return Settings(**values)
+            try:
+                values[name] = _structure(name, value)
+            except (cattrs.BaseValidationError, TypeError, ValueError):
+                problems.append(f"fuselens.{key}: {value!r} is not {_FIELDS[name].metadata['expects']}")
+        return dataclasses.replace(self, problems=tuple(problems), **values)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_TYPES = typing.get_type_hints(Settings)
+
+
+def _structure(name: str, value: Any) -> Any:
+    """`value` as the type of field `name`; raises when it is not one."""
+    if name == "trusted_roots" and isinstance(value, str):
+        value = [value]  # one folder
+    elif name in ("backend", "entry") and value == "":
+        value = None  # the editor's empty text box: unset
+    elif name == "max_calls" and value == 0 and not isinstance(value, bool):
+        value = None  # "0: no limit", as the VS Code setting says
+    structured = user_input.structure(value, _TYPES[name])
+    check = _FIELDS[name].metadata["check"]
+    if check is not None and not check(structured):
+        raise ValueError(name)
+    return structured
 
 
 def _compiler_options(raw: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -87,9 +126,6 @@ def _compiler_options(raw: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
     return good, tuple(problems)
 
 
-_INVALID = object()
-
-
 def _flatten(raw: Any) -> dict[str, Any]:
     """Accept flat, nested-under-"fuselens" and dotted "fuselens.x" forms."""
     if not isinstance(raw, Mapping):
@@ -105,28 +141,3 @@ def _flatten(raw: Any) -> dict[str, Any]:
         elif key in _KEYS:
             out[key] = value
     return out
-
-
-def _coerce(name: str, value: Any) -> Any:
-    if name == "trusted_roots":
-        if isinstance(value, str):
-            value = [value]
-        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value)
-        return tuple(value) if ok else _INVALID
-    if name in ("trusted", "inlay_hints"):
-        return value if isinstance(value, bool) else _INVALID
-    if name == "run_on":
-        return value if value in RUN_ON_VALUES else _INVALID
-    if name in ("backend", "entry"):
-        if value in (None, ""):
-            return None
-        return value if isinstance(value, str) else _INVALID
-    if name == "timeout_s":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-        return float(value) if ok else _INVALID
-    if name == "max_calls":
-        if value is None:
-            return None
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        return value if ok else _INVALID
-    return _INVALID
