@@ -34,7 +34,7 @@ import torch.fx
 from fuselens import sink
 from fuselens.compiler import options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
-from fuselens.compiler.build import KernelCompileError, build
+from fuselens.compiler.runtime.cpp_build import KernelCompileError, build
 from fuselens.compiler.codegen import get_generator
 from fuselens.events import ErrorEntry, FusionDecision, PhaseTime, SourceLocation
 
@@ -139,7 +139,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     """One AOT graph through our pipeline; returns a boxed callable."""
     from fuselens.compiler.explain import build_events
     from fuselens.compiler.lowering import lower
-    from fuselens.compiler.plan import make_runner
+    from fuselens.compiler.runtime.plan import make_runner
     from fuselens.compiler.scheduler import schedule
 
     graph_id = _graph_id(compile_id, stage)
@@ -158,7 +158,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         phases.append(("lowering", time.perf_counter() - t))
         t = time.perf_counter()
         from fuselens.compiler.ir import TensorValue
-        from fuselens.compiler.lowering import sources_of
+        from fuselens.compiler.lowering.lowerer import sources_of
 
         out_sources: set[str] = set()
         for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
@@ -197,7 +197,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         phases.append(("codegen", time.perf_counter() - t))
         t = time.perf_counter()
         if target == "triton":  # Triton target (issue 5): import the module; kernels JIT-compile at first launch
-            from fuselens.compiler.triton_runtime import build_module, finalize
+            from fuselens.compiler.runtime.triton_module import build_module, finalize
 
             lib = build_module(list(kernels.values()), source, opts, compile_id) if parts else None
             phases.append(("triton_compile", time.perf_counter() - t))
@@ -212,11 +212,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         events.extend(FusionDecision(decision="fused", nodes=[i.node, *i.readers], reason=i.reason(),
                                      kernel=kernel_of.get(i.readers[0]), graph_id=graph_id, rule="inline")
                       for i in inlined)
-        if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (triton_runtime.py)
+        if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (runtime/triton_module.py)
             runner, extra_events = finalize(runner, lib, opts, graph_id, example_inputs)
             events.extend(extra_events)
         else:  # straight-line Python instead of the plan interpreter
-            from fuselens.compiler.wrapper_codegen import wrap
+            from fuselens.compiler.runtime.wrapper_codegen import wrap
 
             runner = wrap(runner, fast=False) or runner
     except RESTARTS:
@@ -240,7 +240,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     for phase, secs in phases:
         sink.emit(PhaseTime(phase=phase, seconds=secs, compile_id=compile_id))
     if runner.timing is not None:
-        from fuselens.compiler.runtime import register_timing
+        from fuselens.compiler.runtime.interpreter import register_timing
 
         register_timing(graph_id, runner.timing)
     runner.graph_id = graph_id  # type: ignore[attr-defined]

@@ -73,9 +73,19 @@ def resolve_target(target: str, example_inputs: Any) -> str:
     """Option `target` for these inputs: "auto" is "triton" when the inputs are
     CUDA tensors and "cpp" otherwise; "triton" on CPU tensors only runs under
     TRITON_INTERPRET=1 (tests), else it raises (the graph then runs eagerly)."""
-    from fuselens.compiler.triton_runtime import resolve_target as _resolve
+    import os
 
-    return _resolve(target, example_inputs)
+    import torch
+
+    on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in example_inputs)
+    if target == "auto":
+        return "triton" if on_cuda else "cpp"
+    if target == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("option target='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the "
+                           "kernels in Triton's CPU interpreter)")
+    if target == "cpp" and on_cuda:
+        raise RuntimeError("option target='cpp' cannot run on CUDA tensors; use target='triton' or 'auto'")
+    return target
 
 
 def canonical_text(source: str, name: str, param_pattern: str) -> str:

@@ -14,7 +14,7 @@ Loop structure of a kernel over full space F with reduced dims R:
 A pointwise kernel is the same with its last dim as the inner (simd) loop; a
 1-D one is split into parallel chunks. Values are emitted once per scope
 (common subexpressions are shared by a cache keyed on the C expression).
-g++ 12 vectorizes the simd loops (see `-fopt-info-vec` notes in build.py).
+g++ 12 vectorizes the simd loops (see `-fopt-info-vec` notes in runtime/cpp_build.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Straight-line Python for a compiled graph (the host path), both targets.
 
-`GraphRunner` (runtime.py) interprets the plan: a dict of buffers, an
+`GraphRunner` (interpreter.py) interprets the plan: a dict of buffers, an
 `isinstance` chain and `_resolve` over nested argument trees for every step of
 every call. On the GPU that host work, not the kernels, bounded the models
 (GPT-2 and ResNet blocks ran at ~1.5-2.4x their CUDA-graph replay time); on the
@@ -12,10 +12,10 @@ function: buffers are locals, sizes of static graphs are literals, externs are
 direct calls with their arguments already spelled out, every buffer is `del`eted
 at its last use (the CUDA caching allocator hands the block to the next
 allocation of that size), and each Triton kernel is called through
-`Launcher.fast_launcher` (triton_runtime.py), which calls the compiled kernel's
+`Launcher.fast_launcher` (triton_launcher.py), which calls the compiled kernel's
 launcher directly. On the CPU a dead buffer instead waits in a local for the
 next allocation of its byte size, which takes it over with `as_strided`: the
-reuse runtime.py's pool does by hand for malloc (large blocks go back to the
+reuse interpreter.py's pool does by hand for malloc (large blocks go back to the
 OS, and a fresh one costs a page fault per 4 KiB), resolved here while printing
 when the sizes are static. C++ kernels get data pointers.
 
@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import torch
 
-from fuselens.compiler.runtime import ExternCall, Free, KernelCall, alloc_nbytes, pool_put
+from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall, alloc_nbytes, pool_put
 
 _ids = iter(range(1 << 62))
 
@@ -188,7 +188,7 @@ class _Printer:
             self.emit("stream = None")
         self.host_pool = not on_cuda
         if self.host_pool and self.static is None:
-            from fuselens.compiler.runtime import _alloc
+            from fuselens.compiler.runtime.interpreter import _alloc
 
             self.ns["_alloc"] = _alloc
             self.ns["_pool_put"] = pool_put

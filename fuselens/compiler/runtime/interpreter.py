@@ -134,7 +134,7 @@ class GraphRunner:
         self.reusable = reusable
         self.timing = timing  # kernel name -> KernelStats when timing is on
         self.timing_lock = threading.Lock()
-        self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_runtime.finalize)
+        self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_module.finalize)
         # static shapes: the size/stride slots never change, evaluate them once
         self._static_slots: Optional[list] = None if symbol_sources else (symeval({}) if symeval else [])
 
