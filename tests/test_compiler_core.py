@@ -196,16 +196,16 @@ def test_a_variance_the_kernel_outputs_keeps_double_moments():
 
 
 def test_identical_kernels_of_repeated_layers_are_compiled_once_and_each_still_reported(monkeypatch):
-    from fuselens.compiler import entry
+    from fuselens.compiler.targets import cpp as cpp_target
 
     built = []
-    real_build = entry.build
+    real_build = cpp_target.build
 
     def spy(source, options, spans=()):
         built.append(source)
         return real_build(source, options, spans)
 
-    monkeypatch.setattr(entry, "build", spy)
+    monkeypatch.setattr(cpp_target, "build", spy)
 
     class Block(torch.nn.Module):
         def __init__(self, d):

@@ -491,7 +491,7 @@ def test_autotune_picks_the_fastest_and_caches_it_on_disk(records: dict) -> None
 def test_target_auto_picks_cpp_for_cpu_and_refuses_triton_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from fuselens.compiler.codegen import resolve_target
+    from fuselens.compiler.targets.registry import resolve_target
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert resolve_target("auto", [torch.zeros(2)]) == "cpp"

@@ -141,8 +141,9 @@ def _fmt(sizes: Sequence[Expr]) -> str:
 
 
 class Scheduler:
-    def __init__(self, graph: GraphIR, options: Any, output_sources: set[str]) -> None:
+    def __init__(self, graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> None:
         self.g = graph
+        self.kernel_prefix = kernel_prefix
         self.opt = options
         self.steps = graph.steps
         self.index = {s.name: i for i, s in enumerate(self.steps)}
@@ -508,7 +509,7 @@ class Scheduler:
         counter = 0
         for u in units:
             if isinstance(u, KernelGroup):
-                u.name = kernel_name(u, counter)
+                u.name = kernel_name(u, counter, self.kernel_prefix)
                 counter += 1
         return Schedule(units, [u for u in units if isinstance(u, KernelGroup)], self.decisions, self.group_of)
 
@@ -582,11 +583,12 @@ def _short(op: str) -> str:
     return name.strip("_").replace("convert_element_type", "convert")
 
 
-def kernel_name(g: KernelGroup, counter: int) -> str:
+def kernel_name(g: KernelGroup, counter: int, prefix: str) -> str:
     ops = sorted({_short(o) for n in g.nodes for o in n.aten_ops})
     label = "_".join(ops[:6]) + ("_etc" if len(ops) > 6 else "")
-    return f"cpp_fused_{label}_{counter}"
+    return f"{prefix}_{label}_{counter}"
 
 
-def schedule(graph: GraphIR, options: Any, output_sources: set[str]) -> Schedule:
-    return Scheduler(graph, options, output_sources).run()
+def schedule(graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> Schedule:
+    """Fuse the graph's steps into kernels named `<kernel_prefix>_<ops>_<n>` (the target's prefix)."""
+    return Scheduler(graph, options, output_sources, kernel_prefix).run()

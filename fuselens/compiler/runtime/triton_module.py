@@ -26,7 +26,7 @@ from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, static_input_
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
 from fuselens.compiler.runtime.triton_timing import register_timing
-from fuselens.compiler.runtime.wrapper_codegen import wrap
+from fuselens.compiler.runtime import wrapper_codegen
 from fuselens.private_dirs import check_private_file
 
 _modules: dict[str, Any] = {}
@@ -87,7 +87,7 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
     on_cuda = device is not None and device.type == "cuda"
     if lib is not None and timing and not (on_cuda and options.cuda_graphs):
         register_timing(graph_id, lib)
-    runner = wrap(runner, fast=on_cuda) or runner
+    runner = wrapper_codegen.wrap(runner, fast=on_cuda) or runner  # straight-line Python, not the plan interpreter
     if on_cuda and options.cuda_graphs:
         return CudaGraphRunner(runner, graph_id, timing, static_input_indices()), []
     return runner, []
