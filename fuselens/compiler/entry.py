@@ -268,8 +268,6 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     `fuselens.compiler.configure(...)` defaults for this compile; `mode` is accepted
     and ignored (there is one mode)."""
     opts = options_mod.resolve(options)
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     try:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
         import networkx  # noqa: F401  (min-cut needs it)
@@ -299,6 +297,15 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     from torch._dynamo.utils import counters
 
     counters["aot_autograd"]["total"] += 1
+    return _aot_compile(gm, example_inputs, make, partition, compile_id)
+
+
+def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: Callable[[str], Callable],
+                 partition: Callable, compile_id: str) -> Callable:
+    """AOTAutograd with our decompositions; an op whose decomposed forward its
+    backward cannot read (autograd_consistency.py) is kept whole and the graph traced again."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
     table = decompositions()
     kept_whole: list[OpPairing] = []
     while True:

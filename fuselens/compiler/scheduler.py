@@ -341,18 +341,23 @@ class Scheduler:
     def _peak(self, lo: int, hi: int, sets: Sequence[set[int]]) -> int:
         """Peak live bytes over steps lo..hi when each set in `sets` runs as one kernel
         (placed as early as its inputs allow, like `_order`), other steps alone."""
-        unit_of = {}
+        unit_of: dict[int, tuple] = {}
         for k, st in enumerate(sets):
             for j in st:
                 unit_of[j] = ("k", k)
-        units: list[Any] = []
-        members: dict[Any, list[int]] = {}
+        members: dict[Any, list[int]] = {}  # each unit's steps, units in step order
         for j in range(lo, hi + 1):
-            u = unit_of.get(j, ("s", j))
-            if u not in members:
-                members[u] = []
-                units.append(u)
-            members[u].append(j)
+            members.setdefault(unit_of.get(j, ("s", j)), []).append(j)
+        order = self._unit_order(lo, hi, unit_of, members)
+        if order is None:
+            return 0  # a cycle (rule_no_cycle reports it)
+        pos = {j: t for t, u in enumerate(order) for j in members[u]}
+        return self._peak_of_order(lo, hi, unit_of, pos, len(order))
+
+    def _unit_order(self, lo: int, hi: int, unit_of: dict[int, tuple],
+                    members: dict[Any, list[int]]) -> Optional[list[Any]]:
+        """The units of the window, each as early as its inputs allow; None on a cycle."""
+        units = list(members)
         udeps: dict[Any, set] = {u: set() for u in units}
         for u in units:
             for j in members[u]:
@@ -372,20 +377,15 @@ class Scheduler:
                     del remaining[k]
                     break
             else:
-                return 0  # a cycle (rule_no_cycle reports it)
-        pos = {}
-        for t, u in enumerate(order):
-            for j in members[u]:
-                pos[j] = t
-        end = len(order)
+                return None
+        return order
+
+    def _peak_of_order(self, lo: int, hi: int, unit_of: dict[int, tuple], pos: dict[int, int], end: int) -> int:
+        """Peak live bytes when step j of the window runs at position pos[j] (of `end`)."""
         born: list[int] = [0] * (end + 1)
         dies: list[int] = [0] * (end + 2)
         # buffers made before the window and read inside it
-        outside_producers: set[int] = set()
-        for j in range(lo, hi + 1):
-            for d in self.deps[j]:
-                if d < lo:
-                    outside_producers.add(d)
+        outside_producers = {d for j in range(lo, hi + 1) for d in self.deps[j] if d < lo}
         for d in outside_producers:
             last = max((pos[u] for u in self.users[d] if lo <= u <= hi), default=-1)
             if d in self.out_steps or any(u > hi for u in self.users[d]):

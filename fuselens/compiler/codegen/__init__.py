@@ -60,6 +60,24 @@ def reduction_phases(group: Any, members: dict) -> dict[str, int]:
     return phase
 
 
+class KernelBuilder:
+    """What both generators keep while printing one kernel group: its members, the
+    buffers it reads and writes, the size symbols it takes and the pass over the rows
+    each member runs in (`reduction_phases`)."""
+
+    def __init__(self, group: Any, graph: Any, options: Any) -> None:
+        self.g = group
+        self.graph = graph
+        self.opt = options
+        self.members = {n.name: n for n in group.nodes}
+        self.ranges = group.ranges()
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+        self.symbols: set[sympy.Symbol] = set()
+        self.counter = 0
+        self.phase: dict[str, int] = {}
+
+
 @dataclass
 class GeneratedLibrary:
     """A graph's kernels and the one compilation unit that holds them."""

@@ -142,14 +142,38 @@ class _Printer:
 
     def build(self, fast: bool) -> str:
         r = self.r
-        ins = [self.local(n) for n in r.input_names]
+        self._bind_inputs()
+        syms = self._bind_symbols()
+        head = len(self.lines)  # what runs under the device guard starts here
+        idx = self._runtime_helpers(fast)
+        for step in r.plan:
+            if isinstance(step, KernelCall):
+                self.kernel(step, syms, fast)
+            elif isinstance(step, ExternCall):
+                self.extern(step)
+            elif isinstance(step, Free):
+                self.free(step)
+            else:
+                raise NotImplementedError(type(step).__name__)
+        self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
+        if self.device_guard:
+            body = self.lines[head:]
+            self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
+        return "def call(args):\n" + "\n".join(self.lines) + "\n"
+
+    def _bind_inputs(self) -> None:
+        ins = [self.local(n) for n in self.r.input_names]
         if ins:
             self.emit(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
         self.emit("args.clear()")  # boxed convention: the caller's list no longer pins the inputs
-        for name, value in r.constants.items():
+        for name, value in self.r.constants.items():
             self.emit(f"{self.local(name)} = {self.glob(value, 'k')}")
+
+    def _bind_symbols(self) -> dict[str, str]:
+        """Size symbols read off the inputs, and the size/stride slots computed from them;
+        returns each symbol's local variable."""
         syms: dict[str, str] = {}
-        for name, src in r.symbol_sources.items():
+        for name, src in self.r.symbol_sources.items():
             var = syms[name] = "s_" + re.sub(r"\W", "_", name)
             if src[0] == "arg":
                 self.emit(f"{var} = int({self.names[src[1]]})")
@@ -158,15 +182,19 @@ class _Printer:
             else:
                 self.emit(f"{var} = int({self.names[src[1]]}.stride({int(src[2])}))")
         if self.static is None:
-            self.ns["_symeval"] = r.symeval
+            self.ns["_symeval"] = self.r.symeval
             self.emit("slots = _symeval({" + ", ".join(f"{n!r}: {v}" for n, v in syms.items()) + "})")
+        return syms
+
+    def _runtime_helpers(self, fast: bool) -> int:
+        """The globals the body calls (allocation, stream, pool, timing); returns the device index."""
+        r = self.r
         dev = r.device
         self.ns["_empty"] = torch.empty_strided
         reinterpret = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None)
         if reinterpret is not None:
             self.ns["_reinterpret"] = reinterpret
         self.ns["_dev"] = dev
-        head = len(self.lines)
         guard = getattr(torch.cuda, "_DeviceGuard", None)
         helpers = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
         on_cuda = dev is not None and dev.type == "cuda"
@@ -201,33 +229,24 @@ class _Printer:
         if on_cuda and self.empty_fast:
             self.ns["_guard"] = guard
             self.device_guard = True
-        for step in r.plan:
-            if isinstance(step, KernelCall):
-                self.kernel(step, syms, fast)
-            elif isinstance(step, ExternCall):
-                self.extern(step)
-            elif isinstance(step, Free):
-                dead = []
-                for n in step.names:
-                    var = self.names.pop(n, None)
-                    if var is None:
-                        continue
-                    if self.host_pool and n in r.reusable:
-                        if self.static is None:
-                            self.emit(f"_pool_put(pool, {var})")
-                        elif var in self.nbytes:
-                            self.pool.setdefault(self.nbytes[var], []).append(var)
-                            continue  # stays alive in its local until an allocation takes it over
-                    dead.append(var)
-                if dead:
-                    self.emit(f"del {', '.join(dead)}")
-            else:
-                raise NotImplementedError(type(step).__name__)
-        self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
-        if self.device_guard:
-            body = self.lines[head:]
-            self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
-        return "def call(args):\n" + "\n".join(self.lines) + "\n"
+        return idx
+
+    def free(self, step: Free) -> None:
+        """Buffers dead after this point: deleted, or kept for a later allocation of their size."""
+        dead = []
+        for n in step.names:
+            var = self.names.pop(n, None)
+            if var is None:
+                continue
+            if self.host_pool and n in self.r.reusable:
+                if self.static is None:
+                    self.emit(f"_pool_put(pool, {var})")
+                elif var in self.nbytes:
+                    self.pool.setdefault(self.nbytes[var], []).append(var)
+                    continue  # stays alive in its local until an allocation takes it over
+            dead.append(var)
+        if dead:
+            self.emit(f"del {', '.join(dead)}")
 
     def kernel(self, step: KernelCall, syms: dict[str, str], fast: bool) -> None:
         la = step.fn
