@@ -9,6 +9,9 @@ The package reads top to bottom as the pipeline:
                    tables (pointwise.py, reductions.py, views.py) registered in registry.py
     inline_pointwise.py cheap producers recomputed in readers of another iteration space
     scheduler.py   fusion into kernels; every decision (and refusal) with its reason
+    targets/       what differs per target (Target: kernel prefix, generate, build, finalize),
+                   C++ and Triton in a registry keyed by option `target`
+    phases.py      compile phases timed once: PhaseTime events and torch's compile metrics
     codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers in triton_prelude.py);
                    the interface in codegen/__init__.py
     runtime/       running a compiled graph:
