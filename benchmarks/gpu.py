@@ -137,7 +137,7 @@ def warm_compilers() -> dict:
         torch._dynamo.reset()
         _, s = cold(torch.compile(lambda x: torch.relu(x) * 2 + 1, **kw), (x,))
         out[name] = s
-    from fuselens.compiler import compile_pool
+    from fuselens.compiler.runtime import compile_pool
 
     pool = compile_pool.get_pool(0)
     if pool is not None:

@@ -160,8 +160,8 @@ def runtime_paths() -> list[dict]:
         return dict(ok=max(errs) < 1e-5 and bool(copies) and "cudagraph_replay" in t, relerr=max(errs), timings=sorted(t))
 
     def static_launch() -> dict:  # torch's static CUDA launcher launches the kernels, not a silent fallback
-        from fuselens.compiler import triton_runtime as tr
-        from fuselens.compiler.static_launch import launcher_api
+        from fuselens.compiler.runtime import triton_module as tr
+        from fuselens.compiler.runtime.static_launch import launcher_api
 
         c = torch.compile(f, backend="fuselens")
         err = max(_relerr(c(x, b), f(x, b)) for _ in range(2))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fuselens.compiler.codegen.triton import library_source
 from fuselens.compiler.options import CompilerOptions
-from fuselens.compiler.triton_runtime import build_module
+from fuselens.compiler.runtime.triton_module import build_module
 
 # the generator's helper itself, from a module of the prelude alone (Triton needs a source file)
 _prelude = build_module([], library_source([]), CompilerOptions()).module

@@ -78,7 +78,7 @@ def inductor_code(names: list[str]) -> None:
         with sink.collect() as events, torch.no_grad():
             torch.compile(c["fn"], backend="fuselens")(*c["args"])
         print(f"==== fuselens {n}")
-        from fuselens.compiler import triton_runtime as tr
+        from fuselens.compiler.runtime import triton_module as tr
 
         for e in events:
             if isinstance(e, Kernel) and e.kind == "triton":
@@ -307,8 +307,8 @@ def compile_par(names: list[str]) -> None:
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
-    from fuselens.compiler import triton_runtime as tr
-    from fuselens.compiler.launch_config import heuristic_config
+    from fuselens.compiler.runtime import triton_module as tr
+    from fuselens.compiler.runtime.launch_config import heuristic_config
 
     cases = make_cases()
     for n in names:
@@ -374,7 +374,7 @@ def pool(names: list[str]) -> None:
     import tempfile
 
     from fuselens import sink
-    from fuselens.compiler import compile_pool, triton_runtime
+    from fuselens.compiler.runtime import compile_pool, triton_module
     from fuselens.events import PhaseTime
 
     x = torch.randn(1024, device="cuda")
@@ -387,7 +387,7 @@ def pool(names: list[str]) -> None:
         c = cases[n]()
         for workers in (-1, 0, -1, 0):
             os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fl_pool_")
-            triton_runtime._modules.clear()  # a new module, so new JITFunctions: nothing compiled in-process
+            triton_module._modules.clear()  # a new module, so new JITFunctions: nothing compiled in-process
             torch._dynamo.reset()
             fn = torch.compile(c["fn"], backend="fuselens", options={"compile_workers": workers})
             with torch.no_grad(), sink.collect() as events:
@@ -412,7 +412,7 @@ def layers(n: int = 6) -> None:
     from models import GPT2Block, seeded
 
     from benchmarks.gpu import cold, warm_compilers
-    from fuselens.compiler import triton_runtime as tr
+    from fuselens.compiler.runtime import triton_module as tr
 
     warm_compilers()
     m = torch.nn.Sequential(*[seeded(lambda: GPT2Block(768, 12, max_seq=1024)) for _ in range(n)])

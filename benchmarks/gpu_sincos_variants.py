@@ -33,7 +33,7 @@ from triton.testing import do_bench
 from fuselens.compiler.codegen.triton_ops import MathMode
 from fuselens.compiler.codegen.triton_prelude import compile_options
 from fuselens.compiler.options import CompilerOptions
-from fuselens.compiler.triton_runtime import build_module
+from fuselens.compiler.runtime.triton_module import build_module
 
 # the generator's own helpers, from modules of the prelude alone (Triton needs a source
 # file): this GPU's, and the portable one the interpreter uses

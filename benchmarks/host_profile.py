@@ -27,7 +27,7 @@ from benchmarks.real_models import build  # noqa: E402
 
 
 def profile(model: str, backend: str, calls: int, top: int, out: Path | None) -> None:
-    from fuselens.compiler import wrapper_codegen
+    from fuselens.compiler.runtime import wrapper_codegen
 
     sources: list[str] = []
     real_wrap = wrapper_codegen.wrap

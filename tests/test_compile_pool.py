@@ -36,12 +36,12 @@ def fl_pool_kernel(x, y, n, BLOCK: tl.constexpr):
 
 PARENT = '''
 import importlib.util, os, sys
-from fuselens.compiler.compile_worker import use_target
+from fuselens.compiler.runtime.compile_worker import use_target
 use_target("cuda:90:32")  # what the workers compile for, here too: no GPU in CI
 import torch
 from triton import knobs
 from triton.compiler import compiler as tc
-from fuselens.compiler.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
+from fuselens.compiler.runtime.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
 
 root = {root!r}
 knobs.cache.dir = os.path.join(root, "triton")
@@ -80,7 +80,7 @@ pool.close()
 
 DEAD = '''
 import sys, time
-from fuselens.compiler.compile_pool import CompilePool
+from fuselens.compiler.runtime.compile_pool import CompilePool
 pool = CompilePool(1)  # the real worker: no CUDA driver here, so it reports not ready and exits
 w = pool.workers[0]
 w.reader.join(timeout=120)
@@ -109,7 +109,7 @@ def test_workers_that_cannot_start_take_no_jobs_so_compiles_stay_in_process() ->
 def test_a_job_brings_the_parents_current_triton_variables_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     # Inductor sets TRITON_PTXAS_PATH in the parent after the workers started; the
     # ptxas version is part of every binary's cache key
-    from fuselens.compiler.compile_worker import _use_env
+    from fuselens.compiler.runtime.compile_worker import _use_env
 
     monkeypatch.setenv("TRITON_FL_STALE", "1")
     monkeypatch.setenv("FL_NOT_TRITON", "keep")
@@ -123,15 +123,15 @@ def test_a_job_brings_the_parents_current_triton_variables_to_the_worker(monkeyp
 
 
 def test_compile_workers_zero_never_starts_a_worker() -> None:
-    from fuselens.compiler import compile_pool, triton_runtime
+    from fuselens.compiler.runtime import compile_pool, triton_precompile
     from fuselens.compiler.options import CompilerOptions
 
-    assert triton_runtime._send_to_workers(None, [object()], CompilerOptions(compile_workers=0), "") is False
+    assert triton_precompile._send_to_workers(None, [object()], CompilerOptions(compile_workers=0), "") is False
     assert compile_pool._pool is None
 
 
 def test_automatic_worker_count_leaves_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fuselens.compiler import compile_pool
+    from fuselens.compiler.runtime import compile_pool
 
     for cpus, n in ((2, 0), (3, 0), (4, 1), (16, 4), (128, 4)):
         monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)

@@ -196,16 +196,16 @@ def test_a_variance_the_kernel_outputs_keeps_double_moments():
 
 
 def test_identical_kernels_of_repeated_layers_are_compiled_once_and_each_still_reported(monkeypatch):
-    from fuselens.compiler import entry
+    from fuselens.compiler.targets import cpp as cpp_target
 
     built = []
-    real_build = entry.build
+    real_build = cpp_target.build
 
     def spy(source, options, spans=()):
         built.append(source)
         return real_build(source, options, spans)
 
-    monkeypatch.setattr(entry, "build", spy)
+    monkeypatch.setattr(cpp_target, "build", spy)
 
     class Block(torch.nn.Module):
         def __init__(self, d):
@@ -331,7 +331,7 @@ def _capture_results(monkeypatch, module, name):
 
 
 def _capture_runners(monkeypatch):
-    from fuselens.compiler import plan
+    from fuselens.compiler.runtime import plan
 
     return _capture_results(monkeypatch, plan, "make_runner")
 
@@ -364,7 +364,7 @@ def test_graph_inputs_and_outputs_are_never_overwritten_in_place(monkeypatch):
 
 
 def _capture_wrappers(monkeypatch):
-    from fuselens.compiler import wrapper_codegen
+    from fuselens.compiler.runtime import wrapper_codegen
 
     return _capture_results(monkeypatch, wrapper_codegen, "wrap")
 
@@ -418,7 +418,7 @@ def test_kernel_timing_counts_every_call_through_the_generated_wrapper(monkeypat
 def test_kernel_timing_times_extern_library_calls_under_their_kernel_name(monkeypatch, wrapped):
     # issue 19 point 11: extern matmuls read 0 us in the TUI; they are timed on the host clock too
     if not wrapped:
-        from fuselens.compiler import wrapper_codegen
+        from fuselens.compiler.runtime import wrapper_codegen
 
         monkeypatch.setattr(wrapper_codegen, "wrap", lambda runner, fast=False: None)
     torch._dynamo.reset()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fuselens.compiler as fc
 from fuselens import sink
-from fuselens.compiler import build as build_mod
+from fuselens.compiler.runtime import cpp_build as build_mod
 from fuselens.compiler.options import UnknownOptionError
 from fuselens.events import CompiledGraph, ErrorEntry, FusionDecision, Kernel, KernelTiming, PhaseTime
 

@@ -120,7 +120,7 @@ def _cpp_options(cache_dir: str):
 
 @needs_root
 def test_shared_library_planted_by_another_account_is_not_loaded(cache):
-    from fuselens.compiler import build
+    from fuselens.compiler.runtime import cpp_build as build
 
     options = _cpp_options(str(cache / "cpp"))
     source = 'extern "C" int fl_answer() { return 42; }\n'

@@ -217,7 +217,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     try:
         import re
 
-        from fuselens.compiler import triton_runtime as tr
+        from fuselens.compiler.runtime import triton_module
 
         class Block(torch.nn.Module):
             def __init__(self, d: int) -> None:
@@ -233,7 +233,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         with torch.no_grad():
             _, out, events = compile_run(blocks, (xb,))
             ref = blocks(xb)
-        lib = tr.recent_libraries[-1]
+        lib = triton_module.recent_libraries[-1]
         text = open(lib.path).read()
         records["repeated_layers"] = {
             "ok": bool(torch.allclose(out, ref, atol=1e-5, rtol=1e-5)),
@@ -279,11 +279,11 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
     # autotuning: a fake timer (no GPU here) prefers one candidate; the choice is cached on disk
     try:
-        from fuselens.compiler import triton_runtime as tr
-        from fuselens.compiler.launch_config import candidate_configs, size_class
+        from fuselens.compiler.runtime.launch_config import candidate_configs, size_class
+        from fuselens.compiler.runtime.triton_launcher import Launcher
 
         compile_run(lambda x: torch.softmax(x, -1), (torch.randn(4, 20000),))
-        launcher = _find_launcher(tr, "amax")
+        launcher = _find_launcher("amax")
         opts = fuselens.compiler.resolve({"target": "triton", "cache_dir": cache, "autotune": True})
         cands = candidate_configs(launcher.ks, 4, 20000)
         want = cands[-1]
@@ -294,7 +294,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
             run()
             return 0.5 if len(calls) == len(cands) else 1.0  # the last candidate is "fastest"
 
-        la = tr.Launcher(launcher.ks, launcher.fn, opts, launcher.source)
+        la = Launcher(launcher.ks, launcher.fn, opts, launcher.source)
         la.timer = fake_timer
         x = torch.randn(4, 20000)
         out = torch.empty_like(x)
@@ -304,7 +304,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         def never(run: Callable[[], None]) -> float:
             raise AssertionError("tuned again despite the disk cache")
 
-        la2 = tr.Launcher(launcher.ks, launcher.fn, opts, launcher.source)
+        la2 = Launcher(launcher.ks, launcher.fn, opts, launcher.source)
         la2.timer = never
         la2(x, out)
         ok2 = la2.configs[size_class(4, 20000)] == want
@@ -317,8 +317,10 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     Path(out_path).write_text(json.dumps(records))
 
 
-def _find_launcher(tr: Any, needle: str) -> Any:  # pragma: no cover - subprocess helper
-    return [la for la in tr.recent_libraries[-1].launchers.values() if needle in la.name][-1]
+def _find_launcher(needle: str) -> Any:  # pragma: no cover - subprocess helper
+    from fuselens.compiler.runtime.triton_module import recent_libraries
+
+    return [la for la in recent_libraries[-1].launchers.values() if needle in la.name][-1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,7 +491,7 @@ def test_autotune_picks_the_fastest_and_caches_it_on_disk(records: dict) -> None
 def test_target_auto_picks_cpp_for_cpu_and_refuses_triton_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from fuselens.compiler.codegen import resolve_target
+    from fuselens.compiler.targets.registry import resolve_target
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert resolve_target("auto", [torch.zeros(2)]) == "cpp"
@@ -503,7 +505,7 @@ def test_target_auto_picks_cpp_for_cpu_and_refuses_triton_without_interpreter(mo
 def test_launch_heuristics_fit_the_kernel_kind() -> None:
     from types import SimpleNamespace
 
-    from fuselens.compiler.launch_config import candidate_configs, heuristic_config
+    from fuselens.compiler.runtime.launch_config import candidate_configs, heuristic_config
 
     pw = SimpleNamespace(kernel_kind="pointwise", elem_bytes=4, column_reduction=False)
     assert heuristic_config(pw, 1 << 26, 1).xblock == 1024

@@ -19,15 +19,15 @@ from pathlib import Path
 
 SCRIPT = '''
 import importlib.util, os, sys
-from fuselens.compiler.compile_worker import use_target
+from fuselens.compiler.runtime.compile_worker import use_target
 use_target("cuda:90:32")
 import torch
 from triton import knobs
 from triton._C.libtriton import llvm
 from triton.compiler import compiler as tc
 from fuselens.compiler.codegen.triton_prelude import NVPTX_MATH_LIB, prelude_header, prelude_text
-from fuselens.compiler.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
-from fuselens.compiler.launch_config import LaunchConfig
+from fuselens.compiler.runtime.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
+from fuselens.compiler.runtime.launch_config import LaunchConfig
 
 root = {root!r}
 knobs.cache.dir = os.path.join(root, "triton")

@@ -1,6 +1,6 @@
 """The Triton target's host path: the generated straight-line wrapper
 (fuselens/compiler/wrapper_codegen.py) and the launcher's direct-launch cache
-(`Launcher.fast_launcher` in triton_runtime.py).
+(`Launcher.fast_launcher` in runtime/triton_launcher.py).
 
 End to end, every interpreter test of test_triton_codegen.py/test_triton_models.py
 runs through the generated wrapper. Here: the wrapper against the plan
@@ -18,7 +18,7 @@ import pytest
 import sympy
 import torch
 
-from fuselens.compiler.runtime import ExternCall, Free, GraphRunner, KernelCall
+from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall
 
 aten = torch.ops.aten
 
@@ -53,7 +53,7 @@ def _runner() -> GraphRunner:
 
 
 def test_generated_wrapper_matches_the_plan_interpreter_and_frees_at_last_use() -> None:
-    from fuselens.compiler.wrapper_codegen import wrap
+    from fuselens.compiler.runtime.wrapper_codegen import wrap
 
     x, w, b = torch.randn(4, 3), torch.randn(3, 4), torch.randn(16)
     runner = _runner()
@@ -95,7 +95,7 @@ class _FakeJIT:
 
 def _pointwise_launcher(fn: Any, tmp_path: Any) -> Any:
     """A Launcher for a 4096-element pointwise kernel of buffers a, b around `fn`."""
-    from fuselens.compiler import triton_runtime as tr
+    from fuselens.compiler.runtime import triton_launcher as tr
 
     ks = types.SimpleNamespace(name="k", kernel_kind="pointwise", buffers=["a", "b"], symbols=[],
                                xnumel=sympy.Integer(4096), rnumel=sympy.Integer(1), numel_args=[], elem_bytes=4,
@@ -105,7 +105,7 @@ def _pointwise_launcher(fn: Any, tmp_path: Any) -> Any:
 
 
 def test_fast_launcher_binds_the_compiled_kernel_once_per_alignment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from fuselens.compiler import triton_runtime as tr
+    from fuselens.compiler.runtime import triton_launcher as tr
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(tr, "_launch_hooks", lambda: False)
@@ -127,7 +127,7 @@ def test_an_empty_triton_hook_chain_is_not_a_launch_hook(monkeypatch: pytest.Mon
     # Triton >= 3.5 always has a HookChain object; only a chain with calls is a hook
     # (mistaking the empty chain kept every launch on the slow path).
     knobs = pytest.importorskip("triton.knobs")
-    from fuselens.compiler import triton_runtime as tr
+    from fuselens.compiler.runtime import triton_launcher as tr
 
     chain = knobs.runtime.launch_enter_hook
     if not hasattr(chain, "calls"):
@@ -167,7 +167,7 @@ def _static_kernel(signature: dict, constants: Any = None, **md: Any) -> Any:
 
 
 def test_static_launch_passes_only_runtime_arguments_and_null_scratch(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from fuselens.compiler import static_launch as sl
+    from fuselens.compiler.runtime import static_launch as sl
 
     api = _FakeStaticAPI()
     monkeypatch.setattr(sl, "launcher_api", lambda: api)
@@ -195,14 +195,14 @@ def test_static_launch_passes_only_runtime_arguments_and_null_scratch(monkeypatc
 ])
 def test_static_launch_declines_what_it_cannot_launch(monkeypatch: pytest.MonkeyPatch, tmp_path, why: str,
                                                       kernel: Any) -> None:
-    from fuselens.compiler import static_launch as sl
+    from fuselens.compiler.runtime import static_launch as sl
 
     monkeypatch.setattr(sl, "launcher_api", lambda: _FakeStaticAPI())
     assert sl.StaticKernel.make(kernel, ["a"], [1], 0, str(tmp_path)) is None, why
 
 
 def test_static_launch_declines_when_loading_fails(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from fuselens.compiler import static_launch as sl
+    from fuselens.compiler.runtime import static_launch as sl
 
     api = _FakeStaticAPI()
 
@@ -216,8 +216,8 @@ def test_static_launch_declines_when_loading_fails(monkeypatch: pytest.MonkeyPat
 
 def test_launcher_uses_the_static_launcher_and_binds_it_for_the_fast_path(monkeypatch: pytest.MonkeyPatch,
                                                                           tmp_path) -> None:
-    from fuselens.compiler import static_launch as sl
-    from fuselens.compiler import triton_runtime as tr
+    from fuselens.compiler.runtime import static_launch as sl
+    from fuselens.compiler.runtime import triton_launcher as tr
 
     api = _FakeStaticAPI()
     monkeypatch.setattr(sl, "launcher_api", lambda: api)
@@ -252,7 +252,7 @@ def test_launcher_uses_the_static_launcher_and_binds_it_for_the_fast_path(monkey
 def test_direct_launcher_source_is_valid_python_for_kernels_without_arguments(nbuf, nsym):
     # A kernel over `torch.tensor([])` (HF Llama and GPT-2 copy one) has no buffer and no
     # size: its launcher once printed `key = (,)`, and on CUDA the whole graph ran eagerly.
-    from fuselens.compiler.triton_runtime import launcher_source
+    from fuselens.compiler.runtime.triton_launcher import launcher_source
 
     ns: dict = {"cache": {}, "slow": lambda key, *args: ("slow", key, args)}
     exec(compile(launcher_source(nbuf, nsym), "launcher", "exec"), ns)  # noqa: S102

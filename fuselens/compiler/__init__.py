@@ -4,18 +4,30 @@ The package reads top to bottom as the pipeline:
 
     options.py     CompilerOptions, configure(), current()
     entry.py       the Dynamo backend: AOTAutograd, decompositions, per-graph driver
-    lowering*.py   ATen/prims FX graph -> loop IR (ir.py): pointwise, reductions, views, externs
+    graph_passes.py     named FX rewrites before lowering
+    lowering/      ATen/prims FX graph -> loop IR (ir.py): the walk (lowerer.py), the op
+                   tables (pointwise.py, reductions.py, views.py) registered in registry.py
+    inline_pointwise.py cheap producers recomputed in readers of another iteration space
     scheduler.py   fusion into kernels; every decision (and refusal) with its reason
+    targets/       what differs per target (Target: kernel prefix, generate, build, finalize),
+                   C++ and Triton in a registry keyed by option `target`
+    phases.py      compile phases timed once: PhaseTime events and torch's compile metrics
     codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers in triton_prelude.py);
                    the interface in codegen/__init__.py
-    build.py       g++ into one cached shared library per graph
-    plan.py        order, allocations and frees of a compiled graph
-    runtime.py     GraphRunner: interprets the plan; kernel timing
-    wrapper_codegen.py  the plan printed once as straight-line Python (what runs)
-    triton_runtime.py   Triton launchers, autotuning, precompile, CUDA graphs
-    launch_config.py    Triton block sizes and warps; the configs autotuning measures
-    compile_pool.py     Triton compiles in worker processes (compile_worker.py)
-    atomic_file.py      cache files written whole (readers never see part of one)
+    runtime/       running a compiled graph:
+        plan.py             order, allocations and frees of a compiled graph
+        interpreter.py      GraphRunner: interprets the plan; host-clock kernel timing
+        wrapper_codegen.py  the plan printed once as straight-line Python (what runs)
+        cpp_build.py        g++ into one cached shared library per graph
+        triton_module.py    a graph's Triton module loaded; finalize (timing, wrapper, CUDA graphs)
+        triton_launcher.py  Launcher: grid, configuration, the direct launch path
+        static_launch.py    torch's static CUDA launcher for compiled Triton kernels
+        launch_config.py    Triton block sizes and warps; the configs autotuning measures
+        triton_autotune.py  autotuning, its choices cached on disk
+        triton_timing.py    CUDA-event kernel timing streamed as KernelTiming events
+        cuda_graphs.py      capture and replay of a compiled graph as a CUDA graph
+        triton_precompile.py, compile_pool.py, compile_worker.py  compiles before the first launch
+        atomic_file.py      cache files written whole (readers never see part of one)
     explain.py     events for `fuselens report`
 
 Importing this package (or `fuselens.compiler.options`) does not import torch and

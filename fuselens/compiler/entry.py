@@ -6,7 +6,10 @@ splits it into forward and backward graphs with the min-cut rematerialization
 partitioner (the one Inductor uses; falls back to the default partitioner where
 networkx is missing). Each resulting graph goes through our pipeline:
 
-    lowering -> scheduling -> codegen (C++) -> build (g++, cached) -> runtime plan
+    graph rewrites -> lowering -> inlining -> scheduling -> codegen -> build -> runtime plan
+    -> finalize -> events
+
+with what differs between C++ and Triton behind a `Target` (targets/).
 
 Decompositions: torch's core ATen table (`torch._decomp.core_aten_decompositions`),
 plus the composite ops we would rather fuse as their parts than call whole:
@@ -34,9 +37,9 @@ import torch.fx
 from fuselens import sink
 from fuselens.compiler import options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
-from fuselens.compiler.build import KernelCompileError, build
-from fuselens.compiler.codegen import get_generator
-from fuselens.events import ErrorEntry, FusionDecision, PhaseTime, SourceLocation
+from fuselens.compiler.runtime.cpp_build import KernelCompileError
+from fuselens.compiler.phases import CompilePhases
+from fuselens.events import ErrorEntry, FusionDecision, SourceLocation
 
 aten = torch.ops.aten
 
@@ -134,92 +137,26 @@ def _boxed(fn: Callable) -> Callable:
     return run
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphIdentity:
+    """Which graph of which compile this is, for its events."""
+
+    graph_id: str
+    compile_id: str
+    stage: str  # aot_forward | aot_backward | aot_inference
+    function: str
+    location: SourceLocation
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, stage: str, opts: Any,
                   compile_id: str, function: str, location: SourceLocation, aot_start: Optional[float] = None) -> Callable:
     """One AOT graph through our pipeline; returns a boxed callable."""
-    from fuselens.compiler.explain import build_events
-    from fuselens.compiler.lowering import lower
-    from fuselens.compiler.plan import make_runner
-    from fuselens.compiler.scheduler import schedule
-
-    graph_id = _graph_id(compile_id, stage)
-    phases: list[tuple[str, float]] = []
+    ident = GraphIdentity(_graph_id(compile_id, stage), compile_id, stage, function, location)
+    phases = CompilePhases(compile_id)
     if aot_start is not None:
-        phases.append(("aot", time.perf_counter() - aot_start))
+        phases.add("aot", time.perf_counter() - aot_start)
     try:
-        from fuselens.compiler.codegen import resolve_target
-
-        target = resolve_target(opts.target, example_inputs)
-        t = time.perf_counter()
-        rewrites = rewrite_graph(gm, target, example_inputs, stage)
-        phases.append(("graph_passes", time.perf_counter() - t))
-        t = time.perf_counter()
-        graph, outputs = lower(gm, opts)
-        phases.append(("lowering", time.perf_counter() - t))
-        t = time.perf_counter()
-        from fuselens.compiler.ir import TensorValue
-        from fuselens.compiler.lowering import sources_of
-
-        out_sources: set[str] = set()
-        for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
-            if isinstance(o, torch.fx.Node):
-                v = graph.values.get(o.name)
-                for tv in v if isinstance(v, tuple) else [v]:
-                    if isinstance(tv, TensorValue):
-                        out_sources |= sources_of(tv)
-        out_sources |= set(graph.input_mutations)  # stored: into the input itself, or copied there
-        from fuselens.compiler.inline_pointwise import inline_pointwise
-
-        inlined = inline_pointwise(graph, out_sources)
-        sched = schedule(graph, opts, out_sources)
-        phases.append(("scheduling", time.perf_counter() - t))
-        t = time.perf_counter()
-        gen = get_generator(target)
-        if target == "triton":
-            for grp in sched.groups:
-                grp.name = grp.name.replace("cpp_fused", "triton_fused", 1)
-        kernels = {}
-        spans = []
-        parts = []  # what the library holds: each kernel, or an alias of an identical one
-        first_of: dict[str, Any] = {}
-        line = gen.library_source([]).count("\n") + 1
-        for grp in sched.groups:
-            ks = gen.generate(grp, graph, opts)
-            if opts.source_hook is not None:
-                ks.source = opts.source_hook(grp.name, ks.source)
-            kernels[grp.name] = ks
-            same = first_of.setdefault(gen.canonical_source(ks), ks)
-            part = ks if same is ks else dataclasses.replace(ks, source=gen.alias_source(ks, same))
-            n = part.source.count("\n") + 1
-            spans.append((grp.name, line, line + n))
-            line += n
-            parts.append(part)
-        source = gen.library_source(parts)
-        phases.append(("codegen", time.perf_counter() - t))
-        t = time.perf_counter()
-        if target == "triton":  # Triton target (issue 5): import the module; kernels JIT-compile at first launch
-            from fuselens.compiler.triton_runtime import build_module, finalize
-
-            lib = build_module(list(kernels.values()), source, opts, compile_id) if parts else None
-            phases.append(("triton_compile", time.perf_counter() - t))
-        else:
-            lib = build(source, opts, spans).lib if parts else None
-            phases.append(("cpp_compile", time.perf_counter() - t))
-        runner = make_runner(graph, sched, kernels, lib, outputs, opts.time_kernels and target == "cpp")
-        events = build_events(gm, graph, sched, kernels, graph_id, compile_id, stage, function, location)
-        events.extend(FusionDecision(decision="fused", nodes=[r.node], reason=r.detail, graph_id=graph_id, rule=r.rule)
-                      for r in rewrites)
-        kernel_of = {n.name: grp.name for grp in sched.groups for n in grp.nodes}
-        events.extend(FusionDecision(decision="fused", nodes=[i.node, *i.readers], reason=i.reason(),
-                                     kernel=kernel_of.get(i.readers[0]), graph_id=graph_id, rule="inline")
-                      for i in inlined)
-        if target == "triton":  # device allocation, CUDA-event timing, optional CUDA graph (triton_runtime.py)
-            runner, extra_events = finalize(runner, lib, opts, graph_id, example_inputs)
-            events.extend(extra_events)
-        else:  # straight-line Python instead of the plan interpreter
-            from fuselens.compiler.wrapper_codegen import wrap
-
-            runner = wrap(runner, fast=False) or runner
+        runner, events = _compile_pipeline(gm, example_inputs, opts, ident, phases)
     except RESTARTS:
         raise
     except KernelCompileError as e:
@@ -233,33 +170,80 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         missing_triton = isinstance(e, ImportError) and e.name == "triton"  # an optional dependency, not a bug
         _report_fallback("compile" if missing_triton else "internal",
                          options_mod.TRITON_MISSING if missing_triton
-                         else f"fuselens could not compile graph {graph_id}: {type(e).__name__}: {e}",
+                         else f"fuselens could not compile graph {ident.graph_id}: {type(e).__name__}: {e}",
                          compile_id, traceback.format_exc(), opts)
         return _invisible(_boxed(gm.forward))
-    for ev in events:
+    for ev in [*events, *phases.events()]:
         sink.emit(ev)
-    for phase, secs in phases:
-        sink.emit(PhaseTime(phase=phase, seconds=secs, compile_id=compile_id))
-    if runner.timing is not None:
-        from fuselens.compiler.runtime import register_timing
-
-        register_timing(graph_id, runner.timing)
-    runner.graph_id = graph_id  # type: ignore[attr-defined]
+    runner.graph_id = ident.graph_id  # type: ignore[attr-defined]
     return _invisible(runner)
 
 
-def rewrite_graph(gm: torch.fx.GraphModule, target: str, example_inputs: Sequence[Any], stage: str) -> list:
-    """The graph rewrites of graph_passes.py that apply to this target and stage."""
+def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any, ident: GraphIdentity,
+                      phases: CompilePhases) -> tuple[Callable, list]:
+    """rewrite -> lower -> inline -> schedule -> generate -> build -> plan -> finalize -> explain;
+    returns the graph's callable and its events."""
+    from fuselens.compiler.explain import build_events
+    from fuselens.compiler.inline_pointwise import inline_pointwise
+    from fuselens.compiler.lowering import lower
+    from fuselens.compiler.runtime.plan import make_runner
+    from fuselens.compiler.scheduler import schedule
+    from fuselens.compiler.targets.registry import get_target, resolve_target
+
+    target = get_target(resolve_target(opts.target, example_inputs))
+    with phases.timed("graph_passes"):
+        rewrites = rewrite_graph(gm, target, example_inputs, ident.stage)
+    with phases.timed("lowering"):
+        graph, outputs = lower(gm, opts)
+    with phases.timed("scheduling"):
+        out_sources = _output_sources(graph, outputs)
+        inlined = inline_pointwise(graph, out_sources)
+        sched = schedule(graph, opts, out_sources, target.kernel_prefix)
+    with phases.timed("codegen"):
+        library = target.generate(sched.groups, graph, opts)
+    with phases.timed(target.build_phase):
+        lib = target.build(library, opts, ident.compile_id)
+    runner = make_runner(graph, sched, library.kernels, lib, outputs, opts.time_kernels and target.host_timing)
+    events = build_events(gm, graph, sched, library.kernels, ident.graph_id, ident.compile_id, ident.stage,
+                          ident.function, ident.location)
+    events += _rewrite_decisions(rewrites, inlined, sched, ident.graph_id)
+    runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, example_inputs)
+    return runner, events + extra_events
+
+
+def _output_sources(graph: Any, outputs: Any) -> set[str]:
+    """The buffers the graph's outputs read (through views): they must reach memory."""
+    from fuselens.compiler.ir import TensorValue
+    from fuselens.compiler.lowering.lowerer import sources_of
+
+    out_sources: set[str] = set()
+    for o in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+        if isinstance(o, torch.fx.Node):
+            v = graph.values.get(o.name)
+            for tv in v if isinstance(v, tuple) else [v]:
+                if isinstance(tv, TensorValue):
+                    out_sources |= sources_of(tv)
+    return out_sources | set(graph.input_mutations)  # stored: into the input itself, or copied there
+
+
+def _rewrite_decisions(rewrites: list, inlined: list, sched: Any, graph_id: str) -> list[FusionDecision]:
+    """The graph rewrites and inlined producers as fusion decisions of the report."""
+    events = [FusionDecision(decision="fused", nodes=[r.node], reason=r.detail, graph_id=graph_id, rule=r.rule)
+              for r in rewrites]
+    kernel_of = {n.name: grp.name for grp in sched.groups for n in grp.nodes}
+    events.extend(FusionDecision(decision="fused", nodes=[i.node, *i.readers], reason=i.reason(),
+                                 kernel=kernel_of.get(i.readers[0]), graph_id=graph_id, rule="inline")
+                  for i in inlined)
+    return events
+
+
+def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequence[Any], stage: str) -> list:
+    """The graph rewrites of graph_passes.py for every target, then the target's own."""
     from fuselens.compiler import graph_passes
 
     done = graph_passes.gather_through_pointwise(gm)
     done += graph_passes.reshapes_before_pointwise(gm)
-    if target == "triton" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
-        done += graph_passes.pad_unaligned_matmuls(gm)
-        done += graph_passes.index_put_accumulate_as_index_add(gm)
-        if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there
-            done += graph_passes.channels_last_convolutions(gm)
-    return done
+    return done + target.graph_rewrites(gm, example_inputs, stage)
 
 
 def _invisible(fn: Callable) -> Callable:
@@ -284,8 +268,6 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     `fuselens.compiler.configure(...)` defaults for this compile; `mode` is accepted
     and ignored (there is one mode)."""
     opts = options_mod.resolve(options)
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     try:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
         import networkx  # noqa: F401  (min-cut needs it)
@@ -315,6 +297,15 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     from torch._dynamo.utils import counters
 
     counters["aot_autograd"]["total"] += 1
+    return _aot_compile(gm, example_inputs, make, partition, compile_id)
+
+
+def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: Callable[[str], Callable],
+                 partition: Callable, compile_id: str) -> Callable:
+    """AOTAutograd with our decompositions; an op whose decomposed forward its
+    backward cannot read (autograd_consistency.py) is kept whole and the graph traced again."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
     table = decompositions()
     kept_whole: list[OpPairing] = []
     while True:
@@ -370,7 +361,7 @@ def _report_pairings(kept_whole: list[OpPairing], one_direction: list[OpPairing]
 
 
 def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:
-    from fuselens.compiler.codegen import resolve_target
+    from fuselens.compiler.targets.registry import resolve_target
 
     try:
         return resolve_target(opts.target, example_inputs)

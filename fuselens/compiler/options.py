@@ -83,7 +83,7 @@ class CompilerOptions:
     """OpenMP threads per kernel; 0 follows torch.get_num_threads()."""
     time_kernels: bool = option(False, "time kernels", "time every kernel call")
     """Time every kernel call; totals stream as KernelTiming events on sink.flush()."""
-    # -- Triton target (issue 5; fuselens/compiler/triton_runtime.py) --
+    # -- Triton target (issue 5; fuselens/compiler/runtime/) --
     autotune: bool = option(False, "autotune", "Triton: time a few launch configurations per kernel and keep the fastest",
                             choices=(False, True))
     """Triton: time a few launch configurations per kernel and size class at the

@@ -141,8 +141,9 @@ def _fmt(sizes: Sequence[Expr]) -> str:
 
 
 class Scheduler:
-    def __init__(self, graph: GraphIR, options: Any, output_sources: set[str]) -> None:
+    def __init__(self, graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> None:
         self.g = graph
+        self.kernel_prefix = kernel_prefix
         self.opt = options
         self.steps = graph.steps
         self.index = {s.name: i for i, s in enumerate(self.steps)}
@@ -340,18 +341,23 @@ class Scheduler:
     def _peak(self, lo: int, hi: int, sets: Sequence[set[int]]) -> int:
         """Peak live bytes over steps lo..hi when each set in `sets` runs as one kernel
         (placed as early as its inputs allow, like `_order`), other steps alone."""
-        unit_of = {}
+        unit_of: dict[int, tuple] = {}
         for k, st in enumerate(sets):
             for j in st:
                 unit_of[j] = ("k", k)
-        units: list[Any] = []
-        members: dict[Any, list[int]] = {}
+        members: dict[Any, list[int]] = {}  # each unit's steps, units in step order
         for j in range(lo, hi + 1):
-            u = unit_of.get(j, ("s", j))
-            if u not in members:
-                members[u] = []
-                units.append(u)
-            members[u].append(j)
+            members.setdefault(unit_of.get(j, ("s", j)), []).append(j)
+        order = self._unit_order(lo, hi, unit_of, members)
+        if order is None:
+            return 0  # a cycle (rule_no_cycle reports it)
+        pos = {j: t for t, u in enumerate(order) for j in members[u]}
+        return self._peak_of_order(lo, hi, unit_of, pos, len(order))
+
+    def _unit_order(self, lo: int, hi: int, unit_of: dict[int, tuple],
+                    members: dict[Any, list[int]]) -> Optional[list[Any]]:
+        """The units of the window, each as early as its inputs allow; None on a cycle."""
+        units = list(members)
         udeps: dict[Any, set] = {u: set() for u in units}
         for u in units:
             for j in members[u]:
@@ -371,20 +377,15 @@ class Scheduler:
                     del remaining[k]
                     break
             else:
-                return 0  # a cycle (rule_no_cycle reports it)
-        pos = {}
-        for t, u in enumerate(order):
-            for j in members[u]:
-                pos[j] = t
-        end = len(order)
+                return None
+        return order
+
+    def _peak_of_order(self, lo: int, hi: int, unit_of: dict[int, tuple], pos: dict[int, int], end: int) -> int:
+        """Peak live bytes when step j of the window runs at position pos[j] (of `end`)."""
         born: list[int] = [0] * (end + 1)
         dies: list[int] = [0] * (end + 2)
         # buffers made before the window and read inside it
-        outside_producers: set[int] = set()
-        for j in range(lo, hi + 1):
-            for d in self.deps[j]:
-                if d < lo:
-                    outside_producers.add(d)
+        outside_producers = {d for j in range(lo, hi + 1) for d in self.deps[j] if d < lo}
         for d in outside_producers:
             last = max((pos[u] for u in self.users[d] if lo <= u <= hi), default=-1)
             if d in self.out_steps or any(u > hi for u in self.users[d]):
@@ -508,7 +509,7 @@ class Scheduler:
         counter = 0
         for u in units:
             if isinstance(u, KernelGroup):
-                u.name = kernel_name(u, counter)
+                u.name = kernel_name(u, counter, self.kernel_prefix)
                 counter += 1
         return Schedule(units, [u for u in units if isinstance(u, KernelGroup)], self.decisions, self.group_of)
 
@@ -582,11 +583,12 @@ def _short(op: str) -> str:
     return name.strip("_").replace("convert_element_type", "convert")
 
 
-def kernel_name(g: KernelGroup, counter: int) -> str:
+def kernel_name(g: KernelGroup, counter: int, prefix: str) -> str:
     ops = sorted({_short(o) for n in g.nodes for o in n.aten_ops})
     label = "_".join(ops[:6]) + ("_etc" if len(ops) > 6 else "")
-    return f"cpp_fused_{label}_{counter}"
+    return f"{prefix}_{label}_{counter}"
 
 
-def schedule(graph: GraphIR, options: Any, output_sources: set[str]) -> Schedule:
-    return Scheduler(graph, options, output_sources).run()
+def schedule(graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> Schedule:
+    """Fuse the graph's steps into kernels named `<kernel_prefix>_<ops>_<n>` (the target's prefix)."""
+    return Scheduler(graph, options, output_sources, kernel_prefix).run()

@@ -1,6 +1,7 @@
 """Code generators: turn a scheduled KernelGroup into source text.
 
-The interface every generator implements (C++ in `cpp.py`, Triton in `triton.py`):
+The interface every generator implements (C++ in `cpp.py`, Triton in `triton.py`;
+`generate_library` runs one over a schedule, each target in targets/ picks its own):
 
     generate(group: KernelGroup, graph: GraphIR, options) -> KernelSource
     library_source(kernels: list[KernelSource]) -> str      # one compilation unit per graph
@@ -15,9 +16,10 @@ bodies written against the `ops` handler contract in `ir.py`), `group.full` /
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import sympy
 
@@ -58,24 +60,57 @@ def reduction_phases(group: Any, members: dict) -> dict[str, int]:
     return phase
 
 
-def get_generator(target: str) -> Any:
-    """The code generator module for `target` ("cpp"; "triton" when present)."""
-    if target == "triton":
-        from fuselens.compiler.codegen import triton  # type: ignore[attr-defined]
+class KernelBuilder:
+    """What both generators keep while printing one kernel group: its members, the
+    buffers it reads and writes, the size symbols it takes and the pass over the rows
+    each member runs in (`reduction_phases`)."""
 
-        return triton
-    from fuselens.compiler.codegen import cpp
+    def __init__(self, group: Any, graph: Any, options: Any) -> None:
+        self.g = group
+        self.graph = graph
+        self.opt = options
+        self.members = {n.name: n for n in group.nodes}
+        self.ranges = group.ranges()
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+        self.symbols: set[sympy.Symbol] = set()
+        self.counter = 0
+        self.phase: dict[str, int] = {}
 
-    return cpp
+
+@dataclass
+class GeneratedLibrary:
+    """A graph's kernels and the one compilation unit that holds them."""
+
+    kernels: dict[str, KernelSource]  # by kernel name, in schedule order
+    source: str  # the library: each kernel, or an alias of an identical one
+    spans: list[tuple[str, int, int]]  # (kernel, first line, last line) in `source`, for build errors
+
+    @property
+    def empty(self) -> bool:
+        return not self.kernels
 
 
-def resolve_target(target: str, example_inputs: Any) -> str:
-    """Option `target` for these inputs: "auto" is "triton" when the inputs are
-    CUDA tensors and "cpp" otherwise; "triton" on CPU tensors only runs under
-    TRITON_INTERPRET=1 (tests), else it raises (the graph then runs eagerly)."""
-    from fuselens.compiler.triton_runtime import resolve_target as _resolve
-
-    return _resolve(target, example_inputs)
+def generate_library(generator: Any, groups: Sequence[Any], graph: Any, options: Any) -> GeneratedLibrary:
+    """Every kernel group through `generator` (a module with the interface above);
+    a kernel identical to an earlier one up to names is defined as its alias."""
+    kernels: dict[str, KernelSource] = {}
+    spans = []
+    parts = []
+    first_of: dict[str, KernelSource] = {}
+    line = generator.library_source([]).count("\n") + 1
+    for grp in groups:
+        ks = generator.generate(grp, graph, options)
+        if options.source_hook is not None:
+            ks.source = options.source_hook(grp.name, ks.source)
+        kernels[grp.name] = ks
+        same = first_of.setdefault(generator.canonical_source(ks), ks)
+        part = ks if same is ks else dataclasses.replace(ks, source=generator.alias_source(ks, same))
+        n = part.source.count("\n") + 1
+        spans.append((grp.name, line, line + n))
+        line += n
+        parts.append(part)
+    return GeneratedLibrary(kernels, generator.library_source(parts), spans)
 
 
 def canonical_text(source: str, name: str, param_pattern: str) -> str:

@@ -14,7 +14,7 @@ Loop structure of a kernel over full space F with reduced dims R:
 A pointwise kernel is the same with its last dim as the inner (simd) loop; a
 1-D one is split into parallel chunks. Values are emitted once per scope
 (common subexpressions are shared by a cache keyed on the C expression).
-g++ 12 vectorizes the simd loops (see `-fopt-info-vec` notes in build.py).
+g++ 12 vectorizes the simd loops (see `-fopt-info-vec` notes in runtime/cpp_build.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource, canonical_text, cname, reduction_phases
+from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.cpp_ops import CTYPES, HALVES, CppOps, CVal, cconst, cexpr, storage_ctype
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
 from fuselens.compiler.scheduler import KernelGroup
@@ -35,6 +35,18 @@ from fuselens.compiler.scheduler import KernelGroup
 CHUNK = 4096  # elements per parallel chunk of a 1-D pointwise kernel
 _RED_INIT = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
 _RED_OMP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "|", "all": "&"}
+
+
+@dataclass
+class _LoopNest:
+    """The loops of one kernel being printed: what every row pass needs of them."""
+
+    body: list[str]
+    ind: int  # indentation of a row pass inside the outer loops
+    inner_dims: list[int]
+    chunked: bool  # a 1-D pointwise space split into CHUNK-sized parallel pieces
+    rn: Any  # elements in a row (the inner dims)
+    short_rows: bool  # rows short enough for float sums (FLOAT_SUM_MAX)
 
 
 @dataclass
@@ -46,22 +58,13 @@ class _Scope:
     stored: set[str] = field(default_factory=set)  # buffers this body has stored to so far
 
 
-class CppKernel:
+class CppKernel(KernelBuilder):
     """Generates the C++ function of one KernelGroup."""
 
     def __init__(self, group: KernelGroup, graph: GraphIR, options: Any) -> None:
-        self.g = group
-        self.graph = graph
-        self.opt = options
-        self.members = {n.name: n for n in group.nodes}
-        self.ranges = group.ranges()
-        self.reads: list[str] = []
-        self.writes: list[str] = []
-        self.symbols: set[sympy.Symbol] = set()
+        super().__init__(group, graph, options)
         self.scope: _Scope = _Scope([])
         self.outer_scope: Optional[_Scope] = None
-        self.counter = 0
-        self.phase: dict[str, int] = {}
         self.current_phase = 0
         self.ops = CppOps(self)
         self.bytes = 0
@@ -245,44 +248,20 @@ class CppKernel:
     # -- the function
     def generate(self) -> KernelSource:
         g = self.g
-        nfull = len(g.full)
-        gv = g.gvars()
-        if g.rflags is None:
-            outer_dims = list(range(max(nfull - 1, 0)))
-            inner_dims = [nfull - 1] if nfull else []
-        else:
-            outer_dims = [d for d in range(nfull) if not g.rflags[d]]
-            inner_dims = [d for d in range(nfull) if g.rflags[d]]
+        outer_dims, inner_dims = self._split_dims()
         nphases = self._phases()
         self._choose_scratch(inner_dims)
         rn = ir.numel([g.full[d] for d in inner_dims])
-        short_rows = g.rflags is not None and rn.is_Integer and int(rn) <= self.FLOAT_SUM_MAX
-        body: list[str] = []
-        total = ir.numel(g.full)
-        threads = self.opt.resolved_threads()
-        chunked = g.rflags is None and not outer_dims and inner_dims
-        par_if = f"if({self.cx(total)} >= {self.opt.parallel_threshold}) num_threads({threads})"
-        ind = 1
-        if chunked:
-            n = self.cx(g.full[0])
-            body.append(f"  #pragma omp parallel for {par_if}")
-            body.append(f"  for (int64_t c0 = 0; c0 < {n}; c0 += {CHUNK}) {{")
-            ind = 2
-        elif outer_dims:
-            coll = f" collapse({len(outer_dims)})" if len(outer_dims) > 1 else ""
-            body.append(f"  #pragma omp parallel for{coll} {par_if}")
-            for k, d in enumerate(outer_dims):
-                body.append(f"{'  ' * (1 + k)}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(g.full[d])}; {gv[d]}++)")
-            ind = 1 + len(outer_dims)
-            body.append(f"{'  ' * (ind - 1)}{{")
-        else:
-            body.append("  {")
-        self.outer_scope = _Scope(body, indent=ind)
+        nest = _LoopNest(
+            body=[], ind=1, inner_dims=inner_dims, chunked=bool(g.rflags is None and not outer_dims and inner_dims),
+            rn=rn, short_rows=g.rflags is not None and rn.is_Integer and int(rn) <= self.FLOAT_SUM_MAX)
+        self._open_outer_loops(nest, outer_dims)
+        self.outer_scope = _Scope(nest.body, indent=nest.ind)
         self.scope = self.outer_scope
         for n, size in self.scratch.items():
             if n in self.scratch_home:
                 continue
-            body.append(f"{'  ' * ind}{CTYPES[self.members[n].dtype]} scr_{cname(n)}[{size}];")
+            nest.body.append(f"{'  ' * nest.ind}{CTYPES[self.members[n].dtype]} scr_{cname(n)}[{size}];")
         outer_nodes = [n for n in g.nodes if g.level(n) == "outer"]
         # outer-level values that need no reduction
         self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == -1])
@@ -291,82 +270,134 @@ class CppKernel:
             reds = [n for n in g.nodes if n.is_reduction and self.phase[n.name] == p]
             fulls = [n for n in g.nodes if g.level(n) == "full" and self.phase[n.name] == p and
                      (n.name in g.stores or n.name in self.scratch)]
-            if not reds and not fulls:
-                self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
-                continue
-            accs = self._acc_names(reds)
-            simdlen = f" simdlen({self.opt.vector_width})" if self.opt.vector_width else ""
-            loop_lines: list[str] = []
-            saved = self.scope
-            self.scope = _Scope(loop_lines, indent=ind + len(inner_dims) + (1 if chunked else 0))
-            self.trig_args = [] if inner_dims else None
-            for n in fulls:
-                v = self.compute(n) if n.name not in self.scope.values else self.scope.values[n.name]
-                if n.name in self.scratch:
-                    self.scope.lines.append(f"{'  ' * self.scope.indent}{self.scratch_ref(n.name)} = {v};")
-                if n.name in g.stores:
-                    self.store(n, v, g.own_index(n))
-            vals = []
-            for r in reds:
-                v = r.body(self.ops, g.full_index(r.full_size))
-                vals.append(v if v.dtype == r.acc_dtype else self.ops.to_dtype(v, r.acc_dtype))
-            alias = self._shared_accumulators(reds, accs, vals)
-            moments = self._float_moments(reds, accs, vals, alias, short_rows)
-            if moments is not None:
-                # the float sum of squares, in the loop scope (its square is the float's)
-                sq = self.ops.mul(self.widened[moments[1].name], self.widened[moments[1].name])
-            decls = []
-            for r, a, v in zip(reds, accs, vals):
-                if a in alias:
-                    continue
-                acc_dtype = r.acc_dtype
-                if moments is not None and a in (moments[0], moments[2]):
-                    v, acc_dtype = (self.widened[v.name] if a == moments[0] else sq), torch.float32
-                elif a not in alias.values() and self._float_sum(r, v, short_rows):
-                    # accumulate the float itself: float->double conversion halves the
-                    # vector width (softmax 2k x 2k: -15% kernel time)
-                    v, acc_dtype = self.widened[v.name], torch.float32
-                decls.append((r, a, acc_dtype))
-                loop_lines.extend(self._accumulate(r, a, v, self.scope.indent))
-            trig, self.trig_args = self.trig_args or [], None
-            flag = f"fl_trig_max{p}" if trig else ""
-            redo_lines = list(loop_lines)  # the loop body before the check is added
-            if flag:
-                # the largest |argument| (a max reduction: one vmaxps a vector, cheaper
-                # than an or-ed compare); NaN never wins it
-                pad = "  " * self.scope.indent
-                for t in trig:
-                    loop_lines.append(f"{pad}{flag} = std::fabs({t}) > {flag} ? std::fabs({t}) : {flag};")
-            self.scope = saved
-            self._declare_accs(decls, ind)
-            if flag:
-                body.append(f"{'  ' * ind}float {flag} = 0.0f;")
-            live = [(r, a) for r, a in zip(reds, accs) if a not in alias]
-            clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in live)
-            clauses += "".join(f" reduction(|:{a}_nan)" for r, a in live
-                               if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point)
-            clauses += f" reduction(max:{flag})" if flag else ""
-            body.extend(self._loop_headers(inner_dims, chunked, ind, f"#pragma omp simd{simdlen}{clauses}"))
-            body.append(f"{'  ' * (ind + len(inner_dims) - 1 if inner_dims else ind)}{{")
-            body.extend(loop_lines)
-            body.append(f"{'  ' * (ind + len(inner_dims) - 1 if inner_dims else ind)}}}")
-            if flag:
-                self._trig_redo(flag, decls, redo_lines, inner_dims, chunked, ind, body)
-            results: dict[str, str] = {}
-            if moments is not None:
-                results = self._moments_check(moments, reds, accs, inner_dims, int(rn), ind, body)
-            for r, a in zip(reds, accs):
-                a = alias.get(a, a)
-                res = results.get(a, a)
-                if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
-                    res = f"({a}_nan ? {cconst(float('nan'), r.acc_dtype)} : {a})"
-                v = self.ops.round_to(self.emit(f"static_cast<{CTYPES[r.dtype]}>({res})", r.dtype), r.dtype)
-                self.scope.values[r.name] = v
-                if r.name in g.stores:
-                    self.store(r, v, g.outer_index(r.size))
+            if reds or fulls:
+                self._row_pass(nest, reds, fulls, p)
             self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
-        body.append(f"{'  ' * (ind - 1)}}}")
-        return self._finish(body)
+        nest.body.append(f"{'  ' * (nest.ind - 1)}}}")
+        return self._finish(nest.body)
+
+    def _split_dims(self) -> tuple[list[int], list[int]]:
+        """The dims the parallel outer loops run over, and those of the inner (simd) loop."""
+        g = self.g
+        nfull = len(g.full)
+        if g.rflags is None:
+            return list(range(max(nfull - 1, 0))), [nfull - 1] if nfull else []
+        return [d for d in range(nfull) if not g.rflags[d]], [d for d in range(nfull) if g.rflags[d]]
+
+    def _open_outer_loops(self, nest: "_LoopNest", outer_dims: Sequence[int]) -> None:
+        """The OpenMP-parallel loops (or chunks of a 1-D pointwise space) around the row passes."""
+        g, body = self.g, nest.body
+        gv = g.gvars()
+        threads = self.opt.resolved_threads()
+        par_if = f"if({self.cx(ir.numel(g.full))} >= {self.opt.parallel_threshold}) num_threads({threads})"
+        if nest.chunked:
+            body.append(f"  #pragma omp parallel for {par_if}")
+            body.append(f"  for (int64_t c0 = 0; c0 < {self.cx(g.full[0])}; c0 += {CHUNK}) {{")
+            nest.ind = 2
+        elif outer_dims:
+            coll = f" collapse({len(outer_dims)})" if len(outer_dims) > 1 else ""
+            body.append(f"  #pragma omp parallel for{coll} {par_if}")
+            for k, d in enumerate(outer_dims):
+                body.append(f"{'  ' * (1 + k)}for (int64_t {gv[d]} = 0; {gv[d]} < {self.cx(g.full[d])}; {gv[d]}++)")
+            nest.ind = 1 + len(outer_dims)
+            body.append(f"{'  ' * (nest.ind - 1)}{{")
+        else:
+            body.append("  {")
+
+    def _row_pass(self, nest: "_LoopNest", reds: list[ComputeNode], fulls: list[ComputeNode], p: int) -> None:
+        """One simd loop over the inner dims: the full-level values of pass `p` and its reductions."""
+        ind, inner_dims = nest.ind, nest.inner_dims
+        accs = self._acc_names(reds)
+        loop_lines: list[str] = []
+        saved = self.scope
+        self.scope = _Scope(loop_lines, indent=ind + len(inner_dims) + (1 if nest.chunked else 0))
+        self.trig_args = [] if inner_dims else None
+        self._compute_fulls(fulls)
+        vals = []
+        for r in reds:
+            v = r.body(self.ops, self.g.full_index(r.full_size))
+            vals.append(v if v.dtype == r.acc_dtype else self.ops.to_dtype(v, r.acc_dtype))
+        alias = self._shared_accumulators(reds, accs, vals)
+        moments = self._float_moments(reds, accs, vals, alias, nest.short_rows)
+        decls = self._accumulations(reds, accs, vals, alias, moments, nest.short_rows, loop_lines)
+        trig, self.trig_args = self.trig_args or [], None
+        flag = f"fl_trig_max{p}" if trig else ""
+        redo_lines = list(loop_lines)  # the loop body before the check is added
+        if flag:
+            # the largest |argument| (a max reduction: one vmaxps a vector, cheaper
+            # than an or-ed compare); NaN never wins it
+            pad = "  " * self.scope.indent
+            for t in trig:
+                loop_lines.append(f"{pad}{flag} = std::fabs({t}) > {flag} ? std::fabs({t}) : {flag};")
+        self.scope = saved
+        self._declare_accs(decls, ind)
+        if flag:
+            nest.body.append(f"{'  ' * ind}float {flag} = 0.0f;")
+        self._simd_loop(nest, [(r, a) for r, a in zip(reds, accs) if a not in alias], flag, loop_lines)
+        if flag:
+            self._trig_redo(flag, decls, redo_lines, inner_dims, nest.chunked, ind, nest.body)
+        results: dict[str, str] = {}
+        if moments is not None:
+            results = self._moments_check(moments, reds, accs, inner_dims, int(nest.rn), ind, nest.body)
+        self._reduction_results(reds, accs, alias, results)
+
+    def _compute_fulls(self, fulls: list[ComputeNode]) -> None:
+        """Full-level values of this pass, into scratch and to memory as needed."""
+        for n in fulls:
+            v = self.compute(n) if n.name not in self.scope.values else self.scope.values[n.name]
+            if n.name in self.scratch:
+                self.scope.lines.append(f"{'  ' * self.scope.indent}{self.scratch_ref(n.name)} = {v};")
+            if n.name in self.g.stores:
+                self.store(n, v, self.g.own_index(n))
+
+    def _accumulations(self, reds: list[ComputeNode], accs: list[str], vals: list[CVal], alias: dict[str, str],
+                       moments: Any, short_rows: bool, loop_lines: list[str]) -> list[tuple[ComputeNode, str, torch.dtype]]:
+        """Each reduction's update in the loop body; returns the accumulators to declare."""
+        if moments is not None:
+            # the float sum of squares, in the loop scope (its square is the float's)
+            sq = self.ops.mul(self.widened[moments[1].name], self.widened[moments[1].name])
+        decls = []
+        for r, a, v in zip(reds, accs, vals):
+            if a in alias:
+                continue
+            acc_dtype = r.acc_dtype
+            if moments is not None and a in (moments[0], moments[2]):
+                v, acc_dtype = (self.widened[v.name] if a == moments[0] else sq), torch.float32
+            elif a not in alias.values() and self._float_sum(r, v, short_rows):
+                # accumulate the float itself: float->double conversion halves the
+                # vector width (softmax 2k x 2k: -15% kernel time)
+                v, acc_dtype = self.widened[v.name], torch.float32
+            decls.append((r, a, acc_dtype))
+            loop_lines.extend(self._accumulate(r, a, v, self.scope.indent))
+        return decls
+
+    def _simd_loop(self, nest: "_LoopNest", live: list[tuple[ComputeNode, str]], flag: str,
+                   loop_lines: list[str]) -> None:
+        """The inner loop with its `omp simd` reduction clauses around `loop_lines`."""
+        ind, inner_dims = nest.ind, nest.inner_dims
+        simdlen = f" simdlen({self.opt.vector_width})" if self.opt.vector_width else ""
+        clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in live)
+        clauses += "".join(f" reduction(|:{a}_nan)" for r, a in live
+                           if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point)
+        clauses += f" reduction(max:{flag})" if flag else ""
+        nest.body.extend(self._loop_headers(inner_dims, nest.chunked, ind, f"#pragma omp simd{simdlen}{clauses}"))
+        brace = "  " * (ind + len(inner_dims) - 1 if inner_dims else ind)
+        nest.body.append(f"{brace}{{")
+        nest.body.extend(loop_lines)
+        nest.body.append(f"{brace}}}")
+
+    def _reduction_results(self, reds: list[ComputeNode], accs: list[str], alias: dict[str, str],
+                           results: dict[str, str]) -> None:
+        """Each reduction's value after the loop (NaN-propagating max/min), stored if it must be."""
+        for r, a in zip(reds, accs):
+            a = alias.get(a, a)
+            res = results.get(a, a)
+            if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point:
+                res = f"({a}_nan ? {cconst(float('nan'), r.acc_dtype)} : {a})"
+            v = self.ops.round_to(self.emit(f"static_cast<{CTYPES[r.dtype]}>({res})", r.dtype), r.dtype)
+            self.scope.values[r.name] = v
+            if r.name in self.g.stores:
+                self.store(r, v, self.g.outer_index(r.size))
 
     # Longest row a float32 sum accumulates in float (not double). The simd loop
     # keeps one partial sum per vector lane (16 with AVX-512), so a lane adds at

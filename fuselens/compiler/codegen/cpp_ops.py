@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import sympy
 import torch
 
 from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing
-
-if TYPE_CHECKING:
-    from fuselens.compiler.codegen.cpp import CppKernel
 
 # The C type a value of each dtype is computed in. bfloat16 values are floats (ATen's
 # opmath), rounded where eager rounds them (CppOps.round_to) and stored as their 16 bits
@@ -112,11 +109,25 @@ _UNARY_FLOAT = {
 }
 
 
+class CppKernel(Protocol):
+    """The scopes CppOps prints into (cpp.CppKernel) and what it knows of bfloat16 values."""
+
+    rounded: set[str]
+    unrounded: dict[str, CVal]
+    widened: dict[str, CVal]
+
+    def emit(self, expr: str, dtype: torch.dtype) -> CVal: ...
+
+    def load(self, name: str, index: Expr) -> CVal: ...
+
+    def simplify(self, e: Expr) -> Expr: ...
+
+
 class CppOps:
     """The `ops` handler that prints C++. Each op emits `const T tN = expr;` into
     the current scope (with CSE) and returns the variable."""
 
-    def __init__(self, kernel: "CppKernel") -> None:
+    def __init__(self, kernel: CppKernel) -> None:
         self.k = kernel
 
     def _emit(self, expr: str, dtype: torch.dtype) -> CVal:

@@ -44,7 +44,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.codegen import KernelSource, canonical_text, cname, reduction_phases
+from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
 from fuselens.compiler.codegen.triton_prelude import prelude_header
 from fuselens.compiler.codegen.triton_patterns import (deviation_center, drop_dead, online_softmax_pairs, share_sincos,
@@ -103,18 +103,18 @@ class _Scope:
     values: dict[str, TVal] = field(default_factory=dict)
 
     def find_cache(self, expr: str) -> Optional[TVal]:
-        s: Optional[_Scope] = self
-        while s is not None:
-            if expr in s.cache:
-                return s.cache[expr]
-            s = s.parent
-        return None
+        return self._find("cache", expr)
 
     def find_value(self, name: str) -> Optional[TVal]:
+        return self._find("values", name)
+
+    def _find(self, table: str, key: str) -> Optional[TVal]:
+        """`key` in this scope's `table` or the nearest enclosing scope's."""
         s: Optional[_Scope] = self
         while s is not None:
-            if name in s.values:
-                return s.values[name]
+            found = getattr(s, table).get(key)
+            if found is not None:
+                return found
             s = s.parent
         return None
 
@@ -131,23 +131,14 @@ def _identity(kind: str, dtype: torch.dtype) -> str:
     return str(info.min if kind == "max" else info.max)
 
 
-class TritonKernel:
+class TritonKernel(KernelBuilder):
     """Generates the Triton source of one KernelGroup."""
 
     def __init__(self, group: KernelGroup, graph: GraphIR, options: Any) -> None:
-        self.g = group
-        self.graph = graph
-        self.opt = options
-        self.members = {n.name: n for n in group.nodes}
-        self.ranges = group.ranges()
+        super().__init__(group, graph, options)
         self.gv = group.gvars()
         self.math = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1")
         self.ops = TritonOps(self)
-        self.reads: list[str] = []
-        self.writes: list[str] = []
-        self.symbols: set[sympy.Symbol] = set()
-        self.counter = 0
-        self.phase: dict[str, int] = {}
         self.top = _Scope([], 1)
         self.scope = self.top
         self.rscope = self.top  # where r/y axis variables live (the loop body when looped)
@@ -380,55 +371,18 @@ class TritonKernel:
         return sorted(dims, key=lambda d: -self._hint(coefs.get(self.gv[d], 0)) if self.gv[d] in coefs else 0)
 
     def plan(self) -> None:
+        """Choose the kernel's kind, its block axes and its index width from the accesses."""
         g = self.g
-        n = len(g.full)
         acc = self._accesses()
         self.elem_bytes = max([self.graph.buffers[b].dtype.itemsize for b, _, _ in acc] or [4])
         self.demote_fp64 = not any(self.graph.buffers[b].dtype == torch.float64 for b, _, st in acc if not st)
         loads = [a for a in acc if not a[2]]
         stores = [a for a in acc if a[2]]
+        self.column = False
         if g.rflags is None:
-            ref = (stores or loads or [("", {}, True)])[0][1]
-            order = self._order(list(range(n)), ref)
-            self.kind = "pointwise"
-            self.axes = [_Axis("x", order, "xindex")]
-            if n >= 2:
-                inner = order[-1]
-                for _, c, _ in loads + stores:
-                    ci = c.get(self.gv[inner], sympy.Integer(0))
-                    unit = [d for d in order[:-1] if c.get(self.gv[d]) == 1]
-                    if ci != 0 and ci != 1 and unit and self._hint(g.full[inner]) >= 16 and self._hint(g.full[unit[0]]) >= 16:
-                        xdims = [d for d in order[:-1] if d != unit[0]] + [unit[0]]
-                        self.kind = "pointwise2d"
-                        self.axes = [_Axis("x", xdims, "xindex"), _Axis("y", [inner], "yindex")]
-                        break
+            self._plan_pointwise(loads, stores)
         else:
-            kept = [d for d in range(n) if not g.rflags[d]]
-            red = [d for d in range(n) if g.rflags[d]]
-            big = sorted(loads, key=lambda a: -self._hint(ir.numel(self.graph.buffers[a[0]].size)))
-            ref = big[0][1] if big else {}
-            xdims, rdims = self._order(kept, ref), self._order(red, ref)
-            self.axes = [_Axis("x", xdims, "xindex"), _Axis("r", rdims, "rindex")]
-            rn = ir.numel([g.full[d] for d in rdims])
-            # a reduction whose reference access is contiguous along a kept dim
-            # (BatchNorm statistics over N,H,W of channels-last data, bias and norm-weight gradients)
-            self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
-            # a persistent column block holds whole columns: past COLUMN_PERSISTENT_MAX rows it is
-            # one column wide, every load a different row (BERT's [4096, 768] weight-gradient sums
-            # took 0.1 ms each); looped, it is a tile of several columns and a chunk of rows
-            persistent = rn.is_Integer and int(rn) <= (COLUMN_PERSISTENT_MAX if self.column else PERSISTENT_MAX)
-            self.kind = "persistent_reduction" if persistent else "looped_reduction"
-            xn = ir.numel([g.full[d] for d in xdims])
-            row_fp32 = bool(big) and self.graph.buffers[big[0][0]].dtype == torch.float32
-            # looped rows always (two reads of the row instead of three); persistent ones where measured
-            if not persistent or (row_fp32 and WELFORD_ROWS[0] <= int(rn) <= WELFORD_ROWS[1] and xn.is_Integer
-                                  and int(xn) >= WELFORD_MIN_XNUMEL):
-                self._phases()
-                self.welford = welford_pairs(self)
-                if self.welford:
-                    self.kind = "looped_reduction"
-        if not hasattr(self, "column"):
-            self.column = False
+            self._plan_reduction(loads)
         # a pointwise kernel whose every output is a 16-bit float may use shorter math (erf)
         self.out16 = self.kind in ("pointwise", "pointwise2d") and bool(g.stores) and all(
             self.graph.buffers[b].dtype in (torch.bfloat16, torch.float16) for b in g.stores)
@@ -443,6 +397,55 @@ class TritonKernel:
         dynamic = not (self.xnumel.is_Integer and self.rnumel.is_Integer)
         total = self._hint(self.xnumel) * self._hint(self.rnumel)
         self.int64 = dynamic or extent >= INT32_LIMIT or total >= INT32_LIMIT
+
+    def _plan_pointwise(self, loads: list, stores: list) -> None:
+        """One x axis in the output's memory order, or a 2-D tile where an access is a transpose."""
+        g = self.g
+        n = len(g.full)
+        ref = (stores or loads or [("", {}, True)])[0][1]
+        order = self._order(list(range(n)), ref)
+        self.kind = "pointwise"
+        self.axes = [_Axis("x", order, "xindex")]
+        if n < 2:
+            return
+        inner = order[-1]
+        for _, c, _ in loads + stores:
+            ci = c.get(self.gv[inner], sympy.Integer(0))
+            unit = [d for d in order[:-1] if c.get(self.gv[d]) == 1]
+            if ci != 0 and ci != 1 and unit and self._hint(g.full[inner]) >= 16 and self._hint(g.full[unit[0]]) >= 16:
+                xdims = [d for d in order[:-1] if d != unit[0]] + [unit[0]]
+                self.kind = "pointwise2d"
+                self.axes = [_Axis("x", xdims, "xindex"), _Axis("y", [inner], "yindex")]
+                return
+
+    def _plan_reduction(self, loads: list) -> None:
+        """Kept dims on x, reduced dims on r; persistent, looped or Welford (module docstring)."""
+        g = self.g
+        n = len(g.full)
+        kept = [d for d in range(n) if not g.rflags[d]]
+        red = [d for d in range(n) if g.rflags[d]]
+        big = sorted(loads, key=lambda a: -self._hint(ir.numel(self.graph.buffers[a[0]].size)))
+        ref = big[0][1] if big else {}
+        xdims, rdims = self._order(kept, ref), self._order(red, ref)
+        self.axes = [_Axis("x", xdims, "xindex"), _Axis("r", rdims, "rindex")]
+        rn = ir.numel([g.full[d] for d in rdims])
+        # a reduction whose reference access is contiguous along a kept dim
+        # (BatchNorm statistics over N,H,W of channels-last data, bias and norm-weight gradients)
+        self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
+        # a persistent column block holds whole columns: past COLUMN_PERSISTENT_MAX rows it is
+        # one column wide, every load a different row (BERT's [4096, 768] weight-gradient sums
+        # took 0.1 ms each); looped, it is a tile of several columns and a chunk of rows
+        persistent = rn.is_Integer and int(rn) <= (COLUMN_PERSISTENT_MAX if self.column else PERSISTENT_MAX)
+        self.kind = "persistent_reduction" if persistent else "looped_reduction"
+        xn = ir.numel([g.full[d] for d in xdims])
+        row_fp32 = bool(big) and self.graph.buffers[big[0][0]].dtype == torch.float32
+        # looped rows always (two reads of the row instead of three); persistent ones where measured
+        if not persistent or (row_fp32 and WELFORD_ROWS[0] <= int(rn) <= WELFORD_ROWS[1] and xn.is_Integer
+                              and int(xn) >= WELFORD_MIN_XNUMEL):
+            self._phases()
+            self.welford = welford_pairs(self)
+            if self.welford:
+                self.kind = "looped_reduction"
 
     # -- the kernel -----------------------------------------------------------
     def generate(self) -> TritonKernelSource:

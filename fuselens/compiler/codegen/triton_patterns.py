@@ -15,18 +15,25 @@ and, on the printed lines, temporaries nothing reads (`drop_dead`).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import sympy
 import torch
 
 from fuselens.compiler.ir import ComputeNode
 
-if TYPE_CHECKING:
-    from fuselens.compiler.codegen.triton import TritonKernel
+
+class TritonKernel(Protocol):
+    """What the patterns read of the kernel being generated (triton.TritonKernel)."""
+
+    g: Any  # the KernelGroup
+    members: dict[str, ComputeNode]
+    phase: dict[str, int]
+
+    def rep_dtype(self, dtype: torch.dtype) -> torch.dtype: ...
 
 
-def online_softmax_pairs(k: "TritonKernel") -> dict[str, ComputeNode]:
+def online_softmax_pairs(k: TritonKernel) -> dict[str, ComputeNode]:
     """{max node: sum node} where the sum reduces exp(A - max) and the max
     reduces A (the same expression), alone in consecutive passes."""
     g = k.g
@@ -48,7 +55,7 @@ def online_softmax_pairs(k: "TritonKernel") -> dict[str, ComputeNode]:
     return out
 
 
-def welford_pairs(k: "TritonKernel") -> dict[str, ComputeNode]:
+def welford_pairs(k: TritonKernel) -> dict[str, ComputeNode]:
     """{S: Q} for every S summing A over the row in the first pass (layernorm's
     decomposition sums the row twice, for the mean and inside the variance) and
     the one Q of the next pass summing (A - M)^2, M a row constant of this
@@ -80,7 +87,7 @@ def welford_pairs(k: "TritonKernel") -> dict[str, ComputeNode]:
     return {n.name: q for n in sums}
 
 
-def deviation_center(k: "TritonKernel", s: ComputeNode, q: ComputeNode) -> Optional[ComputeNode]:
+def deviation_center(k: TritonKernel, s: ComputeNode, q: ComputeNode) -> Optional[ComputeNode]:
     """The row-constant node M when q's body is (A - M)^2 and A is s's body."""
     sym = _SymOps("", k)
     try:
@@ -101,7 +108,7 @@ def deviation_center(k: "TritonKernel", s: ComputeNode, q: ComputeNode) -> Optio
     return node if ok else None
 
 
-def is_exp_of_shifted(sm: ComputeNode, mx: ComputeNode, k: "TritonKernel") -> bool:
+def is_exp_of_shifted(sm: ComputeNode, mx: ComputeNode, k: TritonKernel) -> bool:
     """Does `sm`'s body compute exp(A - M) where M loads `mx` and A is `mx`'s body?"""
     idx = k.g.full_index(sm.full_size)
     sym = _SymOps(mx.name, k)
@@ -128,7 +135,7 @@ def _strip_casts(v: Any) -> Any:
 class _SymOps:
     """An ops handler that builds expression trees (tuples) to compare bodies."""
 
-    def __init__(self, max_name: str, k: "TritonKernel") -> None:
+    def __init__(self, max_name: str, k: TritonKernel) -> None:
         self.max_name = max_name
         self.k = k
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fuselens.compiler.atomic_file import write_atomically
+from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.private_dirs import cache_dir, check_private_file
 
 # Helper functions every generated module starts with. They are plain @triton.jit

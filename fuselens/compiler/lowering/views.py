@@ -11,8 +11,9 @@ import torch
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing, TensorValue
-from fuselens.compiler.lowering import Lowerer, NotLowered
-from fuselens.compiler.lowering_ops import _out_size, _ov, aten, load_as, register
+from fuselens.compiler.lowering.lowerer import Lowerer
+from fuselens.compiler.lowering.pointwise import load_as
+from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, register
 
 ZERO = sympy.Integer(0)
 
@@ -26,7 +27,7 @@ def _norm_dim(d: int, ndim: int) -> int:
     return d + max(ndim, 1) if d < 0 else d
 
 
-@register(aten.alias.default, *_ov(aten, "detach"), aten.lift_fresh.default if hasattr(aten, "lift_fresh") else None)
+@register(aten.alias.default, *overloads(aten, "detach"), aten.lift_fresh.default if hasattr(aten, "lift_fresh") else None)
 def lower_alias(ctx: Lowerer, x: TensorValue, *a: Any) -> TensorValue:
     return x
 
@@ -46,9 +47,9 @@ def lower_permute(ctx: Lowerer, x: TensorValue, dims: Sequence[int]) -> TensorVa
     return view_of(x, size, reindex)
 
 
-@register(*_ov(aten.expand, "default"))
+@register(*overloads(aten.expand, "default"))
 def lower_expand(ctx: Lowerer, x: TensorValue, sizes: Any, implicit: bool = False) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
     lead = len(size) - len(x.size)
 
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
@@ -99,11 +100,11 @@ def _divides(a: Expr, b: Expr) -> "bool | None":
     return None
 
 
-@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, *_ov(aten, "view_copy"))
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, *overloads(aten, "view_copy"))
 def lower_view(ctx: Lowerer, x: TensorValue, sizes: Any) -> TensorValue:
     if isinstance(sizes, torch.dtype):
         raise NotLowered("view as another dtype")
-    size = _out_size(ctx)
+    size = out_size(ctx)
     src = list(x.size)
     if ir.same_sizes(src, size):
         return x
@@ -125,7 +126,7 @@ def lower_view(ctx: Lowerer, x: TensorValue, sizes: Any) -> TensorValue:
     return view_of(x, size, reindex)
 
 
-@register(*_ov(aten.squeeze, "default", "dim", "dims"))
+@register(*overloads(aten.squeeze, "default", "dim", "dims"))
 def lower_squeeze(ctx: Lowerer, x: TensorValue, dims: Any = None) -> TensorValue:
     return _unsqueeze_like(ctx, x)
 
@@ -137,7 +138,7 @@ def lower_unsqueeze(ctx: Lowerer, x: TensorValue, dim: int) -> TensorValue:
 
 def _unsqueeze_like(ctx: Lowerer, x: TensorValue) -> TensorValue:
     """squeeze/unsqueeze only add or drop size-1 dims: match the non-1 dims in order."""
-    size = _out_size(ctx)
+    size = out_size(ctx)
     src_keep = [d for d, s in enumerate(x.size) if s != 1]
     dst_keep = [d for d, s in enumerate(size) if s != 1]
     if len(src_keep) != len(dst_keep):
@@ -159,7 +160,7 @@ def _dim_size(x: TensorValue, dim: int) -> Expr:
 @register(aten.slice.Tensor)
 def lower_slice(ctx: Lowerer, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
     dim = _norm_dim(dim, len(x.size))
-    size = _out_size(ctx)
+    size = out_size(ctx)
     n = x.size[dim]
     s = sympy.sympify(0 if start is None else start)
     if s.is_Integer and int(s) < 0:
@@ -200,7 +201,7 @@ def lower_select(ctx: Lowerer, x: TensorValue, dim: int, index: Any) -> TensorVa
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
         return list(idx[:dim]) + [index] + list(idx[dim:])
 
-    return view_of(x, _out_size(ctx), reindex)
+    return view_of(x, out_size(ctx), reindex)
 
 
 @register(aten.diagonal.default)
@@ -218,7 +219,7 @@ def lower_diagonal(ctx: Lowerer, x: TensorValue, offset: int = 0, dim1: int = 0,
         out[dim2] = k + max(offset, 0)
         return out
 
-    return view_of(x, _out_size(ctx), reindex)
+    return view_of(x, out_size(ctx), reindex)
 
 
 @register(aten.as_strided.default)
@@ -228,7 +229,7 @@ def lower_as_strided(ctx: Lowerer, x: TensorValue, size: Any, stride: Any, stora
     name = x.source
     st = [ir.sympify_size(s) for s in stride]
     off = ir.sympify_size(storage_offset or 0)
-    return TensorValue(_out_size(ctx), x.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, st, off)), name)
+    return TensorValue(out_size(ctx), x.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, st, off)), name)
 
 
 def _split(ctx: Lowerer, x: TensorValue, sizes: Sequence[Any], dim: int) -> tuple:
@@ -278,7 +279,7 @@ def _clamp_index(e: Expr, n: Expr) -> Expr:
 
 @register(aten.cat.default)
 def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
     dt = ctx.out_meta().dtype
     dim = _norm_dim(dim, len(size))
     parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and t.size[dim] != 0]
@@ -309,7 +310,7 @@ def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> Ten
 
 @register(aten.constant_pad_nd.default)
 def lower_constant_pad(ctx: Lowerer, x: TensorValue, pad: Sequence[Any], value: Any = 0) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
     dt = ctx.out_meta().dtype
     n = len(size)
     before = {}
@@ -340,7 +341,7 @@ def lower_constant_pad(ctx: Lowerer, x: TensorValue, pad: Sequence[Any], value: 
 
 @register(torch.ops.prims.broadcast_in_dim.default)
 def lower_broadcast_in_dim(ctx: Lowerer, x: TensorValue, shape: Any, broadcast_dimensions: Sequence[int]) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
 
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
         return [ZERO if (x.size[k] == 1 and size[d] != 1) else idx[d] for k, d in enumerate(broadcast_dimensions)]

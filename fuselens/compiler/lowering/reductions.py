@@ -17,8 +17,8 @@ import torch
 from fuselens.compiler import ir
 from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
 from fuselens.compiler.ir import Expr, TensorValue
-from fuselens.compiler.lowering import Lowerer, NotLowered
-from fuselens.compiler.lowering_ops import _out_size, _ov, aten, register
+from fuselens.compiler.lowering.lowerer import Lowerer
+from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, prims, register
 
 ZERO = sympy.Integer(0)
 
@@ -59,7 +59,7 @@ def reduce(
     """A reduction node over `dims` of `x` (map_fn(ops, value, index) transforms
     each element first). `size` defaults to the FX node's output sizes."""
     rdims = _dims(x, dims)
-    out_size = list(size) if size is not None else _out_size(ctx)
+    osize = list(size) if size is not None else out_size(ctx)
     out_dtype = dtype or ctx.out_meta().dtype
     acc = acc_dtype_for(kind, in_dtype or out_dtype)
     if any(x.size[d] == 0 for d in rdims) and kind in ("max", "min"):
@@ -75,37 +75,37 @@ def reduce(
         return v if src_dtype == acc else ops.to_dtype(v, acc)
 
     return ctx.add_compute(
-        body, out_size, out_dtype, name=name, reduction=kind, full_size=list(x.size), rdims=rdims, acc_dtype=acc,
-        stride=ctx.out_stride(out_size) if size is None else None,
+        body, osize, out_dtype, name=name, reduction=kind, full_size=list(x.size), rdims=rdims, acc_dtype=acc,
+        stride=ctx.out_stride(osize) if size is None else None,
     )
 
 
-@register(*_ov(aten.sum, "dim_IntList", "default"))
+@register(*overloads(aten.sum, "dim_IntList", "default"))
 def lower_sum(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
     return reduce(ctx, x, dims, "sum")
 
 
-@register(*_ov(aten.prod, "dim_int", "default"))
+@register(*overloads(aten.prod, "dim_int", "default"))
 def lower_prod(ctx: Lowerer, x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
     return reduce(ctx, x, dim, "prod")
 
 
-@register(*_ov(aten.amax, "default"), *_ov(aten.max, "default"))
+@register(*overloads(aten.amax, "default"), *overloads(aten.max, "default"))
 def lower_amax(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
     return reduce(ctx, x, dims, "max")
 
 
-@register(*_ov(aten.amin, "default"), *_ov(aten.min, "default"))
+@register(*overloads(aten.amin, "default"), *overloads(aten.min, "default"))
 def lower_amin(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
     return reduce(ctx, x, dims, "min")
 
 
-@register(*_ov(aten.any, "default", "dim", "dims"))
+@register(*overloads(aten.any, "default", "dim", "dims"))
 def lower_any(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
     return reduce(ctx, x, dims, "any")
 
 
-@register(*_ov(aten.all, "default", "dim", "dims"))
+@register(*overloads(aten.all, "default", "dim", "dims"))
 def lower_all(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
     return reduce(ctx, x, dims, "all")
 
@@ -140,7 +140,7 @@ def _divide(ctx: Lowerer, total: TensorValue, denom: Any, size: Sequence[Expr], 
     return ctx.add_compute(body, size, dtype, name=name, stride=stride)
 
 
-@register(*_ov(aten.mean, "dim", "default"))
+@register(*overloads(aten.mean, "dim", "default"))
 def lower_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
     out_dtype = ctx.out_meta().dtype
     if not out_dtype.is_floating_point:
@@ -148,7 +148,7 @@ def lower_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = F
     rdims = _dims(x, dims)
     total = reduce(ctx, x, rdims, "sum", size=_keep_size(x, rdims), dtype=torch.float64, in_dtype=out_dtype,
                    name=ctx.fresh("sum"))
-    size = _out_size(ctx)
+    size = out_size(ctx)
     return _divide(ctx, total, _count(x, rdims), size, out_dtype, stride=ctx.out_stride(size))
 
 
@@ -216,12 +216,12 @@ def _count_value(ops: Any, n: Any) -> Any:
     return ops.constant(float(n), torch.float64)
 
 
-@register(*_ov(aten.var, "correction"))
+@register(*overloads(aten.var, "correction"))
 def lower_var(ctx: Lowerer, x: TensorValue, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> TensorValue:
-    return _var(ctx, x, dims, correction, _out_size(ctx), ctx.out_meta().dtype, False)[0]
+    return _var(ctx, x, dims, correction, out_size(ctx), ctx.out_meta().dtype, False)[0]
 
 
-@register(*_ov(aten.var_mean, "correction"))
+@register(*overloads(aten.var_mean, "correction"))
 def lower_var_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple:
     meta = ctx.out_meta()
     size = [ir.sympify_size(s) for s in meta[0].shape]
@@ -231,13 +231,13 @@ def lower_var_mean(ctx: Lowerer, x: TensorValue, dims: Any = None, *, correction
 
 # -- library calls kept on purpose ---------------------------------------------
 _EXTERN = [
-    *_ov(aten.mm, "default"), *_ov(aten.bmm, "default"), *_ov(aten.addmm, "default"),
-    *_ov(aten.baddbmm, "default"), *_ov(aten.convolution, "default"), *_ov(aten._addmm_activation, "default"),
-    *_ov(aten.convolution_backward, "default"),
-    *_ov(aten, "_scaled_dot_product_flash_attention_for_cpu"),
-    *_ov(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"),
-    *_ov(aten, "_scaled_dot_product_efficient_attention"),
-    *_ov(aten, "_scaled_dot_product_attention_math"),
+    *overloads(aten.mm, "default"), *overloads(aten.bmm, "default"), *overloads(aten.addmm, "default"),
+    *overloads(aten.baddbmm, "default"), *overloads(aten.convolution, "default"), *overloads(aten._addmm_activation, "default"),
+    *overloads(aten.convolution_backward, "default"),
+    *overloads(aten, "_scaled_dot_product_flash_attention_for_cpu"),
+    *overloads(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"),
+    *overloads(aten, "_scaled_dot_product_efficient_attention"),
+    *overloads(aten, "_scaled_dot_product_attention_math"),
 ]
 _EXTERN.append(torch.ops.fuselens.conv2d_bias_relu.default)
 EXTERN_OPS = set()
@@ -257,12 +257,11 @@ register(*EXTERN_OPS)(_lower_extern)
 
 
 # -- prims that some decompositions (native_layer_norm's var_mean) emit ---------
-prims = torch.ops.prims
 
 
 @register(prims.var.default)
 def lower_prims_var(ctx: Lowerer, x: TensorValue, dims: Any, correction: Any = 1, *, output_dtype: Any = None) -> TensorValue:
-    return _var(ctx, x, dims, correction, _out_size(ctx), ctx.out_meta().dtype, False)[0]
+    return _var(ctx, x, dims, correction, out_size(ctx), ctx.out_meta().dtype, False)[0]
 
 
 @register(prims.sum.default)

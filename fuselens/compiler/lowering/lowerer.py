@@ -1,6 +1,6 @@
 """Lowering: an ATen/prims FX graph (after AOTAutograd) to the loop IR.
 
-Walks the FX graph in order. Each call is looked up in `lowering_ops.LOWERINGS`:
+Walks the FX graph in order. Each call is looked up in `registry.LOWERINGS`:
 pointwise ops and reductions become `ComputeNode`s, views become index maps
 (no step at all), matmul/convolution/SDPA become `ExternNode(kind="extern")`,
 and every op without a lowering (or with a dtype we do not generate code for)
@@ -19,6 +19,7 @@ import torch.fx
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import BufferSpec, ComputeNode, Expr, ExternNode, GraphIR, TensorValue
+from fuselens.compiler.lowering.registry import LOWERINGS, NotLowered
 
 # dtypes the code generators handle; anything else runs through ATen.
 LOWERED_DTYPES = {
@@ -31,10 +32,6 @@ LOWERED_DTYPES = {
     torch.uint8,
     torch.bool,
 }
-
-
-class NotLowered(Exception):
-    """Raised by a lowering that cannot handle this call; the node falls back to ATen."""
 
 
 def _is_tensor(v: Any) -> bool:
@@ -55,7 +52,7 @@ class Lowerer:
         self.current: Optional[torch.fx.Node] = None
         self._counter = 0
 
-    # -- helpers used by lowering_ops ------------------------------------
+    # -- helpers used by the op tables ------------------------------------
     def out_meta(self) -> Any:
         return _meta(self.current)
 
@@ -121,8 +118,6 @@ class Lowerer:
 
     # -- the walk ----------------------------------------------------------
     def lower(self) -> GraphIR:
-        from fuselens.compiler.lowering_ops import LOWERINGS
-
         g = self.graph
         input_index = 0
         for node in self.gm.graph.nodes:
@@ -270,7 +265,7 @@ class Lowerer:
         return out
 
     def extern(self, reason: str) -> Any:
-        """Used by lowering_ops for library calls (mm, conv, sdpa)."""
+        """Used by the op tables for library calls (mm, conv, sdpa)."""
         self._extern(self.current, "extern", reason)
         return self.graph.values[self.current.name]
 
@@ -286,10 +281,3 @@ def _scalar_expr(v: Any) -> Any:
         return sympy.sympify(v.node.expr)
     return v
 
-
-def lower(gm: torch.fx.GraphModule, options: Any) -> tuple[GraphIR, Any]:
-    """Lower a graph; returns the IR and the FX output structure."""
-    low = Lowerer(gm, options)
-    g = low.lower()
-    g.outputs = low.outputs  # type: ignore[attr-defined]
-    return g, low.outputs

@@ -1,7 +1,7 @@
 """Triton compiles in worker processes, in the background.
 
 Triton's compile of a kernel (Python front end, MLIR, LLVM, ptxas) holds the GIL
-for most of its work, so the precompile threads of `triton_runtime.precompile`
+for most of its work, so the precompile threads of `triton_precompile.precompile`
 overlapped little: a GPT-2 block's three kernels took 0.274 s one after another and
 0.230 s in threads on the H200. Here each kernel goes to its own process
 (`compile_worker.py`), and the parent does not wait at all until a kernel's first
@@ -47,7 +47,7 @@ def auto_workers() -> int:
     return min(4, (os.cpu_count() or 1) // 4)
 
 
-WORKER_ARGV = [sys.executable, "-m", "fuselens.compiler.compile_worker"]
+WORKER_ARGV = [sys.executable, "-m", "fuselens.compiler.runtime.compile_worker"]
 
 
 class _Worker:
@@ -163,7 +163,7 @@ def get_pool(workers: int) -> Optional[CompilePool]:
         if _pool is None:
             from triton.runtime import driver
 
-            from fuselens.compiler.compile_worker import target_arg
+            from fuselens.compiler.runtime.compile_worker import target_arg
 
             _pool = CompilePool(workers, WORKER_ARGV + ["--target", target_arg(driver.active.get_current_target())])
             atexit.register(_pool.close)

@@ -126,15 +126,11 @@ class GraphRunner:
                  symeval: Callable[[dict], list], outputs: Any, reusable: set[str], timing: Optional[dict] = None,
                  constants: Optional[dict] = None) -> None:
         self.constants = dict(constants or {})
-        self.plan = plan
-        self.input_names = input_names
-        self.symbol_sources = symbol_sources
-        self.symeval = symeval
-        self.outputs = outputs
-        self.reusable = reusable
+        self.plan, self.input_names, self.outputs, self.reusable = plan, input_names, outputs, reusable
+        self.symbol_sources, self.symeval = symbol_sources, symeval
         self.timing = timing  # kernel name -> KernelStats when timing is on
         self.timing_lock = threading.Lock()
-        self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_runtime.finalize)
+        self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_module.finalize)
         # static shapes: the size/stride slots never change, evaluate them once
         self._static_slots: Optional[list] = None if symbol_sources else (symeval({}) if symeval else [])
 
@@ -143,6 +139,25 @@ class GraphRunner:
         env.update(self.constants)
         if isinstance(args, list):
             args.clear()  # boxed convention: let inputs die as soon as we are done with them
+        syms = self._symbol_values(env)
+        slots = self._static_slots
+        if slots is None:
+            slots = self.symeval(syms) if self.symeval else []
+        pool: dict[tuple, list[torch.Tensor]] = {}
+        for step in self.plan:
+            if isinstance(step, KernelCall):
+                self._run_kernel(step, env, syms, slots, pool)
+            elif isinstance(step, ExternCall):
+                self._run_extern(step, env, slots)
+            else:
+                for n in step.names:
+                    t = env.pop(n, None)
+                    if n in self.reusable and t is not None:
+                        pool_put(pool, t)
+        return [_resolve(o, env, slots) for o in self.outputs]
+
+    def _symbol_values(self, env: dict[str, Any]) -> dict[str, int]:
+        """Each size symbol's value, read off the input it came from."""
         syms = {}
         for name, src in self.symbol_sources.items():
             kind = src[0]
@@ -152,53 +167,46 @@ class GraphRunner:
                 syms[name] = int(env[src[1]].shape[src[2]])
             else:
                 syms[name] = int(env[src[1]].stride(src[2]))
-        slots = self._static_slots
-        if slots is None:
-            slots = self.symeval(syms) if self.symeval else []
-        pool: dict[tuple, list[torch.Tensor]] = {}
-        for step in self.plan:
-            if isinstance(step, KernelCall):
-                for name, sz, st, dtype in step.alloc:
-                    src = step.reuse.get(name) if step.reuse else None
-                    if src is not None:  # in place: the input dies here (plan.py checked it)
-                        env[name] = env[src]
-                    else:
-                        env[name] = _alloc(pool, slots[sz], slots[st], dtype, self.device)
-                if step.takes_tensors or getattr(step.fn, "takes_tensors", False):  # Triton launchers take tensors
-                    ptrs = [env[b] for b in step.buffers]
-                else:
-                    ptrs = [env[b].data_ptr() for b in step.buffers]
-                sargs = [syms[s] for s in step.symbols]
-                if self.timing is not None:
-                    t0 = time.perf_counter()
-                    step.fn(*ptrs, *sargs)
-                    self.record_time(step.name, time.perf_counter() - t0)
-                else:
-                    step.fn(*ptrs, *sargs)
-            elif isinstance(step, ExternCall):
-                a = _resolve(step.args, env, slots)
-                k = _resolve(step.kwargs, env, slots)
-                if self.timing is not None and step.timed is not None:
-                    t0 = time.perf_counter()
-                    out = step.target(*a, **k)
-                    self.record_time(step.timed, time.perf_counter() - t0)
-                else:
-                    out = step.target(*a, **k)
-                if isinstance(step.outputs, list):
-                    for n, v in zip(step.outputs, out):
-                        if n is not None:
-                            env[n] = v
-                else:
-                    env[step.outputs] = out
-                for n, dt in step.dtypes.items():
-                    if env[n].dtype != dt:
-                        env[n] = env[n].to(dt)
+        return syms
+
+    def _run_kernel(self, step: "KernelCall", env: dict[str, Any], syms: dict[str, int], slots: list,
+                    pool: dict[tuple, list[torch.Tensor]]) -> None:
+        for name, sz, st, dtype in step.alloc:
+            src = step.reuse.get(name) if step.reuse else None
+            if src is not None:  # in place: the input dies here (plan.py checked it)
+                env[name] = env[src]
             else:
-                for n in step.names:
-                    t = env.pop(n, None)
-                    if n in self.reusable and t is not None:
-                        pool_put(pool, t)
-        return [_resolve(o, env, slots) for o in self.outputs]
+                env[name] = _alloc(pool, slots[sz], slots[st], dtype, self.device)
+        if step.takes_tensors or getattr(step.fn, "takes_tensors", False):  # Triton launchers take tensors
+            ptrs = [env[b] for b in step.buffers]
+        else:
+            ptrs = [env[b].data_ptr() for b in step.buffers]
+        sargs = [syms[s] for s in step.symbols]
+        if self.timing is not None:
+            t0 = time.perf_counter()
+            step.fn(*ptrs, *sargs)
+            self.record_time(step.name, time.perf_counter() - t0)
+        else:
+            step.fn(*ptrs, *sargs)
+
+    def _run_extern(self, step: "ExternCall", env: dict[str, Any], slots: list) -> None:
+        a = _resolve(step.args, env, slots)
+        k = _resolve(step.kwargs, env, slots)
+        if self.timing is not None and step.timed is not None:
+            t0 = time.perf_counter()
+            out = step.target(*a, **k)
+            self.record_time(step.timed, time.perf_counter() - t0)
+        else:
+            out = step.target(*a, **k)
+        if isinstance(step.outputs, list):
+            for n, v in zip(step.outputs, out):
+                if n is not None:
+                    env[n] = v
+        else:
+            env[step.outputs] = out
+        for n, dt in step.dtypes.items():
+            if env[n].dtype != dt:
+                env[n] = env[n].to(dt)
 
     def record_time(self, kernel: str, seconds: float) -> None:
         """One timed call of a kernel (option time_kernels), from any thread."""

@@ -13,7 +13,7 @@ import torch.fx
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue
-from fuselens.compiler.runtime import ExternCall, Free, GraphRunner, KernelCall, KernelStats, SymEval
+from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, KernelStats, SymEval
 from fuselens.compiler.scheduler import KernelGroup, Schedule
 
 

@@ -1,6 +1,6 @@
 """Straight-line Python for a compiled graph (the host path), both targets.
 
-`GraphRunner` (runtime.py) interprets the plan: a dict of buffers, an
+`GraphRunner` (interpreter.py) interprets the plan: a dict of buffers, an
 `isinstance` chain and `_resolve` over nested argument trees for every step of
 every call. On the GPU that host work, not the kernels, bounded the models
 (GPT-2 and ResNet blocks ran at ~1.5-2.4x their CUDA-graph replay time); on the
@@ -12,10 +12,10 @@ function: buffers are locals, sizes of static graphs are literals, externs are
 direct calls with their arguments already spelled out, every buffer is `del`eted
 at its last use (the CUDA caching allocator hands the block to the next
 allocation of that size), and each Triton kernel is called through
-`Launcher.fast_launcher` (triton_runtime.py), which calls the compiled kernel's
+`Launcher.fast_launcher` (triton_launcher.py), which calls the compiled kernel's
 launcher directly. On the CPU a dead buffer instead waits in a local for the
 next allocation of its byte size, which takes it over with `as_strided`: the
-reuse runtime.py's pool does by hand for malloc (large blocks go back to the
+reuse interpreter.py's pool does by hand for malloc (large blocks go back to the
 OS, and a fresh one costs a page fault per 4 KiB), resolved here while printing
 when the sizes are static. C++ kernels get data pointers.
 
@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import torch
 
-from fuselens.compiler.runtime import ExternCall, Free, KernelCall, alloc_nbytes, pool_put
+from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall, alloc_nbytes, pool_put
 
 _ids = iter(range(1 << 62))
 
@@ -142,14 +142,38 @@ class _Printer:
 
     def build(self, fast: bool) -> str:
         r = self.r
-        ins = [self.local(n) for n in r.input_names]
+        self._bind_inputs()
+        syms = self._bind_symbols()
+        head = len(self.lines)  # what runs under the device guard starts here
+        idx = self._runtime_helpers(fast)
+        for step in r.plan:
+            if isinstance(step, KernelCall):
+                self.kernel(step, syms, fast)
+            elif isinstance(step, ExternCall):
+                self.extern(step)
+            elif isinstance(step, Free):
+                self.free(step)
+            else:
+                raise NotImplementedError(type(step).__name__)
+        self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
+        if self.device_guard:
+            body = self.lines[head:]
+            self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
+        return "def call(args):\n" + "\n".join(self.lines) + "\n"
+
+    def _bind_inputs(self) -> None:
+        ins = [self.local(n) for n in self.r.input_names]
         if ins:
             self.emit(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
         self.emit("args.clear()")  # boxed convention: the caller's list no longer pins the inputs
-        for name, value in r.constants.items():
+        for name, value in self.r.constants.items():
             self.emit(f"{self.local(name)} = {self.glob(value, 'k')}")
+
+    def _bind_symbols(self) -> dict[str, str]:
+        """Size symbols read off the inputs, and the size/stride slots computed from them;
+        returns each symbol's local variable."""
         syms: dict[str, str] = {}
-        for name, src in r.symbol_sources.items():
+        for name, src in self.r.symbol_sources.items():
             var = syms[name] = "s_" + re.sub(r"\W", "_", name)
             if src[0] == "arg":
                 self.emit(f"{var} = int({self.names[src[1]]})")
@@ -158,15 +182,19 @@ class _Printer:
             else:
                 self.emit(f"{var} = int({self.names[src[1]]}.stride({int(src[2])}))")
         if self.static is None:
-            self.ns["_symeval"] = r.symeval
+            self.ns["_symeval"] = self.r.symeval
             self.emit("slots = _symeval({" + ", ".join(f"{n!r}: {v}" for n, v in syms.items()) + "})")
+        return syms
+
+    def _runtime_helpers(self, fast: bool) -> int:
+        """The globals the body calls (allocation, stream, pool, timing); returns the device index."""
+        r = self.r
         dev = r.device
         self.ns["_empty"] = torch.empty_strided
         reinterpret = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None)
         if reinterpret is not None:
             self.ns["_reinterpret"] = reinterpret
         self.ns["_dev"] = dev
-        head = len(self.lines)
         guard = getattr(torch.cuda, "_DeviceGuard", None)
         helpers = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
         on_cuda = dev is not None and dev.type == "cuda"
@@ -188,7 +216,7 @@ class _Printer:
             self.emit("stream = None")
         self.host_pool = not on_cuda
         if self.host_pool and self.static is None:
-            from fuselens.compiler.runtime import _alloc
+            from fuselens.compiler.runtime.interpreter import _alloc
 
             self.ns["_alloc"] = _alloc
             self.ns["_pool_put"] = pool_put
@@ -201,33 +229,24 @@ class _Printer:
         if on_cuda and self.empty_fast:
             self.ns["_guard"] = guard
             self.device_guard = True
-        for step in r.plan:
-            if isinstance(step, KernelCall):
-                self.kernel(step, syms, fast)
-            elif isinstance(step, ExternCall):
-                self.extern(step)
-            elif isinstance(step, Free):
-                dead = []
-                for n in step.names:
-                    var = self.names.pop(n, None)
-                    if var is None:
-                        continue
-                    if self.host_pool and n in r.reusable:
-                        if self.static is None:
-                            self.emit(f"_pool_put(pool, {var})")
-                        elif var in self.nbytes:
-                            self.pool.setdefault(self.nbytes[var], []).append(var)
-                            continue  # stays alive in its local until an allocation takes it over
-                    dead.append(var)
-                if dead:
-                    self.emit(f"del {', '.join(dead)}")
-            else:
-                raise NotImplementedError(type(step).__name__)
-        self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
-        if self.device_guard:
-            body = self.lines[head:]
-            self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
-        return "def call(args):\n" + "\n".join(self.lines) + "\n"
+        return idx
+
+    def free(self, step: Free) -> None:
+        """Buffers dead after this point: deleted, or kept for a later allocation of their size."""
+        dead = []
+        for n in step.names:
+            var = self.names.pop(n, None)
+            if var is None:
+                continue
+            if self.host_pool and n in self.r.reusable:
+                if self.static is None:
+                    self.emit(f"_pool_put(pool, {var})")
+                elif var in self.nbytes:
+                    self.pool.setdefault(self.nbytes[var], []).append(var)
+                    continue  # stays alive in its local until an allocation takes it over
+            dead.append(var)
+        if dead:
+            self.emit(f"del {', '.join(dead)}")
 
     def kernel(self, step: KernelCall, syms: dict[str, str], fast: bool) -> None:
         la = step.fn

@@ -1,4 +1,4 @@
-"""One Triton compile process of `compile_pool.py` (`python -m fuselens.compiler.compile_worker`).
+"""One Triton compile process of `compile_pool.py` (`python -m fuselens.compiler.runtime.compile_worker`).
 
 Reads one JSON job a line on stdin: a generated module's path, a kernel's name and
 the specialization Triton serialized for it in the parent (`JITFunction.preload`'s
@@ -99,7 +99,7 @@ def _warm() -> None:
     from triton.runtime import driver
 
     from fuselens.compiler.codegen.triton_prelude import prelude_header, prelude_text, warm_prelude
-    from fuselens.compiler.launch_config import target_options
+    from fuselens.compiler.runtime.launch_config import target_options
 
     driver.active.get_current_target()
     warm_prelude()

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from fuselens.compiler.atomic_file import write_atomically
+from fuselens.compiler.runtime.atomic_file import write_atomically
 
 # Triton signature type -> the launcher's one-character code (torch's own table)
 _TYPES = {

@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from fuselens.compiler.atomic_file import write_atomically
+from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.private_dirs import cache_root, check_private_file, private_dir
 
 _loaded: dict[str, ctypes.CDLL] = {}

@@ -1,11 +1,6 @@
-"""The lowering table: one function per ATen/prims op we generate code for.
-
-Each lowering gets the `Lowerer` (for the output's fake tensor and to register
-compute nodes) and the call's arguments with FX nodes replaced by lowered values
-(`TensorValue`, a sympy expression for SymInts, or plain Python values). It
-returns the lowered value(s) or raises `NotLowered(reason)`, in which case the
-op runs through ATen.
-"""
+"""Pointwise lowerings (unary and binary math, comparisons, where, casts, fills,
+iota/arange) and the broadcasting and type-promotion helpers the other op tables
+share. The contract of a lowering is in registry.py."""
 
 from __future__ import annotations
 
@@ -14,42 +9,14 @@ from typing import Any, Callable, Optional, Sequence
 import sympy
 import torch
 
-from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, TensorValue
-from fuselens.compiler.lowering import Lowerer, NotLowered
+from fuselens.compiler.lowering.lowerer import Lowerer
+from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, prims, register
 
 try:
     from torch.utils._sympy.functions import ToFloat as _ToFloat
 except ImportError:  # pragma: no cover - torch without SymFloat printing functions
     _ToFloat = None
-
-aten = torch.ops.aten
-prims = torch.ops.prims
-LOWERINGS: dict[Any, Callable[..., Any]] = {}
-
-
-def register(*ops: Any) -> Callable:
-    def deco(fn: Callable) -> Callable:
-        for op in ops:
-            if op is None:
-                continue
-            if isinstance(op, torch._ops.OpOverloadPacket):
-                for name in op.overloads():
-                    LOWERINGS.setdefault(getattr(op, name), fn)
-            else:
-                LOWERINGS[op] = fn
-        return fn
-
-    return deco
-
-
-def _ov(packet: Any, *names: str) -> list[Any]:
-    """The named overloads of an op that exist in this torch version."""
-    return [getattr(packet, n) for n in names if hasattr(packet, n)]
-
-
-def _out_size(ctx: Lowerer) -> list[Expr]:
-    return [ir.sympify_size(s) for s in ctx.out_meta().shape]
 
 
 def broadcast(tv: TensorValue, size: Sequence[Expr]) -> Callable[[Any, Sequence[Expr]], Any]:
@@ -103,7 +70,7 @@ def pointwise(
     Operands are converted to `compute_dtype` (default: the output dtype); the result
     (of `result_dtype`, default compute_dtype) is converted to the output dtype."""
     meta = ctx.out_meta()
-    size = _out_size(ctx)
+    size = out_size(ctx)
     out_dtype = meta.dtype
     cd = compute_dtype or out_dtype
     rd = result_dtype or cd
@@ -132,7 +99,7 @@ for _aten_name, _op in _UNARY.items():
             return pointwise(ctx, [x], lambda ops, a: getattr(ops, op)(a))
         return lower_unary
     if hasattr(aten, _aten_name):
-        register(*_ov(getattr(aten, _aten_name), "default"))(_make(_op))
+        register(*overloads(getattr(aten, _aten_name), "default"))(_make(_op))
 register(aten.round.default)(lambda ctx, x: pointwise(ctx, [x], lambda ops, a: ops.round(a)))
 
 for _aten_name, _op in {"isnan": "isnan", "isinf": "isinf", "signbit": "signbit", "logical_not": "logical_not"}.items():
@@ -141,7 +108,7 @@ for _aten_name, _op in {"isnan": "isnan", "isinf": "isinf", "signbit": "signbit"
             cd = torch.bool if op == "logical_not" else x.dtype
             return pointwise(ctx, [x], lambda ops, a: getattr(ops, op)(a), compute_dtype=cd, result_dtype=torch.bool)
         return lower_pred
-    register(*_ov(getattr(aten, _aten_name), "default"))(_make_pred(_op))
+    register(*overloads(getattr(aten, _aten_name), "default"))(_make_pred(_op))
 
 
 # -- binary ----------------------------------------------------------------
@@ -162,10 +129,10 @@ for _names, _op in [
     (("bitwise_left_shift", "__lshift__"), "lshift"), (("bitwise_right_shift", "__rshift__"), "rshift"),
 ]:
     for _n in _names:
-        register(*_ov(getattr(aten, _n), "default", "Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"))(_binary(_op))
+        register(*overloads(getattr(aten, _n), "default", "Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"))(_binary(_op))
 
 
-@register(*_ov(aten.pow, "Tensor_Tensor", "Tensor_Scalar", "Scalar"))
+@register(*overloads(aten.pow, "Tensor_Tensor", "Tensor_Scalar", "Scalar"))
 def lower_pow(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     if isinstance(b, (int, float)) and not isinstance(b, bool):
         if b == 2:
@@ -177,18 +144,18 @@ def lower_pow(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     return pointwise(ctx, [a, b], lambda ops, x, y: ops.pow(x, y))
 
 
-@register(*_ov(aten.div, "Tensor", "Scalar"))
+@register(*overloads(aten.div, "Tensor", "Scalar"))
 def lower_div(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     return pointwise(ctx, [a, b], lambda ops, x, y: ops.truediv(x, y))
 
 
-@register(*_ov(aten.div, "Tensor_mode", "Scalar_mode"))
+@register(*overloads(aten.div, "Tensor_mode", "Scalar_mode"))
 def lower_div_mode(ctx: Lowerer, a: Any, b: Any, rounding_mode: Optional[str] = None) -> TensorValue:
     op = {None: "truediv", "floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
     return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y))
 
 
-@register(*_ov(aten.floor_divide, "default", "Scalar"))
+@register(*overloads(aten.floor_divide, "default", "Scalar"))
 def lower_floor_divide(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     return pointwise(ctx, [a, b], lambda ops, x, y: ops.floordiv(x, y))
 
@@ -201,7 +168,7 @@ def _compare(op: str) -> Callable:
 
 
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
-    register(*_ov(getattr(aten, _op), "Tensor", "Scalar"))(_compare(_op))
+    register(*overloads(getattr(aten, _op), "Tensor", "Scalar"))(_compare(_op))
 
 for _op in ("logical_and", "logical_or", "logical_xor"):
     def _make_logical(op: str) -> Callable:
@@ -209,7 +176,7 @@ for _op in ("logical_and", "logical_or", "logical_xor"):
             return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y),
                              compute_dtype=torch.bool, result_dtype=torch.bool)
         return lower_logical
-    register(*_ov(getattr(aten, _op), "default"))(_make_logical(_op))
+    register(*overloads(getattr(aten, _op), "default"))(_make_logical(_op))
 
 
 def lower_nextafter(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
@@ -220,7 +187,7 @@ def lower_nextafter(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     return pointwise(ctx, [a, b], lambda ops, x, y: ops.nextafter(x, y))
 
 
-register(*_ov(aten.nextafter, "default"))(lower_nextafter)
+register(*overloads(aten.nextafter, "default"))(lower_nextafter)
 # prims twins of the ATen pointwise ops (decompositions emit some of them)
 for _name in ("add", "sub", "mul", "maximum", "minimum", "atan2", "fmod", "remainder", "bitwise_and",
               "bitwise_or", "bitwise_xor", "hypot", "nextafter", "copysign", "fmax", "fmin"):
@@ -242,9 +209,9 @@ def lower_prims_div(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     return pointwise(ctx, [a, b], lambda ops, x, y: getattr(ops, op)(x, y))
 
 
-@register(*_ov(aten.where, "self", "ScalarSelf", "ScalarOther", "Scalar"))
+@register(*overloads(aten.where, "self", "ScalarSelf", "ScalarOther", "Scalar"))
 def lower_where(ctx: Lowerer, cond: Any, a: Any, b: Any) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
     out_dtype = ctx.out_meta().dtype
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
@@ -254,9 +221,9 @@ def lower_where(ctx: Lowerer, cond: Any, a: Any, b: Any) -> TensorValue:
     return ctx.add_compute(body, size, out_dtype, stride=ctx.out_stride(size))
 
 
-@register(*_ov(aten.masked_fill, "Scalar", "Tensor"))
+@register(*overloads(aten.masked_fill, "Scalar", "Tensor"))
 def lower_masked_fill(ctx: Lowerer, x: Any, mask: Any, value: Any) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
     dt = ctx.out_meta().dtype
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
@@ -266,11 +233,11 @@ def lower_masked_fill(ctx: Lowerer, x: Any, mask: Any, value: Any) -> TensorValu
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
 
-@register(*_ov(aten.clamp, "default", "Tensor"), *_ov(aten.clamp_min, "default", "Tensor"),
-          *_ov(aten.clamp_max, "default", "Tensor"))
+@register(*overloads(aten.clamp, "default", "Tensor"), *overloads(aten.clamp_min, "default", "Tensor"),
+          *overloads(aten.clamp_max, "default", "Tensor"))
 def lower_clamp(ctx: Lowerer, x: Any, lo: Any = None, hi: Any = None) -> TensorValue:
     target = ctx.current.target
-    if target in _ov(aten.clamp_max, "default", "Tensor"):
+    if target in overloads(aten.clamp_max, "default", "Tensor"):
         lo, hi = None, lo
     bounds = [v for v in (lo, hi) if v is not None]
 
@@ -303,7 +270,7 @@ def lower_to_copy(ctx: Lowerer, x: Any, **kw: Any) -> TensorValue:
     return _identity_pw(ctx, x)
 
 
-register(aten.clone.default, *_ov(aten, "lift_fresh_copy"))(lambda ctx, x, **kw: _identity_pw(ctx, x))
+register(aten.clone.default, *overloads(aten, "lift_fresh_copy"))(lambda ctx, x, **kw: _identity_pw(ctx, x))
 register(prims.convert_element_type.default)(lambda ctx, x, dtype: _identity_pw(ctx, x))
 
 
@@ -337,19 +304,19 @@ def _fill(ctx: Lowerer, value: Any) -> TensorValue:
     return pointwise(ctx, [value], lambda ops, v: v)
 
 
-register(*_ov(aten.full, "default"))(lambda ctx, size, value, **kw: _fill(ctx, value))
-register(*_ov(aten.full_like, "default"))(lambda ctx, x, value, **kw: _fill(ctx, value))
-register(*_ov(aten.zeros_like, "default"))(lambda ctx, x, **kw: _fill(ctx, 0))
-register(*_ov(aten.ones_like, "default"))(lambda ctx, x, **kw: _fill(ctx, 1))
-register(*_ov(aten.scalar_tensor, "default"))(lambda ctx, value, **kw: _fill(ctx, value))
-register(*_ov(aten.fill, "Scalar"))(lambda ctx, x, value: _fill(ctx, value))
-register(*_ov(aten.zeros, "default"))(lambda ctx, size, **kw: _fill(ctx, 0))
-register(*_ov(aten.ones, "default"))(lambda ctx, size, **kw: _fill(ctx, 1))
+register(*overloads(aten.full, "default"))(lambda ctx, size, value, **kw: _fill(ctx, value))
+register(*overloads(aten.full_like, "default"))(lambda ctx, x, value, **kw: _fill(ctx, value))
+register(*overloads(aten.zeros_like, "default"))(lambda ctx, x, **kw: _fill(ctx, 0))
+register(*overloads(aten.ones_like, "default"))(lambda ctx, x, **kw: _fill(ctx, 1))
+register(*overloads(aten.scalar_tensor, "default"))(lambda ctx, value, **kw: _fill(ctx, value))
+register(*overloads(aten.fill, "Scalar"))(lambda ctx, x, value: _fill(ctx, value))
+register(*overloads(aten.zeros, "default"))(lambda ctx, size, **kw: _fill(ctx, 0))
+register(*overloads(aten.ones, "default"))(lambda ctx, size, **kw: _fill(ctx, 1))
 
 
 @register(prims.iota.default)
 def lower_iota(ctx: Lowerer, length: Any, *, start: Any, step: Any, dtype: Any, device: Any, requires_grad: bool) -> TensorValue:
-    size = _out_size(ctx)
+    size = out_size(ctx)
     dt = ctx.out_meta().dtype
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
@@ -358,14 +325,14 @@ def lower_iota(ctx: Lowerer, length: Any, *, start: Any, step: Any, dtype: Any, 
     return ctx.add_compute(body, size, dt)
 
 
-@register(*_ov(aten.arange, "start_step"))
+@register(*overloads(aten.arange, "start_step"))
 def lower_arange(ctx: Lowerer, start: Any, end: Any, step: Any = 1, **kw: Any) -> TensorValue:
     """start + i * step. Floating results are computed in double and rounded once, as
     ATen's scalar arange does (its vectorized path adds the lanes of each vector in the
     output type, so eager's own values can sit an ulp away from these)."""
     if any(isinstance(v, TensorValue) for v in (start, end, step)):
         raise NotLowered("arange with tensor bounds")
-    size = _out_size(ctx)
+    size = out_size(ctx)
     dt = ctx.out_meta().dtype
     if not dt.is_floating_point:
         if not all(isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool) for v in (start, step)):
@@ -379,6 +346,3 @@ def lower_arange(ctx: Lowerer, start: Any, end: Any, step: Any = 1, **kw: Any) -
         return ops.to_dtype(v, dt)
 
     return ctx.add_compute(body, size, dt)
-
-from fuselens.compiler import lowering_views as _views  # noqa: E402,F401  (registers views)
-from fuselens.compiler import lowering_reductions as _reductions  # noqa: E402,F401

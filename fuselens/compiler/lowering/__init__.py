@@ -1,0 +1,28 @@
+"""Lowering: an ATen/prims FX graph (after AOTAutograd) to the loop IR (ir.py).
+
+    registry.py    the table of lowerings, `@register`, `NotLowered`
+    lowerer.py     the walk over the FX graph: lowered ops, library calls, ATen fallbacks
+    pointwise.py   pointwise ops; broadcasting and type promotion shared by the tables
+    reductions.py  reductions (sum, mean, var, ...) and the library calls kept whole
+    views.py       views and data movement as index maps (permute, view, cat, pad, ...)
+
+`lower` imports the op tables, which register themselves into the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.fx
+
+from fuselens.compiler.ir import GraphIR
+from fuselens.compiler.lowering import pointwise, reductions, views  # noqa: F401  (fill the table)
+from fuselens.compiler.lowering.lowerer import Lowerer
+
+
+def lower(gm: torch.fx.GraphModule, options: Any) -> tuple[GraphIR, Any]:
+    """Lower a graph; returns the IR and the FX output structure."""
+    low = Lowerer(gm, options)
+    g = low.lower()
+    g.outputs = low.outputs  # type: ignore[attr-defined]
+    return g, low.outputs

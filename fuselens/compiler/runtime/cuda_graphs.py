@@ -1,0 +1,142 @@
+"""CUDA graphs for compiled Triton graphs (option `cuda_graphs`, CUDA only).
+
+The first call per input signature runs normally (compiling and tuning kernels)
+and captures one CUDA graph; later calls copy the inputs into the graph's static
+buffers and replay it. The copies are a kernel of their own in the report
+(`cudagraph_input_copies`); parameters are not copied (their address is stable;
+a moved parameter re-captures). Outputs live in the graph's memory pool and are
+overwritten by the next replay, as with Inductor's CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from fuselens.compiler.runtime.triton_timing import ExtraTimer, register_extra_timer, timing_lock
+
+
+class CudaGraphRunner:
+    """Replays a captured CUDA graph of a compiled graph ."""
+
+    _boxed_call = True
+
+    def __init__(self, runner: Any, graph_id: str, timing: bool, static_inputs: Optional[set[int]] = None,
+                 mutated_inputs: Sequence[int] = ()) -> None:
+        self.runner = runner
+        # inputs the graph overwrites: a copied one is copied back after each replay, and a
+        # static one must not be overwritten by the warm-up before capture as well
+        self.mutated_inputs = list(mutated_inputs)
+        self.graph_id = graph_id
+        # replayed in place, like Parameters; a moved one is captured again (see __call__)
+        self.static_inputs = set(static_inputs or ())
+        self.timing = None  # the runtime's host-clock stats: not used on this path
+        self.graphs: dict[tuple, Any] = {}
+        self.copy_timer = register_extra_timer(graph_id, "cudagraph_input_copies") if timing else None
+        self.replay_timer = register_extra_timer(graph_id, "cudagraph_replay") if timing else None
+        self.reported = False
+
+    @staticmethod
+    def _key(args: Sequence[Any]) -> tuple:
+        return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("v", a)
+                     for a in args)
+
+    def __call__(self, args: list) -> Any:
+        key = self._key(args)
+        ent = self.graphs.get(key)
+        if ent is not None:
+            static, params, graph, outs = ent
+            if any(args[i].data_ptr() != static[i].data_ptr() for i in params):
+                ent = None  # a parameter moved: capture again
+        if ent is None:
+            inputs = list(args)
+            out = self.runner(list(args))  # warm-up: compiles and tunes kernels outside the capture
+            args.clear()
+            torch.cuda.synchronize()
+            self.graphs[key] = self._capture(inputs)
+            return out
+        static, params, graph, outs = ent
+        t0 = self._start(self.copy_timer)
+        for i, (s, a) in enumerate(zip(static, args)):
+            if isinstance(a, torch.Tensor) and i not in params:
+                s.copy_(a)
+        self._stop(self.copy_timer, t0)
+        back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
+        args.clear()
+        t1 = self._start(self.replay_timer)
+        graph.replay()
+        self._stop(self.replay_timer, t1)
+        for a, s in back:
+            a.copy_(s)
+        return list(outs)
+
+    def _capture(self, inputs: list) -> tuple:
+        static, params = [], set()
+        nbytes = 0
+        for i, a in enumerate(inputs):
+            if isinstance(a, torch.nn.Parameter) or (i in self.static_inputs and isinstance(a, torch.Tensor)):
+                static.append(a)
+                params.add(i)
+            elif isinstance(a, torch.Tensor):
+                s = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                s.copy_(a)
+                static.append(s)
+                nbytes += a.untyped_storage().nbytes()
+            else:
+                static.append(a)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        kept = [(static[i], static[i].clone()) for i in self.mutated_inputs if i in params]
+        with torch.cuda.stream(side):  # one more warm-up on the capture stream (allocator state)
+            self.runner(list(static))
+            for t, before in kept:  # this call already applied its update; the warm-up's is undone
+                t.copy_(before)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            outs = self.runner(list(static))
+        if not self.reported:
+            self._report(len(inputs) - len(params), nbytes)
+        return static, params, graph, outs
+
+    def _report(self, n: int, nbytes: int) -> None:
+        from fuselens import sink
+        from fuselens.events import Kernel
+
+        self.reported = True
+        sink.emit(Kernel(name="cudagraph_input_copies", kind="extern", graph_id=self.graph_id, ops=["aten.copy_"],
+                         source=f"copy_ of {n} graph inputs ({nbytes} bytes) into the CUDA graph's static buffers "
+                                "before each replay (parameters and buffers are replayed in place)",
+                         language="", bytes_accessed=2 * nbytes, device="cuda"))
+
+    @staticmethod
+    def _start(timer: Optional[ExtraTimer]) -> Any:
+        if timer is None:
+            return None
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    @staticmethod
+    def _stop(timer: Optional[ExtraTimer], start: Any) -> None:
+        if timer is None:
+            return
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        with timing_lock:
+            timer.pending.append((start, e))
+
+
+def static_input_indices() -> set[int]:
+    """Inputs of the graph being compiled that AOTAutograd knows keep their address
+    from call to call: parameters and buffers (a BatchNorm's running statistics are
+    buffers, not Parameters). Empty outside a compile."""
+    try:
+        from torch._guards import TracingContext
+
+        ctx = TracingContext.try_get()
+        meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+        return set(getattr(meta, "static_input_indices", None) or ())
+    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
+        return set()

@@ -1,0 +1,41 @@
+"""The interface of a compile target: everything the driver does differently per target."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch.fx
+
+from fuselens.compiler.codegen import GeneratedLibrary, generate_library
+
+
+class Target:
+    """One code-generation target. The driver runs, in order: `graph_rewrites`,
+    (lowering and scheduling with `kernel_prefix`), `generate`, `build`, the plan,
+    `finalize`."""
+
+    name: str  # the value of option `target`
+    kernel_prefix: str  # kernel names: `<prefix>_<ops>_<n>`
+    build_phase: str  # the PhaseTime phase `build` is reported as
+    host_timing: bool  # whether the plan interpreter times kernels by the host clock (option time_kernels)
+
+    def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
+        """The graph_passes.py rewrites only this target wants (beyond the shared ones)."""
+        return []
+
+    def codegen(self) -> Any:
+        """The code generator module (the interface in codegen/__init__.py)."""
+        raise NotImplementedError
+
+    def generate(self, groups: Sequence[Any], graph: Any, options: Any) -> GeneratedLibrary:
+        """Kernel source for every kernel group of the schedule."""
+        return generate_library(self.codegen(), groups, graph, options)
+
+    def build(self, library: GeneratedLibrary, options: Any, compile_id: str) -> Any:
+        """The compiled library (kernel name -> callable attribute); None when it holds no kernel."""
+        raise NotImplementedError
+
+    def finalize(self, runner: Any, lib: Any, options: Any, graph_id: str,
+                 example_inputs: Sequence[Any]) -> tuple[Callable, list]:
+        """The callable that runs the compiled graph, and extra events about it."""
+        raise NotImplementedError

@@ -1,0 +1,48 @@
+"""The Triton target: kernels of codegen/triton.py in a module imported by
+runtime/triton_module.py, JIT-compiled at first launch (or before, by the
+compile pool). Triton itself is imported only when this target is used."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from fuselens.compiler import graph_passes
+from fuselens.compiler.codegen import GeneratedLibrary
+from fuselens.compiler.targets.base import Target
+
+
+class TritonTarget(Target):
+    name = "triton"
+    kernel_prefix = "triton_fused"
+    build_phase = "triton_compile"
+    host_timing = False  # CUDA events in the launchers instead (runtime/triton_timing.py)
+
+    def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
+        if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+            return []
+        done = graph_passes.pad_unaligned_matmuls(gm)
+        done += graph_passes.index_put_accumulate_as_index_add(gm)
+        if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there
+            done += graph_passes.channels_last_convolutions(gm)
+        return done
+
+    def codegen(self) -> Any:
+        from fuselens.compiler.codegen import triton
+
+        return triton
+
+    def build(self, library: GeneratedLibrary, options: Any, compile_id: str) -> Any:
+        from fuselens.compiler.runtime.triton_module import build_module
+
+        return build_module(list(library.kernels.values()), library.source, options, compile_id) \
+            if not library.empty else None
+
+    def finalize(self, runner: Any, lib: Any, options: Any, graph_id: str,
+                 example_inputs: Sequence[Any]) -> tuple[Callable, list]:
+        """Device allocation, CUDA-event timing, the generated wrapper and the optional CUDA graph."""
+        from fuselens.compiler.runtime.triton_module import finalize
+
+        return finalize(runner, lib, options, graph_id, example_inputs)
