@@ -27,3 +27,24 @@ def test_same_device_to_copy_is_a_conversion_fused_into_a_kernel_not_an_aten_fal
     assert not [e.message for e in events if isinstance(e, ErrorEntry) and "another device" in e.message]
     assert [k.kind for k in events if isinstance(k, Kernel)] and all(
         k.kind == "triton" for k in events if isinstance(k, Kernel)), [k.kind for k in events if isinstance(k, Kernel)]
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["launches", "cuda-graphs"])
+def test_batchnorm_and_optimizer_input_mutations_on_cuda_match_eager(cuda_graphs):
+    """Kernels store BatchNorm's running stats and SGD's parameters and momentum straight
+    into the inputs; under CUDA graphs a static input is updated once a call (not again
+    by the warm-up before capture) and a copied one is copied back after each replay."""
+    import sys
+    from pathlib import Path
+
+    fuselens.compiler.register()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_input_mutations import _functions, _sgd_momentum, _train_bn
+
+    opts = {"fallback_on_error": False, "cuda_graphs": cuda_graphs}
+    with torch.device("cuda"):
+        torch._dynamo.reset()
+        assert _train_bn(opts) == []
+        assert _functions(opts) == []
+        torch._dynamo.reset()
+        assert _sgd_momentum(opts) == []

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 import sympy
 import torch
 
+from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, TensorValue
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, prims, register
