@@ -97,6 +97,7 @@ def anatomy(step: Callable[[], Any], steps: int = 5) -> dict:
         "gpu_busy": _union_us(gpu) / window_us,
         "runtime_calls_ms": per_step(runtime),
         "copies": per_step(copies),
+        "kernels_by_count": per_step({k[:100]: v for k, v in kernels.items()}, 40),
         "aten_ops": per_step(aten, 40),
     }
 
