@@ -27,6 +27,7 @@ The package reads top to bottom as the pipeline:
         cuda_graphs.py      capture and replay of a compiled graph as a CUDA graph
         triton_precompile.py, compile_pool.py, compile_worker.py  compiles before the first launch
         atomic_file.py      cache files written whole (readers never see part of one)
+        (kernel times: one KernelTimer per graph, made in entry.py; fuselens/kernel_timing.py)
     explain.py     events for `fuselens report`
 
 Importing this package (or `fuselens.compiler.options`) does not import torch and
