@@ -141,3 +141,35 @@ def test_a_rerun_in_the_same_worker_collects_from_its_own_graphs_only():
         assert "timers 1" in report.run.stdout_tail  # the registry did not grow with the re-run
         calls = {k.name: k.calls for k in report.kernels if k.kind == "cpp"}
         assert calls and set(calls.values()) == {3}, calls  # not doubled by the earlier run's timers
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend, options, want", [
+    ("inductor", [], None),
+    ("fuselens", [], None),
+    ("fuselens", ["cuda_graphs=1"], {"cudagraph_input_copies": 2, "cudagraph_replay": 2}),
+], ids=["inductor", "fuselens-launches", "fuselens-cuda-graphs"])
+def test_cuda_kernels_are_timed_by_cuda_events_without_compile_or_autotune(backend, options, want):
+    """Real CUDA: three calls; compile and autotune launches are not counted. A fuselens
+    Triton kernel's first launch (which compiles it) is untimed; a CUDA graph replays from
+    the second call on, and then only its copies and replay are timed."""
+    from fuselens.capture import RunOptions, Target, analyze
+
+    report = analyze(Target.from_cli(["timed_cuda.py", "--", backend, *options], cwd=CORPUS),
+                     RunOptions(time_kernels=True, timeout_s=400))
+    assert not report.errors and report.run.exit_code == 0, (report.errors, report.run.stdout_tail)
+    calls = {k.name: k.calls for k in report.kernels if k.calls}
+    assert all(k.total_time_us > 0 for k in report.kernels if k.calls)
+    if want is not None:
+        assert calls == want, calls
+    else:
+        expected = 3 if backend == "inductor" else 2
+        generated = {n: c for n, c in calls.items() if n.startswith(("triton_", "cpp_"))}
+        assert generated and set(generated.values()) == {expected}, calls
