@@ -178,9 +178,7 @@ def _collected() -> Iterator[tuple[str, str, KernelTotal]]:
     with _lock:
         entries = list(_registered)
         _registered[:] = [(ref, tally) for ref, tally in entries if ref() is not None]
-    for ref, tally in entries:
-        if ref() is None:
-            tally.listed = False
+    for _, tally in entries:
         for kernel, total in tally.take():
             yield tally.graph_id, kernel, total
 
