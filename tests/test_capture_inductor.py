@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from fuselens import kernel_timing, sink
 from fuselens.capture import RunOptions, Target, WorkerSession, assemble
 from fuselens.capture.assemble import nest_phase
 from fuselens.events import FusionDecision, KernelTiming, PhaseTime, RunInfo
@@ -75,7 +76,11 @@ def test_kernel_times_of_a_recompiled_graph_land_on_its_own_kernels():
                     torch.addmm(b, a, a)
                     with record_function(f"graph_{graph_no}_cpp_fused_add_0"):
                         a + 1
-    kernels._attribute(prof)
+    kernel_timing.clear()  # what the worker does after each run: only this run's timers are collected
+    with sink.collect() as collected:
+        kernels._attribute(prof)
+        sink.flush()  # the run's collect (fuselens/kernel_timing.py)
+    events += collected
     timed = {(t.graph_id, t.name): t.calls for t in events if isinstance(t, KernelTiming)}
     assert timed == {
         ("0/0:dynamo", "cpp_fused_add_0"): 2,
@@ -86,6 +91,74 @@ def test_kernel_times_of_a_recompiled_graph_land_on_its_own_kernels():
     report = assemble(events)
     calls = {(k.graph_id, k.name): k.calls for k in report.kernels}
     assert calls[("0/1:dynamo", "cpp_fused_add_0")] == 3 and calls[("0/0:dynamo", "cpp_fused_add_0")] == 2
+
+
+def test_inductor_compile_and_autotune_work_is_not_counted_as_calls():
+    """Inductor's benchmark launches run inside a `(dynamo_timed)` range; real CPU profiler."""
+    import torch
+    from torch.profiler import record_function
+
+    from fuselens.capture.inductor import InductorKernels
+
+    kernel_timing.clear()  # only this test's timers are collected
+    kernels = InductorKernels(lambda event: None, _Capture())
+    kernels.reset_run(time_kernels=True)
+    _feed_graph(kernels, "0/0", 0)
+    a = torch.randn(4, 4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function("graph_0_inductor_wrapper_call"):
+                with record_function("CachingAutotuner.benchmark_all_configs (dynamo_timed)"):
+                    with record_function("graph_0_cpp_fused_add_0"):
+                        a + 1
+                with record_function("graph_0_cpp_fused_add_0"):
+                    a + 1
+    kernels._attribute(prof)
+    assert {(t.name, t.calls) for t in _collected_timings()} == {("cpp_fused_add_0", 2)}
+
+
+class _Event:
+    """FAKE profiler event (no GPU here): the fields of torch's FunctionEvent that matter."""
+
+    def __init__(self, name, id=0, parent=None, linked=0, device_us=0.0):
+        self.name, self.id, self.cpu_parent, self.linked_correlation_id = name, id, parent, linked
+        self.device_time_total, self.cpu_time_total = device_us, 0.0
+
+
+class _Profile:
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+def test_device_events_launched_by_inductors_autotuner_are_not_counted():
+    """FAKE device events (no GPU here): a kernel's benchmark launches are found through
+    the host call that launched them (its correlation id)."""
+    from fuselens.capture.inductor import InductorKernels
+    from fuselens.events import Kernel
+
+    kernel_timing.clear()  # only this test's timers are collected
+    kernels = InductorKernels(lambda event: None, None)
+    kernels.reset_run(time_kernels=True)
+    kernels._kernels[("0/0:dynamo", "triton_poi_fused_add_0")] = Kernel("triton_poi_fused_add_0", "triton",
+                                                                       graph_id="0/0:dynamo")
+    tuning = _Event("CachingAutotuner.benchmark_all_configs (dynamo_timed)")
+    tuned_launch = _Event("cuLaunchKernel", id=7, parent=tuning)
+    call_launch = _Event("cuLaunchKernel", id=8, parent=_Event("graph_0_inductor_wrapper_call"))
+    device = [_Event("triton_poi_fused_add_0", linked=7, device_us=9.0),
+              _Event("triton_poi_fused_add_0", linked=8, device_us=2.0)]
+    kernels._attribute(_Profile([tuning, tuned_launch, call_launch, *device]))
+    (timing,) = _collected_timings()
+    assert (timing.name, timing.calls, timing.total_time_us) == ("triton_poi_fused_add_0", 1, 2.0)
+
+
+def _collected_timings() -> list[KernelTiming]:
+    """What the run's collect of its kernel timers emits (fuselens/kernel_timing.py)."""
+    with sink.collect() as events:
+        sink.flush()
+    return [e for e in events if isinstance(e, KernelTiming)]
 
 
 def test_timings_of_the_fuselens_backend_match_kernels_of_each_graph():

@@ -17,8 +17,12 @@ for k = 0 and `c:dynamo#k` after (the backward of a training graph is #1).
 Kernel timing (`time_kernels`): profiler events are matched to one graph's
 kernel by the kernel's profile name (`graph_N_<kernel>`, from its source) or
 by the `graph_N_inductor_wrapper_call` range around them, so a recompiled
-graph whose kernels have the same names is timed on its own. Fusion
-decisions come from `inductor_fusion` once a graph's kernels are known.
+graph whose kernels have the same names is timed on its own. What Inductor does
+inside its `dynamo_timed` ranges (compiling, autotuning: benchmark launches of a
+kernel) is not a call of the program and is left out. The times go to one
+`KernelTimer` per Inductor graph (fuselens/kernel_timing.py), which the run
+collects from like the fuselens backend's. Fusion decisions come from
+`inductor_fusion` once a graph's kernels are known.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from fuselens.capture import frames as fr
 from fuselens.capture.inductor_fusion import fusion_decisions
-from fuselens.events import Kernel, KernelTiming, SourceLocation
+from fuselens.events import Kernel, SourceLocation
+from fuselens.kernel_timing import KernelTimer
 
 Emit = Callable[[Any], None]
 
@@ -90,6 +95,7 @@ class InductorKernels:
         self._wrappers: dict[str, str] = {}  # "graph_3_inductor_wrapper_call" -> graph_id
         self.fusion_log: Optional[Any] = None  # inductor_fusion.FusionLog, set by the worker
         self.time_kernels = False
+        self._timers: dict[str, KernelTimer] = {}  # graph_id -> the kernel times of one Inductor graph
 
     def reset_run(self, time_kernels: bool) -> None:
         self._segments.clear()
@@ -97,6 +103,7 @@ class InductorKernels:
         self._kernels.clear()
         self._profile_names.clear()
         self._wrappers.clear()
+        self._timers.clear()
         self.time_kernels = time_kernels
 
     # trace records ----------------------------------------------------------
@@ -209,7 +216,7 @@ class InductorKernels:
                 self._attribute(prof)
 
     def _attribute(self, prof: Any) -> None:
-        """Profiler events -> KernelTiming per (graph_id, kernel).
+        """Profiler events -> each graph's KernelTimer, per kernel.
 
         A kernel is found by its profile name (cpp kernels, unique per
         Inductor graph), else by the graph whose wrapper range encloses the
@@ -222,7 +229,11 @@ class InductorKernels:
             by_graph.setdefault(kernel.graph_id, {})[kernel.name] = kernel
             by_name.setdefault(kernel.name, []).append(kernel)
         totals: dict[tuple[str, str], list[float]] = {}
-        for event in prof.events():
+        events = prof.events()
+        launches = {e.id: e for e in events if getattr(e, "cpu_parent", None) is not None}
+        for event in events:
+            if _compile_work(event, launches):
+                continue
             key = self._kernel_of_event(event, by_graph, by_name)
             if key is None:
                 continue
@@ -231,10 +242,13 @@ class InductorKernels:
             total[0] += 1
             total[1] += float(device_us or event.cpu_time_total)
         for (graph_id, name), (calls, us) in totals.items():
-            self._emit(KernelTiming(name, graph_id, int(calls), us))
+            timer = self._timers.get(graph_id)
+            if timer is None:
+                timer = self._timers[graph_id] = KernelTimer(graph_id)
+            timer.add(name, int(calls), us)
         from fuselens.capture.collectives import collective_kernels
 
-        for kernel in collective_kernels(prof.events()):  # distributed runs: all_reduce & co.
+        for kernel in collective_kernels(events):  # distributed runs: all_reduce & co.
             self._emit(kernel)
 
     def _kernel_of_event(
@@ -258,6 +272,20 @@ class InductorKernels:
         if len(kernels) == 1 and not name.startswith("extern"):
             return kernels[0].graph_id, name
         return None
+
+
+def _compile_work(event: Any, launches: dict[int, Any]) -> bool:
+    """Whether Inductor ran `event` to compile or autotune (inside a `... (dynamo_timed)`
+    range such as `CachingAutotuner.benchmark_all_configs`). A device event has no
+    parent: the host call that launched it (same correlation id) is looked at."""
+    node = event
+    if getattr(node, "cpu_parent", None) is None:
+        node = launches.get(getattr(event, "linked_correlation_id", 0) or -1, node)
+    while node is not None:
+        if node.name.endswith("(dynamo_timed)"):
+            return True
+        node = getattr(node, "cpu_parent", None)
+    return False
 
 
 def _extern_call(code: str, name: str) -> str:

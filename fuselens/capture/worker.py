@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Iterator, Optional
 
-from fuselens import parent_watch
+from fuselens import kernel_timing, parent_watch
 from fuselens.capture import compilecrash
 from fuselens.capture import frames as fr
 from fuselens.capture.assemble import nest_phase
@@ -162,7 +162,8 @@ class Worker:
     def _finish_run(self, info: RunInfo, wall: float) -> None:
         self.handler.flush_pending()
         self.kernels.flush()
-        self._flush_sink()
+        self._flush_sink()  # the run's last kernel times (both backends)
+        kernel_timing.clear()  # a re-run in this worker collects from its own graphs only
         for note in self.capture.internal_notes:
             self._emit(ErrorEntry("internal", note))
         if self.handler.errors:

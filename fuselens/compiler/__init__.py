@@ -16,18 +16,18 @@ The package reads top to bottom as the pipeline:
                    the interface in codegen/__init__.py
     runtime/       running a compiled graph:
         plan.py             order, allocations and frees of a compiled graph
-        interpreter.py      GraphRunner: interprets the plan; host-clock kernel timing
+        interpreter.py      GraphRunner: interprets the plan
         wrapper_codegen.py  the plan printed once as straight-line Python (what runs)
         cpp_build.py        g++ into one cached shared library per graph
-        triton_module.py    a graph's Triton module loaded; finalize (timing, wrapper, CUDA graphs)
+        triton_module.py    a graph's Triton module loaded; finalize (kernel timer, wrapper, CUDA graphs)
         triton_launcher.py  Launcher: grid, configuration, the direct launch path
         static_launch.py    torch's static CUDA launcher for compiled Triton kernels
         launch_config.py    Triton block sizes and warps; the configs autotuning measures
         triton_autotune.py  autotuning, its choices cached on disk
-        triton_timing.py    CUDA-event kernel timing streamed as KernelTiming events
         cuda_graphs.py      capture and replay of a compiled graph as a CUDA graph
         triton_precompile.py, compile_pool.py, compile_worker.py  compiles before the first launch
         atomic_file.py      cache files written whole (readers never see part of one)
+        (kernel times: one KernelTimer per graph, made in entry.py; fuselens/kernel_timing.py)
     explain.py     events for `fuselens report`
 
 Importing this package (or `fuselens.compiler.options`) does not import torch and

@@ -40,6 +40,7 @@ from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPa
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
 from fuselens.events import ErrorEntry, FusionDecision, SourceLocation
+from fuselens.kernel_timing import KernelTimer, clock_for
 
 aten = torch.ops.aten
 
@@ -203,12 +204,22 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         library = target.generate(sched.groups, graph, opts)
     with phases.timed(target.build_phase):
         lib = target.build(library, opts, ident.compile_id)
-    runner = make_runner(graph, sched, library.kernels, lib, outputs, opts.time_kernels and target.host_timing)
+    timer = _kernel_timer(opts, ident.graph_id, example_inputs)
+    runner = make_runner(graph, sched, library.kernels, lib, outputs, timer if target.host_timing else None)
     events = build_events(gm, graph, sched, library.kernels, ident.graph_id, ident.compile_id, ident.stage,
                           ident.function, ident.location)
     events += _rewrite_decisions(rewrites, inlined, sched, ident.graph_id)
-    runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, example_inputs)
+    runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, example_inputs, timer)
     return runner, events + extra_events
+
+
+def _kernel_timer(opts: Any, graph_id: str, example_inputs: Sequence[Any]) -> Optional[KernelTimer]:
+    """The graph's kernel timer when option time_kernels is on: CUDA events for a graph
+    on the GPU, else the host clock."""
+    if not opts.time_kernels:
+        return None
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in example_inputs)
+    return KernelTimer(graph_id, clock_for("cuda" if on_cuda else "cpu"))
 
 
 def _output_sources(graph: Any, outputs: Any) -> set[str]:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from fuselens.compiler.runtime.triton_timing import ExtraTimer, register_extra_timer, timing_lock
+from fuselens.kernel_timing import KernelTimer
 
 
 class CudaGraphRunner:
@@ -22,7 +22,7 @@ class CudaGraphRunner:
 
     _boxed_call = True
 
-    def __init__(self, runner: Any, graph_id: str, timing: bool, static_inputs: Optional[set[int]] = None,
+    def __init__(self, runner: Any, graph_id: str, timer: Optional[KernelTimer], static_inputs: Optional[set[int]] = None,
                  mutated_inputs: Sequence[int] = ()) -> None:
         self.runner = runner
         # inputs the graph overwrites: a copied one is copied back after each replay, and a
@@ -31,10 +31,10 @@ class CudaGraphRunner:
         self.graph_id = graph_id
         # replayed in place, like Parameters; a moved one is captured again (see __call__)
         self.static_inputs = set(static_inputs or ())
-        self.timing = None  # the runtime's host-clock stats: not used on this path
+        # the graph's timer (option time_kernels): a replay is timed whole, and the input copies
+        # before it, not the kernels inside it
+        self.timer = timer
         self.graphs: dict[tuple, Any] = {}
-        self.copy_timer = register_extra_timer(graph_id, "cudagraph_input_copies") if timing else None
-        self.replay_timer = register_extra_timer(graph_id, "cudagraph_replay") if timing else None
         self.reported = False
 
     @staticmethod
@@ -57,16 +57,19 @@ class CudaGraphRunner:
             self.graphs[key] = self._capture(inputs)
             return out
         static, params, graph, outs = ent
-        t0 = self._start(self.copy_timer)
+        timer = self.timer
+        t0 = timer.start() if timer is not None else None
         for i, (s, a) in enumerate(zip(static, args)):
             if isinstance(a, torch.Tensor) and i not in params:
                 s.copy_(a)
-        self._stop(self.copy_timer, t0)
+        if timer is not None:
+            timer.stop("cudagraph_input_copies", t0)
         back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
         args.clear()
-        t1 = self._start(self.replay_timer)
+        t1 = timer.start() if timer is not None else None
         graph.replay()
-        self._stop(self.replay_timer, t1)
+        if timer is not None:
+            timer.stop("cudagraph_replay", t1)
         for a, s in back:
             a.copy_(s)
         return list(outs)
@@ -109,23 +112,6 @@ class CudaGraphRunner:
                          source=f"copy_ of {n} graph inputs ({nbytes} bytes) into the CUDA graph's static buffers "
                                 "before each replay (parameters and buffers are replayed in place)",
                          language="", bytes_accessed=2 * nbytes, device="cuda"))
-
-    @staticmethod
-    def _start(timer: Optional[ExtraTimer]) -> Any:
-        if timer is None:
-            return None
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        return e
-
-    @staticmethod
-    def _stop(timer: Optional[ExtraTimer], start: Any) -> None:
-        if timer is None:
-            return
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        with timing_lock:
-            timer.pending.append((start, e))
 
 
 def static_input_indices() -> set[int]:

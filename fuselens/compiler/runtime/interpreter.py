@@ -11,7 +11,6 @@ needs (free: the ATen view op), and drop every buffer right after its last use.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -21,6 +20,7 @@ import torch
 import torch.fx
 
 from fuselens.compiler import ir
+from fuselens.kernel_timing import KernelTimer
 
 
 def pyexpr(e: Any) -> str:
@@ -98,8 +98,8 @@ class ExternCall:
     # output -> the dtype the kernels expect: torch's meta function and ATen can disagree
     # (_batch_norm_with_update_functional's bfloat16 running stats are float32 in meta)
     dtypes: dict = field(default_factory=dict)
-    # the Kernel event name (extern_mm_0) when time_kernels is on: the call is timed on the
-    # host clock like a C++ kernel; None for views re-created by the runtime (not kernels)
+    # the Kernel event name (extern_mm_0) when the graph has a timer (option time_kernels): the
+    # call is timed on the host clock like a C++ kernel; None for views re-created by the runtime
     timed: Optional[str] = None
     # a view of a buffer whose layout the plan knows, with static sizes: (size, stride,
     # storage offset from its base), which the wrapper re-creates without ATen's view checks
@@ -111,25 +111,18 @@ class Free:
     names: list[str]
 
 
-@dataclass
-class KernelStats:
-    calls: int = 0
-    seconds: float = 0.0
-
-
 class GraphRunner:
     """A compiled graph ready to run (boxed calling convention)."""
 
     _boxed_call = True
 
     def __init__(self, plan: list[Any], input_names: list[str], symbol_sources: dict[str, tuple],
-                 symeval: Callable[[dict], list], outputs: Any, reusable: set[str], timing: Optional[dict] = None,
+                 symeval: Callable[[dict], list], outputs: Any, reusable: set[str], timer: Optional[KernelTimer] = None,
                  constants: Optional[dict] = None) -> None:
         self.constants = dict(constants or {})
         self.plan, self.input_names, self.outputs, self.reusable = plan, input_names, outputs, reusable
         self.symbol_sources, self.symeval = symbol_sources, symeval
-        self.timing = timing  # kernel name -> KernelStats when timing is on
-        self.timing_lock = threading.Lock()
+        self.timer = timer  # host-clock times of kernels and library calls (option time_kernels)
         self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_module.finalize)
         # static shapes: the size/stride slots never change, evaluate them once
         self._static_slots: Optional[list] = None if symbol_sources else (symeval({}) if symeval else [])
@@ -182,20 +175,20 @@ class GraphRunner:
         else:
             ptrs = [env[b].data_ptr() for b in step.buffers]
         sargs = [syms[s] for s in step.symbols]
-        if self.timing is not None:
+        if self.timer is not None:
             t0 = time.perf_counter()
             step.fn(*ptrs, *sargs)
-            self.record_time(step.name, time.perf_counter() - t0)
+            self.timer.record(step.name, time.perf_counter() - t0)
         else:
             step.fn(*ptrs, *sargs)
 
     def _run_extern(self, step: "ExternCall", env: dict[str, Any], slots: list) -> None:
         a = _resolve(step.args, env, slots)
         k = _resolve(step.kwargs, env, slots)
-        if self.timing is not None and step.timed is not None:
+        if self.timer is not None and step.timed is not None:
             t0 = time.perf_counter()
             out = step.target(*a, **k)
-            self.record_time(step.timed, time.perf_counter() - t0)
+            self.timer.record(step.timed, time.perf_counter() - t0)
         else:
             out = step.target(*a, **k)
         if isinstance(step.outputs, list):
@@ -207,13 +200,6 @@ class GraphRunner:
         for n, dt in step.dtypes.items():
             if env[n].dtype != dt:
                 env[n] = env[n].to(dt)
-
-    def record_time(self, kernel: str, seconds: float) -> None:
-        """One timed call of a kernel (option time_kernels), from any thread."""
-        with self.timing_lock:
-            st = self.timing[kernel]
-            st.calls += 1
-            st.seconds += seconds
 
 
 def alloc_nbytes(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> int:
@@ -249,35 +235,3 @@ def _resolve(a: Any, env: dict, slots: list) -> Any:
         return {k: _resolve(v, env, slots) for k, v in a.items()}
     return a
 
-
-# -- kernel timing: one flusher for every runner --------------------------------
-_timed: list[tuple[str, dict, dict]] = []  # (graph_id, stats, last flushed snapshot)
-_timed_lock = threading.Lock()
-_flusher_registered = False
-
-
-def register_timing(graph_id: str, stats: dict) -> None:
-    """Let `sink.flush()` emit KernelTiming events (deltas since the last flush)."""
-    global _flusher_registered
-    from fuselens import sink
-
-    with _timed_lock:
-        _timed.append((graph_id, stats, {}))
-        if not _flusher_registered:
-            sink.add_flusher(flush_timings)
-            _flusher_registered = True
-
-
-def flush_timings() -> None:
-    from fuselens import sink
-    from fuselens.events import KernelTiming
-
-    with _timed_lock:
-        entries = list(_timed)
-    for graph_id, stats, last in entries:
-        for name, st in stats.items():
-            calls0, secs0 = last.get(name, (0, 0.0))
-            if st.calls > calls0:
-                sink.emit(KernelTiming(name=name, graph_id=graph_id, calls=st.calls - calls0,
-                                       total_time_us=(st.seconds - secs0) * 1e6))
-                last[name] = (st.calls, st.seconds)

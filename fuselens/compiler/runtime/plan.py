@@ -13,8 +13,9 @@ import torch.fx
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue
-from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, KernelStats, SymEval
+from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval
 from fuselens.compiler.scheduler import KernelGroup, Schedule
+from fuselens.kernel_timing import KernelTimer
 
 
 def _fresh_outputs(target: Any) -> bool:
@@ -31,13 +32,14 @@ _CONTIGUOUS_RESULTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, 
 
 
 class Planner:
-    def __init__(self, graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any, timing: bool) -> None:
+    def __init__(self, graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any,
+                 timer: Optional[KernelTimer]) -> None:
         self.g = graph
         self.sched = sched
         self.kernels = kernels
         self.lib = lib
         self.fx_outputs = outputs
-        self.timing = timing
+        self.timer = timer  # times the plan's kernels and library calls on the host clock
         syms = sorted(graph.symbols, key=lambda s: s.name)
         self.symeval = SymEval(syms)
         self.plan: list[Any] = []
@@ -139,9 +141,7 @@ class Planner:
         in_place = self._mutate_inputs()
         self._insert_frees(outputs)
         taken = self._reuse_dying_inputs()
-        timing = None
-        if self.timing:
-            timing = {n: KernelStats() for n in self.kernels}
+        if self.timer is not None:
             # library calls (mm, conv, fallbacks) are timed too, under their Kernel event name
             from fuselens.compiler.explain import extern_kernel_names
 
@@ -149,7 +149,6 @@ class Planner:
             for step in self.plan:
                 if isinstance(step, ExternCall) and step.name in names and step.name not in self.views:
                     step.timed = names[step.name]
-                    timing[step.timed] = KernelStats()
         # tuples of sizes/strides are single slots: flatten in SymEval by making each a tuple expr
         self.symeval.exprs = [e if not isinstance(e, tuple) else _TupleExpr(e) for e in self.symeval.exprs]
         symbol_sources = {}
@@ -161,7 +160,7 @@ class Planner:
         reusable = {n for n in self.kernel_allocated if self._root(n) == n and not any(
             self._root(k) == n for k in self.alias_parent)} - taken
         runner = GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
-                             outputs, reusable - self._output_bufs - in_place, timing, constants=g.constants)
+                             outputs, reusable - self._output_bufs - in_place, self.timer, constants=g.constants)
         names = [i.name for i in g.inputs]
         runner.mutated_inputs = sorted(names.index(d) for d in g.input_mutations.values())
         return runner
@@ -332,5 +331,7 @@ def _bufs(a: Any):
             yield from _bufs(x)
 
 
-def make_runner(graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any, timing: bool) -> GraphRunner:
-    return Planner(graph, sched, kernels, lib, outputs, timing).build()
+def make_runner(graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any,
+                timer: Optional[KernelTimer] = None) -> GraphRunner:
+    """The graph's plan in a GraphRunner; `timer` times its kernels and library calls on the host clock."""
+    return Planner(graph, sched, kernels, lib, outputs, timer).build()

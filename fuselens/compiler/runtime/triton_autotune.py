@@ -3,7 +3,7 @@
 The first launch of each size class (power-of-two buckets of the block axes,
 launch_config.py) times `candidate_configs` and keeps the fastest; the choices are
 cached on disk under `<cache_dir>/triton_autotune/<sha256 of the kernel source>.json`,
-so the next process skips the tuning.
+so the next process skips the tuning. Candidates are measured with `cuda_event_timer`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,21 @@ def load_tuned(cache_dir: str, source: str) -> dict[str, LaunchConfig]:
 def save_tuned(cache_dir: str, source: str, configs: dict[str, LaunchConfig]) -> None:
     write_atomically(autotune_path(cache_dir, source),
                      json.dumps({k: v.to_json() for k, v in configs.items()}, indent=1, sort_keys=True))
+
+
+def cuda_event_timer(run: Callable[[], None], reps: int = 10) -> float:
+    """Mean device time of `run` in ms (3 warm-up launches)."""
+    import torch
+
+    for _ in range(3):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
 
 
 def fastest_config(ks: Any, xn: int, rn: int, timer: Callable[[Callable[[], None]], float],

@@ -3,7 +3,8 @@
 A `Launcher` is what the runtime plan calls with a kernel's tensors and size
 symbols (`takes_tensors`): it computes the grid from the size symbols, picks the
 launch configuration (launch_config.py's heuristic, or autotuning:
-triton_autotune.py) and optionally times the launch (triton_timing.py).
+triton_autotune.py) and optionally times the launch with its graph's KernelTimer
+(fuselens/kernel_timing.py).
 Generated wrappers (wrapper_codegen.py) call `Launcher.fast_launcher` instead: the
 compiled kernel's launcher with grid and constexprs bound once. On CUDA that is
 torch's static launcher (static_launch.py) where it applies, so no launch pays
@@ -13,7 +14,6 @@ for Triton's per-signature C launcher build; else Triton's own launcher.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -21,9 +21,9 @@ import torch
 from fuselens.compiler.runtime.interpreter import pyexpr
 from fuselens.compiler.runtime.launch_config import LaunchConfig, heuristic_config, size_class
 from fuselens.compiler.runtime.static_launch import StaticKernel, launcher_api
-from fuselens.compiler.runtime.triton_autotune import fastest_config, load_tuned, save_tuned
+from fuselens.compiler.runtime.triton_autotune import cuda_event_timer, fastest_config, load_tuned, save_tuned
 from fuselens.compiler.runtime.triton_precompile import PendingCompile
-from fuselens.compiler.runtime.triton_timing import cuda_event_timer, timing_lock
+from fuselens.kernel_timing import KernelTimer
 
 
 class Launcher:
@@ -43,17 +43,14 @@ class Launcher:
         self.cache_dir = options.resolved_cache_dir()
         self.source = source
         self.configs: dict[str, LaunchConfig] = {}
-        self.timer: Callable[[Callable[[], None]], float] = cuda_event_timer
+        self.timer: Callable[[Callable[[], None]], float] = cuda_event_timer  # autotuning's clock
+        self.kernel_timer: Optional[KernelTimer] = None  # the graph's, when it times kernels (finalize)
         names = [s.name for s in ks.symbols]
         src = f"def _numels({', '.join(names)}):\n    return ({pyexpr(ks.xnumel)}, {pyexpr(ks.rnumel)})\n"
         ns: dict[str, Any] = {}
         exec(src, ns)  # noqa: S102 - our own printed size arithmetic
         self._numels = ns["_numels"]
-        self.stats_calls = 0
-        self.stats_us = 0.0
         self._launched: set[tuple] = set()  # (config, numels) launched once: later launches are timed
-        self.pending: list[tuple[Any, Any]] = []
-        self.graph_id = ""
         self._plans: dict[tuple, tuple] = {}
         self._cpu_scalars: Optional[bool] = None
         self._last: Optional[tuple] = None  # (compiled kernel, grid, size args, constexprs, static) of the last launch
@@ -210,10 +207,10 @@ class Launcher:
         if self._cpu_scalars:
             args = self._to_device(args)
         cfg = self.config_for(xn, rn, args)
-        if not self.timing:
+        timer = self.kernel_timer
+        if timer is None:
             self._launch(cfg, xn, rn, args)
             return
-        dev = next((a.device for a in args[: self.nbuf] if isinstance(a, torch.Tensor)), None)
         warm = (cfg, xn, rn)
         if warm not in self._launched:
             # the first launch of a configuration may compile the binary (JIT, or waiting
@@ -222,20 +219,9 @@ class Launcher:
             self._launched.add(warm)
             self._launch(cfg, xn, rn, args)
             return
-        if dev is not None and dev.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            self._launch(cfg, xn, rn, args)
-            e.record()
-            with timing_lock:
-                self.pending.append((s, e))
-        else:
-            t0 = time.perf_counter()
-            self._launch(cfg, xn, rn, args)
-            with timing_lock:
-                self.stats_calls += 1
-                self.stats_us += (time.perf_counter() - t0) * 1e6
-
+        started = timer.start()
+        self._launch(cfg, xn, rn, args)
+        timer.stop(self.name, started)
 
 
 def _launch_hooks() -> bool:

@@ -25,8 +25,8 @@ from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, static_input_indices
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
-from fuselens.compiler.runtime.triton_timing import register_timing
 from fuselens.compiler.runtime import wrapper_codegen
+from fuselens.kernel_timing import KernelTimer
 from fuselens.private_dirs import check_private_file
 
 _modules: dict[str, Any] = {}
@@ -77,18 +77,18 @@ def build_module(kernels: Sequence[Any], source: str, options: Any, compile_id: 
 
 
 def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: str,
-             example_inputs: Sequence[Any]) -> tuple[Any, list]:
+             example_inputs: Sequence[Any], timer: Optional[KernelTimer] = None) -> tuple[Any, list]:
     """Attach the Triton parts to a compiled graph's runner: the device outputs
-    are allocated on, device timing, and the optional CUDA-graph wrapper.
-    Returns (callable, extra events)."""
+    are allocated on, the graph's kernel timer (its launchers', or the CUDA graph's
+    replays), and the optional CUDA-graph wrapper. Returns (callable, extra events)."""
     device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor)), None)
     runner.device = device if device is not None and device.type == "cuda" else None
     mutated = list(getattr(runner, "mutated_inputs", ()))
-    timing = bool(options.time_kernels)
     on_cuda = device is not None and device.type == "cuda"
-    if lib is not None and timing and not (on_cuda and options.cuda_graphs):
-        register_timing(graph_id, lib)
+    if lib is not None and not (on_cuda and options.cuda_graphs):
+        for la in lib.launchers.values():
+            la.kernel_timer = timer
     runner = wrapper_codegen.wrap(runner, fast=on_cuda) or runner  # straight-line Python, not the plan interpreter
     if on_cuda and options.cuda_graphs:
-        return CudaGraphRunner(runner, graph_id, timing, static_input_indices(), mutated), []
+        return CudaGraphRunner(runner, graph_id, timer, static_input_indices(), mutated), []
     return runner, []

@@ -31,7 +31,7 @@ when the sizes are static. C++ kernels get data pointers.
         return [b_relu]
 
 `wrap(runner)` returns a callable with the runner's interface (boxed calling
-convention, `timing`, `device`, `graph_id`) or None when the plan holds
+convention, `timer`, `device`, `graph_id`) or None when the plan holds
 something the printer does not know (then the GraphRunner stays).
 """
 
@@ -221,11 +221,11 @@ class _Printer:
             self.ns["_alloc"] = _alloc
             self.ns["_pool_put"] = pool_put
             self.emit("pool = {}")
-        if r.timing is not None:
+        if r.timer is not None:
             import time
 
             self.ns["_pc"] = time.perf_counter
-            self.ns["_tick"] = r.record_time
+            self.ns["_tick"] = r.timer.record
         if on_cuda and self.empty_fast:
             self.ns["_guard"] = guard
             self.device_guard = True
@@ -270,7 +270,7 @@ class _Printer:
         if not tensors:  # a ctypes function of the C++ library
             call_args = [f"{self.names[b]}.data_ptr()" for b in step.buffers] + [syms[s] for s in step.symbols]
             call = f"{self.glob(la, 'k')}({', '.join(call_args)})"
-            if self.r.timing is not None:
+            if self.r.timer is not None:
                 self.emit("_t0 = _pc()")
                 self.emit(call)
                 self.emit(f"_tick({step.name!r}, _pc() - _t0)")
@@ -313,7 +313,7 @@ class _Printer:
             # a view the runtime re-runs: the Tensor method, not the OpOverload (~1 us, not ~8)
             rest = ", ".join(self.arg(x) for x in step.args[1:])
             call = f"{self.arg(step.args[0])}.{method}({rest})"
-        if step.timed is not None and self.r.timing is not None:  # host clock, as for C++ kernels
+        if step.timed is not None and self.r.timer is not None:  # host clock, as for C++ kernels
             self.emit("_t0 = _pc()")
             tail = f"_tick({step.timed!r}, _pc() - _t0)"
         else:
@@ -380,7 +380,7 @@ class GeneratedWrapper:
         self.fn = fn
         self.source = source
         self.runner = runner  # kept for debugging and tests (the plan it was printed from)
-        self.timing = runner.timing
+        self.timer = runner.timer
         self.device = runner.device
         self.graph_id = getattr(runner, "graph_id", "")
 

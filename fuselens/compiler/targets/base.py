@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch.fx
 
 from fuselens.compiler.codegen import GeneratedLibrary, generate_library
+from fuselens.kernel_timing import KernelTimer
 
 
 class Target:
@@ -17,7 +18,7 @@ class Target:
     name: str  # the value of option `target`
     kernel_prefix: str  # kernel names: `<prefix>_<ops>_<n>`
     build_phase: str  # the PhaseTime phase `build` is reported as
-    host_timing: bool  # whether the plan interpreter times kernels by the host clock (option time_kernels)
+    host_timing: bool  # whether the plan's own steps are timed by the graph's KernelTimer on the host clock
 
     def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
         """The graph_passes.py rewrites only this target wants (beyond the shared ones)."""
@@ -36,6 +37,7 @@ class Target:
         raise NotImplementedError
 
     def finalize(self, runner: Any, lib: Any, options: Any, graph_id: str,
-                 example_inputs: Sequence[Any]) -> tuple[Callable, list]:
-        """The callable that runs the compiled graph, and extra events about it."""
+                 example_inputs: Sequence[Any], timer: Optional[KernelTimer] = None) -> tuple[Callable, list]:
+        """The callable that runs the compiled graph, and extra events about it. `timer`:
+        the graph's kernel timer (option time_kernels), for what the plan does not time."""
         raise NotImplementedError

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from fuselens.compiler.codegen import GeneratedLibrary
 from fuselens.compiler.runtime.cpp_build import build
-from fuselens.compiler.runtime.interpreter import register_timing
 from fuselens.compiler.runtime import wrapper_codegen
 from fuselens.compiler.targets.base import Target
+from fuselens.kernel_timing import KernelTimer
 
 
 class CppTarget(Target):
@@ -26,8 +26,6 @@ class CppTarget(Target):
         return build(library.source, options, library.spans).lib if not library.empty else None
 
     def finalize(self, runner: Any, lib: Any, options: Any, graph_id: str,
-                 example_inputs: Sequence[Any]) -> tuple[Callable, list]:
-        runner = wrapper_codegen.wrap(runner, fast=False) or runner  # straight-line Python instead of the plan interpreter
-        if runner.timing is not None:
-            register_timing(graph_id, runner.timing)
-        return runner, []
+                 example_inputs: Sequence[Any], timer: Optional[KernelTimer] = None) -> tuple[Callable, list]:
+        # the plan's kernels are already timed by `timer` (host_timing)
+        return wrapper_codegen.wrap(runner, fast=False) or runner, []  # straight-line Python instead of the plan interpreter

@@ -4,7 +4,7 @@ compile pool). Triton itself is imported only when this target is used."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx
@@ -12,13 +12,14 @@ import torch.fx
 from fuselens.compiler import graph_passes
 from fuselens.compiler.codegen import GeneratedLibrary
 from fuselens.compiler.targets.base import Target
+from fuselens.kernel_timing import KernelTimer
 
 
 class TritonTarget(Target):
     name = "triton"
     kernel_prefix = "triton_fused"
     build_phase = "triton_compile"
-    host_timing = False  # CUDA events in the launchers instead (runtime/triton_timing.py)
+    host_timing = False  # the launchers time kernels with the graph's KernelTimer instead (finalize)
 
     def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
         if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
@@ -41,8 +42,8 @@ class TritonTarget(Target):
             if not library.empty else None
 
     def finalize(self, runner: Any, lib: Any, options: Any, graph_id: str,
-                 example_inputs: Sequence[Any]) -> tuple[Callable, list]:
-        """Device allocation, CUDA-event timing, the generated wrapper and the optional CUDA graph."""
+                 example_inputs: Sequence[Any], timer: Optional[KernelTimer] = None) -> tuple[Callable, list]:
+        """Device allocation, kernel timing, the generated wrapper and the optional CUDA graph."""
         from fuselens.compiler.runtime.triton_module import finalize
 
-        return finalize(runner, lib, options, graph_id, example_inputs)
+        return finalize(runner, lib, options, graph_id, example_inputs, timer)
