@@ -12,6 +12,10 @@ The IR hands a generator everything through `group.nodes` (ComputeNodes with
 bodies written against the `ops` handler contract in `ir.py`), `group.full` /
 `group.rflags` (the iteration space), `group.level(node)` / `group.own_index`
 (where each value lives) and `group.stores` (what must reach memory).
+
+The two `ops` handlers that print source (cpp_ops.py, triton_ops.py) share
+`PrintingOps`; ops that are one expression are rows of tables (`ops_from_table`),
+those spelled alike in both languages here.
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ class PrintingOps(Generic[Value]):
         return self._bin(form, *operands, dtype)
 
     def _bin(self, form: Any, a: Any, b: Any, dtype: Optional[Any] = None) -> Value:
+        """A binary form of `a` and `b`, as the target needs it (C++ casts integer
+        promotions back, Triton picks a `FloatOrInt` form by the operands' dtype)."""
         raise NotImplementedError
 
     def load(self, name: str, index: Any) -> Value:
@@ -171,7 +177,7 @@ def ops_from_table(forms: dict[str, Any], result: Optional[Any] = None) -> Calla
         def print_op(self: PrintingOps, *operands: Any) -> Any:
             return self._print(form, operands, result)
 
-        print_op.__name__ = op
+        print_op.__name__ = print_op.__qualname__ = op
         return print_op
 
     def add_methods(cls: type) -> type:
