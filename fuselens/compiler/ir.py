@@ -20,7 +20,9 @@ The `ops` contract (every handler implements these; values are opaque):
   load(buffer, index) constant(value, dtype) index_expr(expr, dtype)
   to_dtype(x, dtype) where(c, a, b), the unary ops in UNARY_OPS, the binary ops
   in BINARY_OPS. Operands of binary ops always have the same dtype (lowering
-  inserts to_dtype); comparisons and logical ops return bool.
+  inserts to_dtype); comparisons and logical ops return bool. The handlers that print
+  source (codegen/cpp_ops.py, codegen/triton_ops.py) write most ops as rows of tables
+  of forms; each handler's docstring says where an op is.
 """
 
 from __future__ import annotations

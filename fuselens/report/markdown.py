@@ -8,7 +8,7 @@ Every piece of text from the program or from torch is escaped; Dynamo's
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence, TypeVar
 
 from fuselens import present
 from fuselens.events import CompiledGraph, ErrorEntry, FixAdvice, Kernel, Report, SourceLocation
@@ -20,6 +20,7 @@ _CODE_SPAN = re.compile(r"(`[^`\n]+`)")
 # table cells, strikethrough. (`#`, `+`, `-` only matter at a line start,
 # and escaped text never starts a line here.)
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+_Item = TypeVar("_Item")
 
 
 def render_markdown(report: Report, *, root: Optional[str] = None) -> str:
@@ -93,6 +94,14 @@ def details(summary: str, body: list[str]) -> list[str]:
 
 
 # -- sections -----------------------------------------------------------
+def _section(out: list[str], title: str, items: Sequence[_Item], count: str = "") -> Sequence[_Item]:
+    """Opens the section `## title (count)` (count: how many items) when there are items;
+    returns the items, to write under it."""
+    if items:
+        out += [f"## {title} ({count or len(items)})", ""]
+    return items
+
+
 def _header(out: list[str], report: Report, root: Optional[str]) -> None:
     run = report.run
     out.append(f"# fuselens report: {code(' '.join([present.display_path(run.target, root), *run.args]))}")
@@ -122,9 +131,8 @@ def _error_section(
     out: list[str], title: str, detail: str, labelled: list[tuple[ErrorEntry, str]], root: Optional[str]
 ) -> None:
     """A section of errors, each under its level ("error: exception"); none when empty."""
-    if not labelled:
-        return
-    out += [f"## {title} ({len(labelled)})", "", f"*{esc(detail)}*", ""]
+    if _section(out, title, labelled):
+        out += [f"*{esc(detail)}*", ""]
     for err, level in labelled:
         _entry(out, err, level, root)
 
@@ -156,11 +164,9 @@ def _entry(out: list[str], err: ErrorEntry, level: str, root: Optional[str]) -> 
 
 
 def _graph_breaks(out: list[str], report: Report, root: Optional[str]) -> None:
-    if not report.graph_breaks:
-        return
     hits = sum(max(g.count, 1) for g in report.graph_breaks)
-    out += [f"## Graph breaks ({len(report.graph_breaks)}, {common.plural(hits, 'hit')})", ""]
-    for gb in sorted(report.graph_breaks, key=lambda g: -g.count):
+    breaks = sorted(report.graph_breaks, key=lambda g: -g.count)
+    for gb in _section(out, "Graph breaks", breaks, f"{len(breaks)}, {common.plural(hits, 'hit')}"):
         count = f" ×{gb.count}" if gb.count > 1 else ""
         rid = f" [{esc(gb.registry_id)}]({common.gb_doc_url(gb)})" if gb.registry_id else ""
         out += [f"### {where(gb.location, root)} {prose(gb.explained or gb.reason)}{count}{rid}", ""]
@@ -183,10 +189,7 @@ def _graph_breaks(out: list[str], report: Report, root: Optional[str]) -> None:
 
 
 def _recompiles(out: list[str], report: Report, root: Optional[str]) -> None:
-    if not report.recompiles:
-        return
-    out += [f"## Recompiles ({len(report.recompiles)})", ""]
-    for rc in report.recompiles:
+    for rc in _section(out, "Recompiles", report.recompiles):
         kind = "hit the recompile limit" if rc.hit_limit else "recompiled"
         out += [f"### {where(rc.location, root)} {code(rc.function)} {kind} (compile {esc(rc.compile_id)})", ""]
         items = [f"- **guard failed:** {prose(r)}" for r in rc.reasons]
@@ -204,10 +207,7 @@ def _recompiles(out: list[str], report: Report, root: Optional[str]) -> None:
 
 
 def _graphs(out: list[str], report: Report, root: Optional[str]) -> None:
-    if not report.graphs:
-        return
-    out += [f"## Compiled graphs ({len(report.graphs)})", ""]
-    for g in report.graphs:
+    for g in _section(out, "Compiled graphs", report.graphs):
         out += [f"### {esc(common.graph_title(g))}", ""]
         out += [f"{where(g.location, root)} · backend {esc(g.backend)} · {common.plural(len(g.ops), 'op')}", ""]
         out += [f"**ops:** {', '.join(code(o) for o in g.ops) or '*none*'}", ""]
@@ -228,10 +228,9 @@ def _graph_table(g: CompiledGraph, root: Optional[str]) -> list[str]:
 
 
 def _kernels(out: list[str], report: Report, root: Optional[str]) -> None:
-    if not report.kernels:
+    if not _section(out, "Kernels", report.kernels):
         return
     total = common.kernel_time_us(report)
-    out += [f"## Kernels ({len(report.kernels)})", ""]
     if total:
         out += [f"{present.duration_us(total)} of kernel time in total.", ""]
     timed = common.kernels_by_time(report)
@@ -247,10 +246,9 @@ def _kernels(out: list[str], report: Report, root: Optional[str]) -> None:
 
 
 def _fusion(out: list[str], report: Report, root: Optional[str]) -> None:
-    if not report.fusion:
-        return
     c = common.counts(report)
-    out += [f"## Fusion decisions ({c.fused} fused, {c.not_fused} not fused)", ""]
+    if not _section(out, "Fusion decisions", report.fusion, f"{c.fused} fused, {c.not_fused} not fused"):
+        return
     order = [d for d in report.fusion if d.decision == "not_fused"] + [d for d in report.fusion if d.decision == "fused"]
     rows = [["**not fused**" if d.decision == "not_fused" else "fused",
              ", ".join(code(n) for n in d.nodes), code(d.kernel) if d.kernel else " ", cell(d.rule),
@@ -261,10 +259,9 @@ def _fusion(out: list[str], report: Report, root: Optional[str]) -> None:
 
 def _phases(out: list[str], report: Report) -> None:
     phases = charts.phase_rows(report)
-    if not phases:
+    if not _section(out, "Compile time per phase", phases, present.duration_s(common.compile_seconds(report))):
         return
     total = common.compile_seconds(report) or 1.0
-    out += [f"## Compile time per phase ({present.duration_s(common.compile_seconds(report))})", ""]
     # Nested phases lie inside their parent: indent them, never add them up.
     rows = [[("&nbsp;&nbsp;" * depth + ("└ " if depth else "")) + esc(name), present.duration_s(s), f"{100 * s / total:.0f}%"]
             for name, s, depth in phases]

@@ -30,43 +30,42 @@ FINGERPRINT_KEY = "fuselensFinding/v1"
 
 @dataclass(frozen=True)
 class Rule:
+    """A SARIF rule: what a kind of finding is, how severe, and the page that explains it
+    (the troubleshooting guide where the kind has no page of its own)."""
+
     id: str
     name: str
+    level: str
     short: str
     full: str
-    help_uri: str
-    level: str
+    help_uri: str = common.TROUBLESHOOTING_DOCS
     tags: tuple[str, ...] = ("torch.compile", "performance")
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("graph-break", "GraphBreak", "torch.compile graph break",
-         "Dynamo could not trace this line, split the compiled graph here and ran the line in Python. "
-         "Each break costs a graph exit, a Python round trip and lost fusion across the break.",
-         common.GRAPH_BREAK_DOCS, "warning"),
-    Rule("recompile", "Recompile", "torch.compile recompiled a function",
-         "A guard of a compiled function failed (a shape, dtype or value changed), so the function was "
-         "compiled again. Repeated recompiles cost compile time on every new input.",
-         common.RECOMPILE_DOCS, "warning"),
-    Rule("recompile-limit", "RecompileLimit", "torch.compile hit the recompile limit",
-         "The function recompiled until Dynamo's recompile limit; from then on it runs eagerly, "
-         "without compilation.",
-         common.RECOMPILE_DOCS, "error"),
-    Rule("fusion-blocked", "FusionBlocked", "ops that share a buffer were not fused",
-         "The compiler kept two ops that share a buffer in separate kernels; the intermediate goes "
-         "through memory. The message says why and which option would change it.",
-         common.TROUBLESHOOTING_DOCS, "note"),
-    Rule("error", "ProgramError", "the program failed under torch.compile",
-         "The analysed program raised, exited with an error, timed out or was killed, or the ranks of "
-         "a distributed run compiled different graphs (a divergence: the job can deadlock).",
-         common.TROUBLESHOOTING_DOCS, "error", ("torch.compile", "correctness")),
-    Rule("compile-fallback", "CompileFallback", "a graph or op fell back to eager",
-         "A backend failed to compile a graph or lowered an op to an eager fallback; the code runs "
-         "but without the compiled speedup.",
-         common.TROUBLESHOOTING_DOCS, "warning"),
-    Rule("internal-error", "InternalError", "fuselens failed while analysing",
-         "fuselens itself failed; the report may be incomplete. Please report it.",
-         common.TROUBLESHOOTING_DOCS, "note", ("fuselens",)),
+    Rule("graph-break", "GraphBreak", "warning", short="torch.compile graph break", help_uri=common.GRAPH_BREAK_DOCS,
+         full="Dynamo could not trace this line, split the compiled graph here and ran the line in Python. "
+              "Each break costs a graph exit, a Python round trip and lost fusion across the break."),
+    Rule("recompile", "Recompile", "warning", short="torch.compile recompiled a function",
+         help_uri=common.RECOMPILE_DOCS,
+         full="A guard of a compiled function failed (a shape, dtype or value changed), so the function was "
+              "compiled again. Repeated recompiles cost compile time on every new input."),
+    Rule("recompile-limit", "RecompileLimit", "error", short="torch.compile hit the recompile limit",
+         help_uri=common.RECOMPILE_DOCS,
+         full="The function recompiled until Dynamo's recompile limit; from then on it runs eagerly, "
+              "without compilation."),
+    Rule("fusion-blocked", "FusionBlocked", "note", short="ops that share a buffer were not fused",
+         full="The compiler kept two ops that share a buffer in separate kernels; the intermediate goes "
+              "through memory. The message says why and which option would change it."),
+    Rule("error", "ProgramError", "error", short="the program failed under torch.compile",
+         tags=("torch.compile", "correctness"),
+         full="The analysed program raised, exited with an error, timed out or was killed, or the ranks of "
+              "a distributed run compiled different graphs (a divergence: the job can deadlock)."),
+    Rule("compile-fallback", "CompileFallback", "warning", short="a graph or op fell back to eager",
+         full="A backend failed to compile a graph or lowered an op to an eager fallback; the code runs "
+              "but without the compiled speedup."),
+    Rule("internal-error", "InternalError", "note", short="fuselens failed while analysing", tags=("fuselens",),
+         full="fuselens itself failed; the report may be incomplete. Please report it."),
 )
 RULE_INDEX = {r.id: i for i, r in enumerate(RULES)}
 

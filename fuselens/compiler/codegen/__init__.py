@@ -12,6 +12,10 @@ The IR hands a generator everything through `group.nodes` (ComputeNodes with
 bodies written against the `ops` handler contract in `ir.py`), `group.full` /
 `group.rflags` (the iteration space), `group.level(node)` / `group.own_index`
 (where each value lives) and `group.stores` (what must reach memory).
+
+The two `ops` handlers that print source (cpp_ops.py, triton_ops.py) share
+`PrintingOps`; ops that are one expression are rows of tables (`ops_from_table`),
+those spelled alike in both languages here.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 import sympy
 
@@ -121,6 +125,69 @@ def canonical_text(source: str, name: str, param_pattern: str) -> str:
     text = re.sub(rf"\b{re.escape(name)}\b", "K", source)
     names: dict[str, str] = {}
     return re.sub(param_pattern, lambda m: names.setdefault(m.group(0), f"p{len(names)}"), text)
+
+
+# Ops that C++ and Triton (Python) spell alike: op -> its form of `{x}`, or of `{a}` and `{b}`.
+SPELLED_ALIKE = {
+    "neg": "(-{x})", "square": "({x} * {x})", "sub": "({a} - {b})",
+    "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})",
+}
+# The comparisons (bool values), spelled alike too.
+COMPARISONS = {
+    "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})",
+    "gt": "({a} > {b})", "ge": "({a} >= {b})",
+}
+
+Value = TypeVar("Value")
+
+
+class PrintingOps(Generic[Value]):
+    """What the `ops` handlers that print source (cpp_ops.CppOps, triton_ops.TritonOps)
+    share: the kernel they print into, whose `emit` writes one value (with CSE) and
+    whose `load` reads a buffer element; values are the kernel's (`Value`)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.k = kernel
+
+    def _emit(self, expr: str, dtype: Any) -> Value:
+        return self.k.emit(expr, dtype)
+
+    def _print(self, form: Any, operands: tuple, dtype: Optional[Any]) -> Value:
+        """A table's form (`ops_from_table`) of one operand `{x}` or two, `{a}` and `{b}`
+        (the handler's `_bin`); the value has `dtype`, else the operands'."""
+        if len(operands) == 1:
+            return self._emit(form.format(x=operands[0]), dtype or operands[0].dtype)
+        return self._bin(form, *operands, dtype)
+
+    def _bin(self, form: Any, a: Any, b: Any, dtype: Optional[Any] = None) -> Value:
+        """A binary form of `a` and `b`, as the target needs it (C++ casts integer
+        promotions back, Triton picks a `FloatOrInt` form by the operands' dtype)."""
+        raise NotImplementedError
+
+    def load(self, name: str, index: Any) -> Value:
+        return self.k.load(name, index)
+
+
+def ops_from_table(forms: dict[str, Any], result: Optional[Any] = None) -> Callable[[type], type]:
+    """A class decorator for a `PrintingOps` handler: a method per op in `forms` (op
+    name -> its form of the operands, `{x}` or `{a}` and `{b}`) that prints the form
+    (`PrintingOps._print`); `result` is the value's dtype (None: the operands')."""
+
+    def method(op: str, form: Any) -> Callable[..., Any]:
+        def print_op(self: PrintingOps, *operands: Any) -> Any:
+            return self._print(form, operands, result)
+
+        print_op.__name__ = print_op.__qualname__ = op
+        return print_op
+
+    def add_methods(cls: type) -> type:
+        for op, form in forms.items():
+            if op in vars(cls):  # a special-cased op is a method; the table must not hide it
+                raise TypeError(f"{cls.__name__}.{op} is both a method and in a table of forms")
+            setattr(cls, op, method(op, form))
+        return cls
+
+    return add_methods
 
 
 def cname(name: str) -> str:

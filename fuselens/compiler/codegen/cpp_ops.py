@@ -12,6 +12,7 @@ from typing import Any, Optional, Protocol
 import sympy
 import torch
 
+from fuselens.compiler.codegen import COMPARISONS, SPELLED_ALIKE, PrintingOps, ops_from_table
 from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing
 
 # The C type a value of each dtype is computed in. bfloat16 values are floats (ATen's
@@ -109,6 +110,24 @@ _UNARY_FLOAT = {
 }
 
 
+# Ops that are one C++ expression of their operands (`{T}`: their C type); the value has
+# the operands' dtype. Ops with a special case are CppOps methods.
+_FORMS = {
+    **SPELLED_ALIKE, "abs": "fl_abs({x})", "sign": "fl_sign({x})", "relu": "fl_relu({x})",
+    "floordiv": "fl_floordiv<{T}>({a}, {b})", "truncdiv": "fl_truncdiv<{T}>({a}, {b})",
+    "remainder": "fl_remainder<{T}>({a}, {b})", "fmod": "fl_fmod<{T}>({a}, {b})", "pow": "fl_pow<{T}>({a}, {b})",
+    "maximum": "fl_maximum<{T}>({a}, {b})", "minimum": "fl_minimum<{T}>({a}, {b})",
+    "fmax": "std::fmax({a}, {b})", "fmin": "std::fmin({a}, {b})", "atan2": "std::atan2({a}, {b})",
+    "hypot": "std::hypot({a}, {b})", "copysign": "std::copysign({a}, {b})", "nextafter": "std::nextafter({a}, {b})",
+    "lshift": "fl_shl<{T}>({a}, {b})", "rshift": "fl_shr<{T}>({a}, {b})",
+}
+# Comparisons and logical ops: bool values.
+_TO_BOOL = {
+    **COMPARISONS, "logical_not": "(!{x})", "logical_and": "({a} && {b})", "logical_or": "({a} || {b})",
+    "logical_xor": "({a} != {b})",
+}
+
+
 class CppKernel(Protocol):
     """The scopes CppOps prints into (cpp.CppKernel) and what it knows of bfloat16 values."""
 
@@ -123,20 +142,17 @@ class CppKernel(Protocol):
     def simplify(self, e: Expr) -> Expr: ...
 
 
-class CppOps:
-    """The `ops` handler that prints C++. Each op emits `const T tN = expr;` into
-    the current scope (with CSE) and returns the variable."""
+@ops_from_table(_FORMS)
+@ops_from_table(_TO_BOOL, torch.bool)
+class CppOps(PrintingOps[CVal]):
+    """The `ops` handler that prints C++ (the contract in ir.py). Each op emits
+    `const T tN = expr;` into the current scope (with CSE) and returns the variable.
+    Where each op is printed: a method below or a row of `_FORMS` or `_TO_BOOL`
+    (`ops_from_table`), else the float functions of `_UNARY_FLOAT` (`__getattr__`)."""
 
-    def __init__(self, kernel: CppKernel) -> None:
-        self.k = kernel
-
-    def _emit(self, expr: str, dtype: torch.dtype) -> CVal:
-        return self.k.emit(expr, dtype)
+    k: CppKernel
 
     # -- memory and constants
-    def load(self, name: str, index: Expr) -> CVal:
-        return self.k.load(name, index)
-
     def constant(self, value: Any, dtype: torch.dtype) -> CVal:
         return CVal(cconst(value, dtype), dtype)
 
@@ -200,21 +216,6 @@ class CppOps:
             k.trig_args.append(x.name)
         return v
 
-    def neg(self, x: CVal) -> CVal:
-        return self._emit(f"(-{x})", x.dtype)
-
-    def abs(self, x: CVal) -> CVal:
-        return self._emit(f"fl_abs({x})", x.dtype)
-
-    def sign(self, x: CVal) -> CVal:
-        return self._emit(f"fl_sign({x})", x.dtype)
-
-    def relu(self, x: CVal) -> CVal:
-        return self._emit(f"fl_relu({x})", x.dtype)
-
-    def square(self, x: CVal) -> CVal:
-        return self._emit(f"({x} * {x})", x.dtype)
-
     def isnan(self, x: CVal) -> CVal:
         return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", torch.bool)
 
@@ -226,16 +227,13 @@ class CppOps:
     def signbit(self, x: CVal) -> CVal:
         return self._emit(f"std::signbit({x})" if x.dtype.is_floating_point else f"({x} < 0)", torch.bool)
 
-    def logical_not(self, x: CVal) -> CVal:
-        return self._emit(f"(!{x})", torch.bool)
-
     def bitwise_not(self, x: CVal) -> CVal:
         if x.dtype == torch.bool:
-            return self._emit(f"(!{x})", torch.bool)
+            return self.logical_not(x)
         return self._emit(f"static_cast<{CTYPES[x.dtype]}>(~{x})", x.dtype)
 
     # -- binary
-    def _bin(self, a: CVal, b: CVal, fmt: str, dtype: Optional[torch.dtype] = None) -> CVal:
+    def _bin(self, fmt: str, a: CVal, b: CVal, dtype: Optional[torch.dtype] = None) -> CVal:
         dt = dtype or a.dtype
         expr = fmt.format(a=a, b=b, T=CTYPES[a.dtype])
         if dt != torch.bool and not dt.is_floating_point and dt not in (torch.int64,):
@@ -244,16 +242,13 @@ class CppOps:
 
     def add(self, a, b):  # noqa: D102
         if a.dtype == torch.bool:
-            return self._bin(a, b, "({a} || {b})")
-        return self._bin(a, b, "({a} + {b})")
-
-    def sub(self, a, b):
-        return self._bin(a, b, "({a} - {b})")
+            return self._bin("({a} || {b})", a, b)
+        return self._bin("({a} + {b})", a, b)
 
     def mul(self, a, b):
         if a.dtype == torch.bool:
-            return self._bin(a, b, "({a} && {b})")
-        return self._bin(a, b, "({a} * {b})")
+            return self._bin("({a} && {b})", a, b)
+        return self._bin("({a} * {b})", a, b)
 
     def truediv(self, a, b):
         k = self.k
@@ -266,86 +261,5 @@ class CppOps:
             saved, k.scope = k.scope, k.outer_scope
             r = k.emit(f"({cconst(1, b.dtype)} / {b})", b.dtype)
             k.scope = saved
-            return self._bin(a, r, "({a} * {b})")
-        return self._bin(a, b, "({a} / {b})")
-
-    def floordiv(self, a, b):
-        return self._bin(a, b, "fl_floordiv<{T}>({a}, {b})")
-
-    def truncdiv(self, a, b):
-        return self._bin(a, b, "fl_truncdiv<{T}>({a}, {b})")
-
-    def remainder(self, a, b):
-        return self._bin(a, b, "fl_remainder<{T}>({a}, {b})")
-
-    def fmod(self, a, b):
-        return self._bin(a, b, "fl_fmod<{T}>({a}, {b})")
-
-    def pow(self, a, b):
-        return self._bin(a, b, "fl_pow<{T}>({a}, {b})")
-
-    def maximum(self, a, b):
-        return self._bin(a, b, "fl_maximum<{T}>({a}, {b})")
-
-    def minimum(self, a, b):
-        return self._bin(a, b, "fl_minimum<{T}>({a}, {b})")
-
-    def fmax(self, a, b):
-        return self._bin(a, b, "std::fmax({a}, {b})")
-
-    def fmin(self, a, b):
-        return self._bin(a, b, "std::fmin({a}, {b})")
-
-    def atan2(self, a, b):
-        return self._bin(a, b, "std::atan2({a}, {b})")
-
-    def hypot(self, a, b):
-        return self._bin(a, b, "std::hypot({a}, {b})")
-
-    def copysign(self, a, b):
-        return self._bin(a, b, "std::copysign({a}, {b})")
-
-    def nextafter(self, a, b):
-        return self._bin(a, b, "std::nextafter({a}, {b})")
-
-    def eq(self, a, b):
-        return self._bin(a, b, "({a} == {b})", torch.bool)
-
-    def ne(self, a, b):
-        return self._bin(a, b, "({a} != {b})", torch.bool)
-
-    def lt(self, a, b):
-        return self._bin(a, b, "({a} < {b})", torch.bool)
-
-    def le(self, a, b):
-        return self._bin(a, b, "({a} <= {b})", torch.bool)
-
-    def gt(self, a, b):
-        return self._bin(a, b, "({a} > {b})", torch.bool)
-
-    def ge(self, a, b):
-        return self._bin(a, b, "({a} >= {b})", torch.bool)
-
-    def logical_and(self, a, b):
-        return self._bin(a, b, "({a} && {b})", torch.bool)
-
-    def logical_or(self, a, b):
-        return self._bin(a, b, "({a} || {b})", torch.bool)
-
-    def logical_xor(self, a, b):
-        return self._bin(a, b, "({a} != {b})", torch.bool)
-
-    def bitwise_and(self, a, b):
-        return self._bin(a, b, "({a} & {b})")
-
-    def bitwise_or(self, a, b):
-        return self._bin(a, b, "({a} | {b})")
-
-    def bitwise_xor(self, a, b):
-        return self._bin(a, b, "({a} ^ {b})")
-
-    def lshift(self, a, b):
-        return self._bin(a, b, "fl_shl<{T}>({a}, {b})")
-
-    def rshift(self, a, b):
-        return self._bin(a, b, "fl_shr<{T}>({a}, {b})")
+            return self._bin("({a} * {b})", a, r)
+        return self._bin("({a} / {b})", a, b)

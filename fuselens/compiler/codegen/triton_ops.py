@@ -13,7 +13,8 @@ generated kernel on CPU) implements the `tl.*` math functions but fails on every
 the formula is exact: floor, round-half-even, fmod, Python-style integer
 division) and, for the few where a formula loses accuracy (pow, tanh near 0,
 atan, lgamma...), the GPU build uses libdevice and the interpreter build the
-formula (`MathMode`). Both forms live in one table below so they stay in step;
+formula (`MathMode`). The tables below list each function's one form, or the
+interpreter's formula beside the libdevice call's name, so they stay in step;
 the `_fl_*` helpers they call are the prelude (triton_prelude.py).
 """
 
@@ -25,6 +26,7 @@ from typing import Any, Optional
 
 import torch
 
+from fuselens.compiler.codegen import COMPARISONS, SPELLED_ALIKE, PrintingOps, ops_from_table
 from fuselens.compiler.codegen.triton_prelude import prelude_text
 
 TL_DTYPES = {
@@ -33,46 +35,49 @@ TL_DTYPES = {
     torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
 }
 
-# op -> (interpreter form, GPU form); "{x}"/"{a}"/"{b}" are the operands
-_FLOAT_UNARY: dict[str, tuple[str, str]] = {
-    "exp": ("tl.exp({x})", "tl.exp({x})"),
-    "exp2": ("tl.exp2({x})", "tl.exp2({x})"),
-    "log": ("tl.log({x})", "tl.log({x})"),
-    "log2": ("tl.log2({x})", "tl.log2({x})"),
-    "log10": ("(tl.log({x}) * 0.4342944819032518)", "libdevice.log10({x})"),
-    "sqrt": ("tl.sqrt_rn({x})", "tl.sqrt_rn({x})"),  # float64: _FLOAT64_UNARY
-    "rsqrt": ("_fl_rsqrt({x})", "_fl_rsqrt({x})"),
-    "reciprocal": ("(1.0 / {x})", "(1.0 / {x})"),
-    "sin": ("tl.sin({x})", "tl.sin({x})"),
-    "cos": ("tl.cos({x})", "tl.cos({x})"),
-    "tan": ("(tl.sin({x}) / tl.cos({x}))", "libdevice.tan({x})"),
-    "erf": ("tl.erf({x})", "tl.erf({x})"),
-    "erfc": ("(1.0 - tl.erf({x}))", "libdevice.erfc({x})"),
-    "sigmoid": ("_fl_sigmoid({x})", "_fl_sigmoid({x})"),
-    "tanh": ("_fl_tanh({x})", "libdevice.tanh({x})"),
-    "expm1": ("_fl_expm1({x})", "libdevice.expm1({x})"),
-    "log1p": ("_fl_log1p({x})", "libdevice.log1p({x})"),
-    "atan": ("_fl_atan({x})", "libdevice.atan({x})"),
-    "asin": ("_fl_asin({x})", "libdevice.asin({x})"),
-    "acos": ("_fl_acos({x})", "libdevice.acos({x})"),
-    "sinh": ("_fl_sinh({x})", "libdevice.sinh({x})"),
-    "cosh": ("_fl_cosh({x})", "libdevice.cosh({x})"),
-    "asinh": ("_fl_asinh({x})", "libdevice.asinh({x})"),
-    "acosh": ("_fl_acosh({x})", "libdevice.acosh({x})"),
-    "atanh": ("_fl_atanh({x})", "libdevice.atanh({x})"),
-    "lgamma": ("_fl_lgamma({x})", "libdevice.lgamma({x})"),
-    "floor": ("_fl_floor({x})", "_fl_floor({x})"),
-    "ceil": ("_fl_ceil({x})", "_fl_ceil({x})"),
-    "trunc": ("_fl_trunc({x})", "_fl_trunc({x})"),
-    "round": ("_fl_round({x})", "_fl_round({x})"),
-    "frac": ("({x} - _fl_trunc({x}))", "({x} - _fl_trunc({x}))"),
+# op -> its form, for the interpreter and the GPU alike; "{x}"/"{a}"/"{b}" are the operands
+_UNARY_FORMS = {
+    "exp": "tl.exp({x})",
+    "exp2": "tl.exp2({x})",
+    "log": "tl.log({x})",
+    "log2": "tl.log2({x})",
+    "sqrt": "tl.sqrt_rn({x})",  # float64: _FLOAT64_UNARY
+    "rsqrt": "_fl_rsqrt({x})",
+    "reciprocal": "(1.0 / {x})",
+    "sin": "tl.sin({x})",
+    "cos": "tl.cos({x})",
+    "erf": "tl.erf({x})",
+    "sigmoid": "_fl_sigmoid({x})",
+    "floor": "_fl_floor({x})",
+    "ceil": "_fl_ceil({x})",
+    "trunc": "_fl_trunc({x})",
+    "round": "_fl_round({x})",
+    "frac": "({x} - _fl_trunc({x}))",
 }
-_FLOAT_BINARY: dict[str, tuple[str, str]] = {
-    "pow": ("_fl_pow({a}, {b})", "libdevice.pow({a}, {b})"),
-    "atan2": ("_fl_atan2({a}, {b})", "libdevice.atan2({a}, {b})"),
-    "hypot": ("tl.sqrt_rn({a} * {a} + {b} * {b})", "libdevice.hypot({a}, {b})"),
-    "nextafter": ("_fl_nextafter({a}, {b})", "_fl_nextafter({a}, {b})"),
-    "fmod": ("({a} - _fl_trunc({a} / {b}) * {b})", "libdevice.fmod({a}, {b})"),
+_BINARY_FORMS = {"nextafter": "_fl_nextafter({a}, {b})"}
+# op -> the interpreter's formula, where the GPU build calls `libdevice.<op>` instead
+_LIBDEVICE_UNARY = {
+    "log10": "(tl.log({x}) * 0.4342944819032518)",
+    "tan": "(tl.sin({x}) / tl.cos({x}))",
+    "erfc": "(1.0 - tl.erf({x}))",
+    "tanh": "_fl_tanh({x})",
+    "expm1": "_fl_expm1({x})",
+    "log1p": "_fl_log1p({x})",
+    "atan": "_fl_atan({x})",
+    "asin": "_fl_asin({x})",
+    "acos": "_fl_acos({x})",
+    "sinh": "_fl_sinh({x})",
+    "cosh": "_fl_cosh({x})",
+    "asinh": "_fl_asinh({x})",
+    "acosh": "_fl_acosh({x})",
+    "atanh": "_fl_atanh({x})",
+    "lgamma": "_fl_lgamma({x})",
+}
+_LIBDEVICE_BINARY = {
+    "pow": "_fl_pow({a}, {b})",
+    "atan2": "_fl_atan2({a}, {b})",
+    "hypot": "tl.sqrt_rn({a} * {a} + {b} * {b})",
+    "fmod": "({a} - _fl_trunc({a} / {b}) * {b})",
 }
 
 
@@ -83,17 +88,20 @@ _FLOAT64_UNARY: dict[str, str] = {"sqrt": "tl.sqrt({x})"}
 
 @dataclass
 class MathMode:
-    """Which form of the math table to print: the interpreter's or the GPU's."""
+    """Which form of the math tables to print: the interpreter's or the GPU's."""
 
     interpret: bool
 
     def unary(self, op: str) -> Optional[str]:
-        forms = _FLOAT_UNARY.get(op)
-        return None if forms is None else forms[0 if self.interpret else 1]
+        return self._form(op, _UNARY_FORMS, _LIBDEVICE_UNARY, "{x}")
 
     def binary(self, op: str) -> Optional[str]:
-        forms = _FLOAT_BINARY.get(op)
-        return None if forms is None else forms[0 if self.interpret else 1]
+        return self._form(op, _BINARY_FORMS, _LIBDEVICE_BINARY, "{a}, {b}")
+
+    def _form(self, op: str, forms: dict[str, str], libdevice: dict[str, str], operands: str) -> Optional[str]:
+        if op in libdevice and not self.interpret:
+            return f"libdevice.{op}({operands})"
+        return libdevice.get(op, forms.get(op))
 
     def prelude(self) -> str:
         return prelude_text(self.interpret)
@@ -112,6 +120,35 @@ class TVal:
         return self.name
 
 
+@dataclass(frozen=True)
+class FloatOrInt:
+    """A binary op's form for floating-point operands and its form for integers."""
+
+    floating: str
+    integral: str
+
+
+# Ops that are one Triton expression of their operands; the value has the operands'
+# dtype. Ops with a special case are TritonOps methods, math functions in the math table.
+_FORMS: dict[str, str | FloatOrInt] = {
+    **SPELLED_ALIKE,
+    "relu": "tl.where({x} < 0, 0, {x})",
+    "floordiv": FloatOrInt("_fl_floor({a} / {b})", "_fl_floordiv_int({a}, {b})"),
+    "truncdiv": FloatOrInt("_fl_trunc({a} / {b})", "_fl_truncdiv_int({a}, {b})"),
+    "remainder": FloatOrInt("({a} - _fl_floor({a} / {b}) * {b})", "_fl_remainder_int({a}, {b})"),
+    "maximum": FloatOrInt("_fl_maximum({a}, {b})", "_fl_imaximum({a}, {b})"),
+    "minimum": FloatOrInt("_fl_minimum({a}, {b})", "_fl_iminimum({a}, {b})"),
+    "fmax": "tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, tl.maximum({a}, {b})))",
+    "fmin": "tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, tl.minimum({a}, {b})))",
+    "lshift": "({a} << {b})", "rshift": "({a} >> {b})",
+}
+# Comparisons and logical ops: bool values.
+_TO_BOOL = {
+    **COMPARISONS, "logical_not": "({x} == 0)", "logical_and": "(({a} != 0) & ({b} != 0))",
+    "logical_or": "(({a} != 0) | ({b} != 0))", "logical_xor": "(({a} != 0) ^ ({b} != 0))",
+}
+
+
 def tl_const(value: Any, dtype: torch.dtype) -> str:
     """A Python literal Triton reads as the right value (dtype comes from `tl.full`)."""
     if dtype == torch.bool:
@@ -126,12 +163,16 @@ def tl_const(value: Any, dtype: torch.dtype) -> str:
     return str(int(value))
 
 
-class TritonOps:
+@ops_from_table(_FORMS)
+@ops_from_table(_TO_BOOL, torch.bool)
+class TritonOps(PrintingOps[TVal]):
     """Prints the IR's op contract (see ir.py) as Triton. Each op becomes
-    `tmpN = expr` in the kernel's current scope (with CSE); see TritonKernel."""
+    `tmpN = expr` in the kernel's current scope (with CSE); see TritonKernel.
+    Where each op is printed: a method below or a row of `_FORMS` or `_TO_BOOL`
+    (`ops_from_table`), else the math tables of `self.math` (`__getattr__`)."""
 
     def __init__(self, kernel: Any) -> None:
-        self.k = kernel
+        super().__init__(kernel)
         self.math = kernel.math
         # how the values that a 16-bit GELU is made of were computed: name -> (op, operands)
         self._origin: dict[str, tuple] = {}
@@ -140,13 +181,7 @@ class TritonOps:
     def rep(self, dtype: torch.dtype) -> torch.dtype:
         return self.k.rep_dtype(dtype)
 
-    def _emit(self, expr: str, dtype: torch.dtype) -> TVal:
-        return self.k.emit(expr, dtype)
-
     # -- memory and constants
-    def load(self, name: str, index: Any) -> TVal:
-        return self.k.load(name, index)
-
     def constant(self, value: Any, dtype: torch.dtype) -> TVal:
         # a 0-d typed tensor: usable in every op (`.to`, math) and broadcast by Triton
         return TVal(f"tl.full([], {tl_const(value, dtype)}, {TL_DTYPES[self.rep(dtype)]})", dtype, const=value)
@@ -179,10 +214,13 @@ class TritonOps:
     def where(self, c: TVal, a: TVal, b: TVal) -> TVal:
         return self._emit(f"tl.where({c}, {a}, {b})", a.dtype)
 
-    # -- unary
+    # -- the math table's functions (erf, fmod and pow are methods: they have special cases)
     def __getattr__(self, op: str) -> Any:
         if op.startswith("_"):
             raise AttributeError(op)
+        binary = self.math.binary(op)
+        if binary is not None:
+            return lambda a, b: self._bin(binary, a, b)
         form = self.math.unary(op)
         if form is None:
             raise AttributeError(op)
@@ -238,9 +276,6 @@ class TritonOps:
                 return x
         return None
 
-    def neg(self, x: TVal) -> TVal:
-        return self._emit(f"(-{x})", x.dtype)
-
     def abs(self, x: TVal) -> TVal:
         if x.dtype == torch.bool:
             return x
@@ -252,12 +287,6 @@ class TritonOps:
         if x.dtype.is_floating_point:
             return self._emit(f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, {x}))", x.dtype)
         return self._emit(f"(({x} > 0).to({TL_DTYPES[x.dtype]}) - ({x} < 0).to({TL_DTYPES[x.dtype]}))", x.dtype)
-
-    def relu(self, x: TVal) -> TVal:
-        return self._emit(f"tl.where({x} < 0, 0, {x})", x.dtype)
-
-    def square(self, x: TVal) -> TVal:
-        return self._emit(f"({x} * {x})", x.dtype)
 
     def isnan(self, x: TVal) -> TVal:
         if not x.dtype.is_floating_point:
@@ -275,26 +304,22 @@ class TritonOps:
         ity = "tl.int64" if self.rep(x.dtype) == torch.float64 else "tl.int32"
         return self._emit(f"({x}.to({ity}, bitcast=True) < 0)", torch.bool)
 
-    def logical_not(self, x: TVal) -> TVal:
-        return self._emit(f"({x} == 0)", torch.bool)
-
     def bitwise_not(self, x: TVal) -> TVal:
         if x.dtype == torch.bool:
-            return self._emit(f"({x} == 0)", torch.bool)
+            return self.logical_not(x)
         return self._emit(f"(~{x})", x.dtype)
 
     # -- binary
-    def _bin(self, fmt: str, a: TVal, b: TVal, dtype: Optional[torch.dtype] = None) -> TVal:
-        return self._emit(fmt.format(a=a, b=b), dtype or a.dtype)
+    def _bin(self, form: str | FloatOrInt, a: TVal, b: TVal, dtype: Optional[torch.dtype] = None) -> TVal:
+        if isinstance(form, FloatOrInt):
+            form = form.floating if a.dtype.is_floating_point else form.integral
+        return self._emit(form.format(a=a, b=b), dtype or a.dtype)
 
     def add(self, a, b):  # noqa: D102 - the IR contract
         if a.dtype == torch.bool:
             return self._bin("({a} | {b})", a, b)
         v = self._bin("({a} + {b})", a, b)
         return self._note(v, "add", a, b) if self._short_math(a) else v
-
-    def sub(self, a, b):
-        return self._bin("({a} - {b})", a, b)
 
     def mul(self, a, b):
         if a.dtype == torch.bool:
@@ -310,21 +335,6 @@ class TritonOps:
         if not a.dtype.is_floating_point:
             a, b = self.to_dtype(a, torch.float32), self.to_dtype(b, torch.float32)
         return self._bin("({a} / {b})", a, b)
-
-    def floordiv(self, a, b):
-        if a.dtype.is_floating_point:
-            return self._bin("_fl_floor({a} / {b})", a, b)
-        return self._bin("_fl_floordiv_int({a}, {b})", a, b)
-
-    def truncdiv(self, a, b):
-        if a.dtype.is_floating_point:
-            return self._bin("_fl_trunc({a} / {b})", a, b)
-        return self._bin("_fl_truncdiv_int({a}, {b})", a, b)
-
-    def remainder(self, a, b):
-        if a.dtype.is_floating_point:
-            return self._bin("({a} - _fl_floor({a} / {b}) * {b})", a, b)
-        return self._bin("_fl_remainder_int({a}, {b})", a, b)
 
     def fmod(self, a, b):
         if a.dtype.is_floating_point:
@@ -351,69 +361,6 @@ class TritonOps:
             return self._bin("_fl_pow_int({a}, {b})", a, b)
         return self._bin(self.math.binary("pow"), a, b)
 
-    def maximum(self, a, b):
-        return self._bin("_fl_maximum({a}, {b})" if a.dtype.is_floating_point else "_fl_imaximum({a}, {b})", a, b)
-
-    def minimum(self, a, b):
-        return self._bin("_fl_minimum({a}, {b})" if a.dtype.is_floating_point else "_fl_iminimum({a}, {b})", a, b)
-
-    def fmax(self, a, b):
-        return self._bin("tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, tl.maximum({a}, {b})))", a, b)
-
-    def fmin(self, a, b):
-        return self._bin("tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, tl.minimum({a}, {b})))", a, b)
-
-    def atan2(self, a, b):
-        return self._bin(self.math.binary("atan2"), a, b)
-
-    def hypot(self, a, b):
-        return self._bin(self.math.binary("hypot"), a, b)
-
-    def nextafter(self, a, b):
-        return self._bin(self.math.binary("nextafter"), a, b)
-
     def copysign(self, a, b):
         sb = self.signbit(b)
         return self._emit(f"tl.where({sb}, -tl.abs({a}), tl.abs({a}))", a.dtype)
-
-    def eq(self, a, b):
-        return self._bin("({a} == {b})", a, b, torch.bool)
-
-    def ne(self, a, b):
-        return self._bin("({a} != {b})", a, b, torch.bool)
-
-    def lt(self, a, b):
-        return self._bin("({a} < {b})", a, b, torch.bool)
-
-    def le(self, a, b):
-        return self._bin("({a} <= {b})", a, b, torch.bool)
-
-    def gt(self, a, b):
-        return self._bin("({a} > {b})", a, b, torch.bool)
-
-    def ge(self, a, b):
-        return self._bin("({a} >= {b})", a, b, torch.bool)
-
-    def logical_and(self, a, b):
-        return self._bin("(({a} != 0) & ({b} != 0))", a, b, torch.bool)
-
-    def logical_or(self, a, b):
-        return self._bin("(({a} != 0) | ({b} != 0))", a, b, torch.bool)
-
-    def logical_xor(self, a, b):
-        return self._bin("(({a} != 0) ^ ({b} != 0))", a, b, torch.bool)
-
-    def bitwise_and(self, a, b):
-        return self._bin("({a} & {b})", a, b)
-
-    def bitwise_or(self, a, b):
-        return self._bin("({a} | {b})", a, b)
-
-    def bitwise_xor(self, a, b):
-        return self._bin("({a} ^ {b})", a, b)
-
-    def lshift(self, a, b):
-        return self._bin("({a} << {b})", a, b)
-
-    def rshift(self, a, b):
-        return self._bin("({a} >> {b})", a, b)
