@@ -77,7 +77,7 @@ def test_cross_entropy_training_through_the_backend_equals_eager():
 
 
 @pytest.mark.parametrize("case", ["lm_head", "addmm_bias", "transposed_a"])
-def test_unaligned_matmul_is_padded_keeping_values_and_at_most_padding_output_rows(case):
+def test_unaligned_matmul_is_padded_keeping_values_and_eager_layouts_unless_padded_outputs_are_allowed(case):
     g = torch.Generator().manual_seed(0)
     bf = torch.bfloat16
     if case == "lm_head":  # vocab 1003: the output's leading dimension is unaligned
@@ -91,7 +91,10 @@ def test_unaligned_matmul_is_padded_keeping_values_and_at_most_padding_output_ro
         args = (torch.randn(512, 1003, generator=g).to(bf), torch.randn(512, 768, generator=g).to(bf))
         fn = lambda gl, h: gl.t() @ h  # noqa: E731
     gm = traced(fn, *args)
-    done = pad_unaligned_matmuls(gm, require_cuda=False)
+    kept = traced(fn, *args)  # a training forward's outputs keep eager's layout
+    assert [r.rule for r in pad_unaligned_matmuls(kept, require_cuda=False)] == ["pad-matmul"]
+    assert kept(*args).stride() == fn(*args).stride()
+    done = pad_unaligned_matmuls(gm, require_cuda=False, padded_outputs=True)
     assert [r.rule for r in done] == ["pad-matmul"]
     assert aten.constant_pad_nd.default in targets(gm)
     out, ref = gm(*args), fn(*args)

@@ -2,9 +2,9 @@
 
 They change how a graph computes, never what: every rule keeps each node's value
 and the layout of every graph output as eager has them, but for one: a padded
-matmul's output keeps its padded row stride (a contiguous copy of GPT-2's logits
-was 0.28 ms of a 2.1 ms step). Inductor's pad_mm returns the same strides; views
-that merge or split leading dims work on them as on eager's. Each rule returns what
+matmul's output in an inference graph keeps its padded row stride (a contiguous
+copy of GPT-2's logits was 0.28 ms of a 2.1 ms step). Inductor's pad_mm returns the
+same strides; views that merge or split leading dims work on them as on eager's. Each rule returns what
 it did as `GraphRewrite` records, which the backend reports as fusion decisions.
 
 * `pad_unaligned_matmuls` (GPU, 16-bit): cuBLAS picks its fast Hopper kernels
@@ -120,9 +120,13 @@ def _pad_2d(bld: _Builder, x: torch.fx.Node, ld_dim: int, rows: int, cols: int) 
     return bld.call(aten.permute.default, bld.call(aten.constant_pad_nd.default, xt, [0, rows, 0, cols]), [1, 0])
 
 
-def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:
+def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True,
+                          padded_outputs: bool = False) -> list[GraphRewrite]:
     """The rule of the module docstring, for mm and addmm with a 1-D bias
-    (`require_cuda=False` lets tests run it on CPU graphs)."""
+    (`require_cuda=False` lets tests run it on CPU graphs). `padded_outputs`: a graph
+    output may keep the padded row stride (inference graphs: their outputs are the
+    user's only; a training forward's outputs also feed a backward traced on eager's
+    layouts)."""
     mode = _fake_mode(gm)
     done: list[GraphRewrite] = []
     touched = False
@@ -170,7 +174,7 @@ def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True
             res = bld.call(aten.slice.Tensor, res, 0, 0, m)
         if pad_n:
             res = bld.call(aten.slice.Tensor, res, 1, 0, n)
-        if not _replace_keeping_layouts(gm, node, res, mode, padded_rows_ok=True):
+        if not _replace_keeping_layouts(gm, node, res, mode, padded_rows_ok=padded_outputs):
             continue  # the unused padded nodes go with eliminate_dead_code below
         done.append(GraphRewrite("pad-matmul", node.name, f"{m}x{k} @ {k}x{n} padded to {mp}x{kp} @ {kp}x{np_} "
                                  f"(16-byte aligned leading dimensions: cuBLAS's fast kernels)"))
