@@ -4,6 +4,7 @@ pointwise nodes that read their inputs at clamped indices (always in bounds)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Sequence
 
 import sympy
@@ -347,3 +348,80 @@ def lower_broadcast_in_dim(ctx: Lowerer, x: TensorValue, shape: Any, broadcast_d
         return [ZERO if (x.size[k] == 1 and size[d] != 1) else idx[d] for k, d in enumerate(broadcast_dimensions)]
 
     return view_of(x, size, reindex)
+
+
+def _pair(v: Any, default: Sequence[int]) -> tuple[int, int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    v = v or list(default)
+    return (int(v[0]), int(v[-1]))
+
+
+@register(aten.max_pool2d_with_indices.default)
+def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                     padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple:
+    """Each output element is the max of its window, read at clamped indices (taps
+    outside the padded input count as -inf), like ATen's kernel: the first maximum
+    wins and a NaN wins over everything. The indices (flat offsets into each input
+    plane, what the backward reads) are a node of their own, made only when used."""
+    meta, idx_meta = ctx.out_meta()
+    if not x.dtype.is_floating_point or len(x.size) not in (3, 4):
+        raise NotLowered("max_pool2d of a non-float or non-image tensor")
+    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size, ()), _pair(padding, (0,)), _pair(dilation, (1,))
+    sh, sw = _pair(stride, (kh, kw))
+    size = [ir.sympify_size(s) for s in meta.shape]
+    h, w = x.size[-2], x.size[-1]
+    bounded = ph > 0 or pw > 0 or ceil_mode  # else every tap is inside the input by the output size's formula
+    dt = meta.dtype
+
+    def taps(ops: Any, idx: Sequence[Expr]) -> list[tuple[Any, Expr, Any]]:
+        """(value, flat input offset, inside the input or None when always) of each tap."""
+        *lead, oh, ow = idx
+        out = []
+        for i in range(kh):
+            for j in range(kw):
+                ih, iw = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                v = load_as(ops, x, [*lead, _clamp_index(ih, h), _clamp_index(iw, w)], dt, x.size)
+                inside = None
+                if bounded:
+                    zero = ops.constant(0, torch.int64)
+                    inside = ops.logical_and(_inside(ops, ih, h, zero), _inside(ops, iw, w, zero))
+                    v = ops.where(inside, v, ops.constant(float("-inf"), dt))
+                out.append((v, ih * w + iw, inside))
+        return out
+
+    def values(ops: Any, idx: Sequence[Expr]) -> Any:
+        vs = taps(ops, idx)
+        best = vs[0][0]
+        for v, _, _ in vs[1:]:
+            best = ops.maximum(best, v)
+        return best
+
+    def indices(ops: Any, idx: Sequence[Expr]) -> Any:
+        # a tap outside the input never wins over one inside (its offset is not in the plane)
+        vs = taps(ops, idx)
+        best, at, have = vs[0][0], ops.index_expr(vs[0][1], torch.int64), vs[0][2]
+        for v, flat, inside in vs[1:]:
+            take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
+            if inside is not None:
+                take = ops.logical_and(inside, ops.logical_or(take, ops.logical_not(have)))
+                have = ops.logical_or(have, inside)
+            best = ops.where(take, v, best)
+            at = ops.where(take, ops.index_expr(flat, torch.int64), at)
+        return at
+
+    out = ctx.add_compute(values, size, dt, stride=_dense_stride(meta, size, ctx), name=ctx.current.name)
+    used = {u.args[1] for u in ctx.current.users if u.target is operator.getitem}
+    if 1 not in used:
+        return out, None
+    return out, ctx.add_compute(indices, size, idx_meta.dtype, stride=_dense_stride(idx_meta, size, ctx),
+                                name=ctx.fresh("indices"))
+
+
+def _inside(ops: Any, e: Expr, n: Expr, zero: Any) -> Any:
+    iv = ops.index_expr(e, torch.int64)
+    return ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(n, torch.int64)))
+
+
+def _dense_stride(meta: torch.Tensor, size: Sequence[Expr], ctx: Lowerer) -> list[Expr]:
+    st = [ir.sympify_size(s) for s in meta.stride()]
+    return st if ir.dense_layout(size, st, ctx.graph.size_hints) else ir.contiguous_strides(size)

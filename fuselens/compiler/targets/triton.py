@@ -24,7 +24,9 @@ class TritonTarget(Target):
     def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
         if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
             return []
-        done = graph_passes.pad_unaligned_matmuls(gm)
+        # an inference graph's outputs are only the user's: a padded row stride is fine there; a
+        # forward's also feed its backward, compiled for eager's layouts
+        done = graph_passes.pad_unaligned_matmuls(gm, padded_outputs=stage == "aot_inference")
         done += graph_passes.index_put_accumulate_as_index_add(gm)
         if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there
             done += graph_passes.channels_last_convolutions(gm)

@@ -1,0 +1,70 @@
+"""max_pool2d_with_indices is lowered (a ResNet stem's pooling was an ATen kernel
+between two generated ones): values and indices as ATen computes them (first
+maximum wins, NaN wins, padding taps never win), so ATen's backward reads our
+indices. C++ in-process, Triton in its CPU interpreter (subprocess)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton_worker import interpreted_worker_records
+
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
+
+CASES = [(3, 2, 1, 1, False), (2, 2, 0, 1, False), (3, 1, 1, 2, False), (3, 2, 0, 1, True), (3, 2, 1, 1, True)]
+
+
+def _mismatches(opts: dict) -> list[str]:
+    """Each pooling case, inference and training, NCHW and channels-last, against eager."""
+    from fuselens import sink
+    from fuselens.events import ErrorEntry
+
+    bad = []
+    for k, s, p, d, ceil in CASES:
+        for train in (False, True):
+            for channels_last in (False, True):
+                torch._dynamo.reset()
+                torch.manual_seed(0)
+                x = torch.randn(2, 3, 11, 10)
+                x[0, 0, 0, 0] = float("nan")
+                x[1, 1, :3, :3] = float("-inf")  # a window with nothing above -inf: its index must be inside
+                if channels_last:
+                    x = x.to(memory_format=torch.channels_last)
+                x.requires_grad_(train)
+
+                def f(x: torch.Tensor) -> torch.Tensor:
+                    return torch.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode=ceil) * 2
+
+                with sink.collect() as events:
+                    out = torch.compile(f, backend="fuselens", options=opts)(x)
+                ref = f(x)
+                same = torch.equal(out.nan_to_num(), ref.nan_to_num())
+                if train:
+                    g = torch.randn_like(ref)
+                    (mine,), (theirs,) = torch.autograd.grad(out, x, g), torch.autograd.grad(ref, x, g)
+                    same = same and torch.equal(mine.nan_to_num(), theirs.nan_to_num())
+                fell_back = any(isinstance(e, ErrorEntry) and "max_pool2d_with_indices.default" in e.message
+                                for e in events)
+                if not same or fell_back:
+                    bad.append(f"k{k} s{s} p{p} d{d} ceil={ceil} train={train} cl={channels_last}"
+                               + (" (ATen fallback)" if fell_back else ""))
+    return bad
+
+
+def test_max_pool2d_values_indices_and_gradients_match_eager_in_generated_cpp() -> None:
+    assert _mismatches({"target": "cpp", "fallback_on_error": False}) == []
+
+
+def test_max_pool2d_matches_eager_in_the_triton_interpreter(tmp_path: Path) -> None:
+    records = interpreted_worker_records(__file__, tmp_path / "records.json", 900, "max-pool worker")
+    assert records == {"bad": []}
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":  # pragma: no cover
+    import tempfile
+
+    opts = {"target": "triton", "fallback_on_error": False, "cache_dir": tempfile.mkdtemp(prefix="fl_pool_")}
+    Path(sys.argv[2]).write_text(json.dumps({"bad": _mismatches(opts)}))
