@@ -120,6 +120,21 @@ def _pad_2d(bld: _Builder, x: torch.fx.Node, ld_dim: int, rows: int, cols: int) 
     return bld.call(aten.permute.default, bld.call(aten.constant_pad_nd.default, xt, [0, rows, 0, cols]), [1, 0])
 
 
+def _matmul_operands(node: torch.fx.Node, require_cuda: bool) -> Optional[tuple]:
+    """(bias or None, a, b) of a 16-bit mm or addmm this rule may pad."""
+    if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default) or node.kwargs:
+        return None
+    if node.target is aten.addmm.default and len(node.args) > 3:
+        return None
+    bias, a, b = (None, *node.args) if node.target is aten.mm.default else node.args[:3]
+    va, vb, out = _val(a), _val(b), _val(node)
+    if not all(isinstance(v, torch.Tensor) for v in (va, vb, out)) or (require_cuda and not va.is_cuda):
+        return None
+    if va.dtype not in (torch.bfloat16, torch.float16) or vb.dtype != va.dtype:
+        return None
+    return bias, a, b
+
+
 def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True,
                           padded_outputs: bool = False) -> list[GraphRewrite]:
     """The rule of the module docstring, for mm and addmm with a 1-D bias
@@ -133,18 +148,11 @@ def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True
     if mode is None:
         return done
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+        operands = _matmul_operands(node, require_cuda)
+        if operands is None:
             continue
-        if node.kwargs:
-            continue
-        bias, a, b = (None, *node.args) if node.target is aten.mm.default else node.args[:3]
-        if node.target is aten.addmm.default and len(node.args) > 3:
-            continue
-        va, vb, out = _val(a), _val(b), _val(node)
-        if not all(isinstance(v, torch.Tensor) for v in (va, vb, out)) or (require_cuda and not va.is_cuda):
-            continue
-        if va.dtype not in (torch.bfloat16, torch.float16) or vb.dtype != va.dtype:
-            continue
+        bias, a, b = operands
+        va, vb = _val(a), _val(b)
         (m, k), n = va.shape, vb.shape[1]
         if not _static(m, k, n) or m * k * n < PAD_MIN_MACS:
             continue
