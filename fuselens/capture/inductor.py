@@ -231,8 +231,11 @@ class InductorKernels:
         totals: dict[tuple[str, str], list[float]] = {}
         events = prof.events()
         launches = {e.id: e for e in events if getattr(e, "cpu_parent", None) is not None}
+        # a Triton kernel is a host range (its launch) and a device event of the same name:
+        # the device event is the kernel's time, the host range would count each call twice
+        on_device = {e.name for e in events if _on_device(e)}
         for event in events:
-            if _compile_work(event, launches):
+            if _compile_work(event, launches) or (event.name in on_device and not _on_device(event)):
                 continue
             key = self._kernel_of_event(event, by_graph, by_name)
             if key is None:
@@ -272,6 +275,10 @@ class InductorKernels:
         if len(kernels) == 1 and not name.startswith("extern"):
             return kernels[0].graph_id, name
         return None
+
+
+def _on_device(event: Any) -> bool:
+    return str(getattr(event, "device_type", "")).endswith("CUDA")
 
 
 def _compile_work(event: Any, launches: dict[int, Any]) -> bool:
