@@ -14,6 +14,7 @@ from typing import Optional
 from fuselens.events import SourceLocation
 
 MISSING = "—"  # a time that was not measured
+RECOMPILE_LIMIT = "recompile limit reached: Dynamo gave up and runs this function eagerly"
 
 # aten overload names that say nothing to a reader (`add.Tensor` is `add`).
 _OP_NAMESPACES = ("aten", "prims", "torch", "quantized")

@@ -209,7 +209,7 @@ def _recompiles(report: Report, root: Optional[str]) -> str:
         pairs += [("changed", escape(common.shape_change_text(sc))) for sc in rc.shape_changes]
         pairs += [("dtype", escape(d)) for d in rc.dtype_changes]
         if rc.hit_limit:
-            pairs.append(("limit", "recompile limit reached: Dynamo gave up and runs this function eagerly"))
+            pairs.append(("limit", present.RECOMPILE_LIMIT))
         pairs += fix_notes(rc.fixes)
         if not rc.fixes:
             pairs.append(("fix", f'<span class="fix">{prose(rc.fix)}</span>' if rc.fix else ""))

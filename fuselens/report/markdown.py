@@ -198,7 +198,7 @@ def _recompiles(out: list[str], report: Report, root: Optional[str]) -> None:
         items += [f"- **changed:** {esc(common.shape_change_text(sc))}" for sc in rc.shape_changes]
         items += [f"- **dtype:** {esc(d)}" for d in rc.dtype_changes]
         if rc.hit_limit:
-            items.append("- **limit:** recompile limit reached; Dynamo gave up and runs this function eagerly")
+            items.append(f"- **limit:** {present.RECOMPILE_LIMIT}")
         items += _fix_items(rc.fixes)
         if rc.fix and not rc.fixes:
             items.append(f"- **fix:** {prose(rc.fix)}")

@@ -241,7 +241,7 @@ class _View:
                     self.c.print(Text(f"    ... {len(group) - 5} more like these", style="dim"))
                 self.hanging(Text(f"    {rc.compile_id:>5}", style="magenta"), Text(common.recompile_headline(rc)))
             if limit:
-                self.note("limit", "recompile limit reached: Dynamo gave up and runs this function eagerly", "red")
+                self.note("limit", present.RECOMPILE_LIMIT, "red")
             self.fixes(common.group_fixes(group), first.fix)
             if self.verbose:
                 for rc in group:
