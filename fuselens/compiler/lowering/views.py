@@ -162,14 +162,7 @@ def _dim_size(x: TensorValue, dim: int) -> Expr:
 def lower_slice(ctx: Lowerer, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
     dim = _norm_dim(dim, len(x.size))
     size = out_size(ctx)
-    n = x.size[dim]
-    s = sympy.sympify(0 if start is None else start)
-    if s.is_Integer and int(s) < 0:
-        s = n + s
-        if n.is_Integer:
-            s = sympy.Integer(max(int(s), 0))
-    if s.is_Integer and n.is_Integer:
-        s = sympy.Integer(min(int(s), int(n)))
+    s = _slice_start(start, x.size[dim])
     step = sympy.sympify(step)
 
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
@@ -178,6 +171,42 @@ def lower_slice(ctx: Lowerer, x: TensorValue, dim: int = 0, start: Any = None, e
         return out
 
     return view_of(x, size, reindex)
+
+
+def _slice_start(start: Any, n: Expr) -> Expr:
+    """A slice's first index as ATen normalizes it (negative from the end, clamped)."""
+    s = sympy.sympify(0 if start is None else start)
+    if s.is_Integer and int(s) < 0:
+        s = n + s
+        if n.is_Integer:
+            s = sympy.Integer(max(int(s), 0))
+    if s.is_Integer and n.is_Integer:
+        s = sympy.Integer(min(int(s), int(n)))
+    return s
+
+
+@register(aten.slice_scatter.default)
+def lower_slice_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, dim: int = 0, start: Any = None,
+                        end: Any = None, step: int = 1) -> TensorValue:
+    """`x` with `src` written over a step-1 slice of `dim` (a slice's backward, e.g. a
+    rotary embedding's halves): each element picks src inside the slice, else x.
+    As ATen, it would copy x and then src (two kernels and a copy a slice)."""
+    if step != 1 or not isinstance(src, TensorValue):
+        raise NotLowered("slice_scatter with a step")
+    size = out_size(ctx)
+    dim = _norm_dim(dim, len(size))
+    s, length = _slice_start(start, size[dim]), src.size[dim]
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        rel = idx[dim] - s
+        inner = list(idx)
+        inner[dim] = _clamp_index(rel, length)
+        iv, zero = ops.index_expr(rel, torch.int64), ops.constant(0, torch.int64)
+        inside = ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(length, torch.int64)))
+        return ops.where(inside, load_as(ops, src, inner, dt, src.size), load_as(ops, x, idx, dt, size))
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
 
 @register(aten.flip.default)

@@ -1,0 +1,52 @@
+"""slice_scatter with step 1 (a slice's backward: a rotary embedding's halves in a
+Llama training step) is generated code that picks src inside the slice, else the
+input; as ATen it was a copy of the input, a copy of src and a kernel each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
+from fuselens import sink
+from fuselens.events import ErrorEntry, Kernel
+
+OPTS = {"target": "cpp", "fallback_on_error": False}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _compiled(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="fuselens", options=OPTS)
+
+
+def test_rotary_backward_slices_are_scattered_by_generated_kernels() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 16, 32, requires_grad=True)
+    cos, sin = torch.randn(16, 32), torch.randn(16, 32)
+
+    def rotary(x: torch.Tensor) -> torch.Tensor:
+        return (x * cos + _rotate_half(x) * sin).square().sum()
+
+    with sink.collect() as events:
+        (mine,) = torch.autograd.grad(_compiled(rotary)(x), x)
+    (theirs,) = torch.autograd.grad(rotary(x), x)
+    torch.testing.assert_close(mine, theirs)
+    assert any("aten.slice_scatter.default" in k.ops for k in events if isinstance(k, Kernel) and k.kind == "cpp")
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+
+
+@pytest.mark.parametrize("start, end", [(2, 5), (-3, None), (6, 100), (None, 4)])
+def test_slice_scatter_bounds_as_aten_normalizes_them(start, end) -> None:
+    torch.manual_seed(1)
+    y = torch.randn(5, 9)
+    src = torch.randn(5, len(range(9)[slice(start, end)]))
+
+    def fn(y: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.slice_scatter(y, src, 1, start, end) * 2
+
+    assert torch.equal(_compiled(fn)(y, src), fn(y, src))
