@@ -239,3 +239,19 @@ def test_index_put_stays_under_deterministic_algorithms():
         assert index_put_accumulate_as_index_add(gm, require_cuda=False) == []
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_gradient_feeding_two_matmuls_is_padded_once():
+    # an LM head's backward: grad_h = g @ W and grad_W = g.t() @ h share the unaligned vocab dim
+    g_ = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    args = (torch.randn(512, 1003, generator=g_).to(bf), torch.randn(1003, 768, generator=g_).to(bf),
+            torch.randn(512, 768, generator=g_).to(bf))
+    fn = lambda g, w, h: (g @ w, g.t() @ h)  # noqa: E731
+    gm = traced(fn, *args)
+    assert len(pad_unaligned_matmuls(gm, require_cuda=False)) == 2
+    pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
+    g_pads = [p for p in pads if p.args[0].op == "placeholder" and p.args[0].meta["val"].shape == (512, 1003)]
+    assert len(g_pads) == 1, [p.args for p in pads]
+    for got, want in zip(gm(*args), fn(*args)):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-1)

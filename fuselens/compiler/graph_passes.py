@@ -110,14 +110,29 @@ def _padded(n: int, dtype: torch.dtype) -> int:
     return -(-n // per) * per
 
 
-def _pad_2d(bld: _Builder, x: torch.fx.Node, ld_dim: int, rows: int, cols: int) -> torch.fx.Node:
+def _pad_2d(bld: _Builder, x: torch.fx.Node, ld_dim: int, rows: int, cols: int,
+            made: dict[tuple, torch.fx.Node]) -> torch.fx.Node:
     """`x` with `rows` zero rows and `cols` zero columns appended, padded in its memory
     order: a column-major operand (a transposed weight, a transposed gradient) is padded
-    as its transpose and transposed back, a coalesced copy instead of a transposing one."""
+    as its transpose and transposed back, a coalesced copy instead of a transposing one.
+    `made` holds the pads made so far: a logits gradient feeds two matmuls of the
+    backward (once transposed), and one padded copy serves both."""
     if ld_dim == 1:
-        return bld.call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
-    xt = bld.call(aten.permute.default, x, [1, 0])
-    return bld.call(aten.permute.default, bld.call(aten.constant_pad_nd.default, xt, [0, rows, 0, cols]), [1, 0])
+        return _pad_once(bld, x, [0, cols, 0, rows], made)
+    base = x.args[0] if _is_transpose(x) else bld.call(aten.permute.default, x, [1, 0])
+    return bld.call(aten.permute.default, _pad_once(bld, base, [0, rows, 0, cols], made), [1, 0])
+
+
+def _is_transpose(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and (n.target is aten.t.default or (
+        n.target is aten.permute.default and list(n.args[1]) == [1, 0]))
+
+
+def _pad_once(bld: _Builder, x: torch.fx.Node, pad: list[int], made: dict[tuple, torch.fx.Node]) -> torch.fx.Node:
+    key = (x, tuple(pad))
+    if key not in made:
+        made[key] = bld.call(aten.constant_pad_nd.default, x, pad)
+    return made[key]
 
 
 def _matmul_operands(node: torch.fx.Node, require_cuda: bool) -> Optional[tuple]:
@@ -147,6 +162,7 @@ def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True
     touched = False
     if mode is None:
         return done
+    made: dict[tuple, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         operands = _matmul_operands(node, require_cuda)
         if operands is None:
@@ -170,8 +186,8 @@ def pad_unaligned_matmuls(gm: torch.fx.GraphModule, *, require_cuda: bool = True
         mp, kp, np_ = (_padded(m, dt) if pad_m else m), (_padded(k, dt) if pad_k else k), (_padded(n, dt) if pad_n else n)
         bld = _Builder(gm, node, mode)
         touched = True
-        pa = _pad_2d(bld, a, la, mp - m, kp - k) if (pad_m or pad_k) else a
-        pb = _pad_2d(bld, b, lb, kp - k, np_ - n) if (pad_k or pad_n) else b
+        pa = _pad_2d(bld, a, la, mp - m, kp - k, made) if (pad_m or pad_k) else a
+        pb = _pad_2d(bld, b, lb, kp - k, np_ - n, made) if (pad_k or pad_n) else b
         if bias is None:
             prod = bld.call(aten.mm.default, pa, pb)
         else:
