@@ -221,3 +221,20 @@ def test_refusal_by_a_kernel_later_merged_away_keeps_the_rule_that_decided():
     # re-checking against the final row kernel would blame a same-index read (its outer
     # loop does have c's 8 elements); the decision was made on A, for its iteration space
     assert refused.rule == "iteration-space" and "8 vs 8x8" in refused.reason, refused
+
+
+def test_a_late_window_may_grow_below_the_graphs_peak():
+    # the peak is `big`, early; the sin/cos fusion grows the later window, not the graph's peak
+    def f(x, y):
+        big = (y @ y).exp()
+        s = big.sum()
+        a = x.sin()
+        m = (x @ x).relu()
+        t = (m @ m).sum()
+        c = a.cos()
+        return c + t + s, a
+
+    events = compile_events(f, torch.randn(256, 256), torch.randn(2048, 2048))
+    assert not [d for d in of(events, FusionDecision) if d.rule == "peak-memory"]
+    fused = [d for d in of(events, FusionDecision) if d.decision == "fused" and {"sin", "cos"} <= set(d.nodes)]
+    assert fused, [(d.nodes, d.rule) for d in of(events, FusionDecision)]

@@ -170,6 +170,7 @@ class Scheduler:
                 self.users[j].append(i)
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
         self.nbytes = [self._step_bytes(s) for s in self.steps]
+        self._live_before, self.graph_peak = self._op_by_op_liveness()
         self.group_of: dict[str, KernelGroup] = {}
         self.decisions: list[Decision] = []
         self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
@@ -320,7 +321,9 @@ class Scheduler:
         the graph either computes its result early (that buffer then stays live across
         everything in between) or delays the earlier members (their inputs stay live):
         both can raise the peak. Simulate the live bytes over the steps in between, with
-        and without the fusion, and refuse when the peak grows."""
+        and without the fusion, and refuse when the peak grows past both the window's
+        own and the whole graph's peak run op by op (a backward's peak is where all
+        saved activations are live: a later window may grow below it)."""
         a = {self.index[n.name] for n in g.nodes}
         b = {self.index[n.name] for n in new}
         lo, hi = min(a | b), max(a | b)
@@ -332,11 +335,29 @@ class Scheduler:
                            "much longer than eager")
         before = self._peak(lo, hi, [a, b])
         after = self._peak(lo, hi, [a | b])
-        if after > before + self.PEAK_SLACK:
+        if after > before + self.PEAK_SLACK and after + self._live_before[lo] > self.graph_peak:
             return Refusal("peak-memory", f"fusing would raise peak memory from {_mb(before)} to {_mb(after)}: "
                            f"{_label(self.steps[max(b)])} would run together with {_label(self.steps[min(a)])}, "
                            f"across {hi - lo + 1 - len(a | b)} ops in between, keeping their buffers alive longer")
         return None
+
+    def _op_by_op_liveness(self) -> tuple[list[int], int]:
+        """Bytes live before each step, and the peak, when the graph runs op by op in
+        order (each buffer from its step to its last reader, outputs to the end). The
+        bytes before a window over-count what its simulation counts again (producers it
+        reads), which only makes the whole-graph test stricter."""
+        n = len(self.steps)
+        dies = [0] * (n + 1)
+        for j in range(n):
+            last = n if j in self.out_steps else max(self.users[j], default=j)
+            dies[last + 1 if last < n else n] += self.nbytes[j]
+        before, live, peak = [0] * (n + 1), 0, 0
+        for t in range(n):
+            live -= dies[t]
+            before[t] = live
+            live += self.nbytes[t]
+            peak = max(peak, live)
+        return before, peak
 
     def _peak(self, lo: int, hi: int, sets: Sequence[set[int]]) -> int:
         """Peak live bytes over steps lo..hi when each set in `sets` runs as one kernel
