@@ -49,3 +49,16 @@ def test_batchnorm_and_optimizer_input_mutations_on_cuda_match_eager(cuda_graphs
         assert _functions(opts) == []
         torch._dynamo.reset()
         assert _sgd_momentum(opts) == []
+
+
+def test_cuda_graph_reads_another_graphs_replayed_output_in_place_and_stays_right():
+    """A loss compiled apart from its model (a graph break) gets the model graph's
+    replayed logits: read in place instead of copied, and still each call's values."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    opts = {"cuda_graphs": True, "fallback_on_error": False}
+    head = torch.compile(lambda x: (x * 2).exp(), backend="fuselens", options=opts)
+    loss = torch.compile(lambda y: y.sum(-1), backend="fuselens", options=opts)
+    for _ in range(5):
+        x = torch.randn(64, 128, device="cuda")
+        torch.testing.assert_close(loss(head(x)), (x * 2).exp().sum(-1))
