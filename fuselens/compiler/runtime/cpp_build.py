@@ -1,6 +1,6 @@
 """Compile one graph's kernels into ONE shared library, cached on disk.
 
-    g++ -O3 -march=native -fopenmp -shared -fPIC -fno-math-errno -funroll-loops ...
+    g++ -O3 -march=native -fopenmp -shared -fPIC -fno-math-errno -fno-trapping-math -funroll-loops ...
 
 The cache key is a hash of the source and the command line; the library lives
 in `<cache_dir>/<hash[:2]>/<hash>.so` (cache_dir: option `cache_dir`, else
@@ -70,7 +70,11 @@ _UNROLL = ["-funroll-loops", "-fvariable-expansion-in-unroller"]
 
 
 def cflags(options: Any) -> list[str]:
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=c++17", "-w", *_UNROLL]
+    # -fno-trapping-math: without it g++ 12 keeps the prelude's float selects (`x != x ? x : r`)
+    # as branches, "control flow in loop", and loops calling fl_exp/fl_tanh stay scalar (exp of
+    # 256x1024 floats: 0.90 -> 0.2 ms). Results are unchanged: nothing reads FP exception flags.
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+             "-std=c++17", "-w", *_UNROLL]
     if options.vector_width:
         flags.append(f"-mprefer-vector-width={max(128, min(512, options.vector_width * 32))}")
     else:
