@@ -138,6 +138,8 @@ def lower_pow(ctx: Lowerer, a: Any, b: Any) -> TensorValue:
     if isinstance(b, (int, float)) and not isinstance(b, bool):
         if b == 2:
             return pointwise(ctx, [a], lambda ops, x: ops.mul(x, x))
+        if b == 3:  # ATen's CPU kernel multiplies too; a libm pow call keeps a C++ loop scalar (GPT-2's GELU)
+            return pointwise(ctx, [a], lambda ops, x: ops.mul(ops.mul(x, x), x))
         if b == 1:
             return pointwise(ctx, [a], lambda ops, x: x)
         if b == 0.5 and ctx.out_meta().dtype.is_floating_point:
