@@ -350,7 +350,7 @@ class Scheduler:
         dies = [0] * (n + 1)
         for j in range(n):
             last = n if j in self.out_steps else max(self.users[j], default=j)
-            dies[last + 1 if last < n else n] += self.nbytes[j]
+            dies[min(last + 1, n)] += self.nbytes[j]  # dies[n] is never subtracted: live to the end
         before, live, peak = [0] * (n + 1), 0, 0
         for t in range(n):
             live -= dies[t]

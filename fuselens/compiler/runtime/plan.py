@@ -237,14 +237,7 @@ class Planner:
         keep = {self._root(b) for b in self._output_bufs}
         last: dict[str, int] = {}
         for i, step in enumerate(self.plan):
-            names: list[str] = []
-            if isinstance(step, KernelCall):
-                names = list(step.buffers) + list(step.reuse.values())  # an input it writes in place
-            else:
-                names = list(_bufs((step.args, step.kwargs)))
-                outs = step.outputs if isinstance(step.outputs, list) else [step.outputs]
-                names += [o for o in outs if o is not None]
-            for n in names:
+            for n in _step_buffers(step):
                 last[self._root(n)] = i
                 last[n] = max(last.get(n, -1), i)
         groups: dict[str, list[str]] = {}
@@ -288,10 +281,13 @@ def _compile_slots(se: SymEval) -> Any:
 
 
 def _step_buffers(step: Any) -> list[str]:
+    """Every buffer a plan step touches: what it reads and writes, and an input a kernel
+    overwrites in place."""
     if isinstance(step, KernelCall):
-        return list(step.buffers)
+        return list(step.buffers) + list(step.reuse.values())
     if isinstance(step, ExternCall):
-        return list(_bufs((step.args, step.kwargs)))
+        outs = step.outputs if isinstance(step.outputs, list) else [step.outputs]
+        return list(_bufs((step.args, step.kwargs))) + [o for o in outs if o is not None]
     return []
 
 
