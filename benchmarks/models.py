@@ -186,6 +186,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 r.update(profile_step(step, device))
                 if not profile:
                     r.pop("top", None)
+                else:
+                    _annotate_top(r, events)
         except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
             r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(json.dumps({"model": name, "mode": mode, "backend": label,
@@ -195,6 +197,25 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
         if device == "cuda":
             torch.cuda.empty_cache()
     return rec
+
+
+def _annotate_top(r: dict, events: list) -> None:
+    """Each of the top kernels that fuselens generated, with the ATen ops it fused and
+    its source (a profile says which kernel is slow; this says what it computes)."""
+    from fuselens.events import Kernel
+
+    by_name: dict[str, Any] = {}
+    for e in events:
+        if isinstance(e, Kernel) and e.source:
+            by_name.setdefault(e.name, e)
+    for t in r.get("top", []):
+        k = by_name.get(t["name"])
+        if k is not None:
+            t["ops"] = k.ops[:40]
+            t["graph"] = k.graph_id
+            if t is not r["top"][0] and t["ms"] < 0.05:
+                continue
+            t["source"] = k.source[:6000]
 
 
 def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple[str, dict]]:

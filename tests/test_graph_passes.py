@@ -115,27 +115,6 @@ def test_aligned_or_small_matmuls_are_left_alone():
     assert pad_unaligned_matmuls(small, require_cuda=False) == []
 
 
-def test_convolutions_run_channels_last_and_outputs_keep_eager_layout():
-    from fuselens.compiler.graph_passes import channels_last_convolutions
-
-    g = torch.Generator().manual_seed(0)
-    x, w1, w2 = torch.randn(2, 8, 16, 16, generator=g), torch.randn(16, 8, 3, 3, generator=g), torch.randn(4, 16, 1, 1, generator=g)
-
-    def fn(x, w1, w2):
-        h = torch.relu(F.conv2d(x, w1, padding=1))
-        return F.conv2d(h * 2 + 1, w2), h.mean((2, 3))
-
-    gm = traced(fn, x, w1, w2)
-    done = channels_last_convolutions(gm, require_cuda=False)
-    assert {r.rule for r in done} == {"channels-last"}
-    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
-    assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
-    outs, refs = gm(x, w1, w2), fn(x, w1, w2)
-    for o, r in zip(outs, refs):
-        assert o.stride() == r.stride()
-        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
-
-
 def test_transposed_operands_are_padded_in_their_memory_order():
     # b = w.t() is column-major: padding it directly would be a transposing copy
     h, w = torch.randn(512, 768).bfloat16(), torch.randn(1003, 768).bfloat16()

@@ -35,7 +35,7 @@ import torch
 import torch.fx
 
 from fuselens import sink
-from fuselens.compiler import options as options_mod
+from fuselens.compiler import layout_passes, options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
@@ -164,6 +164,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         if not opts.fallback_on_error:
             raise
         _report_fallback("compile", str(e), compile_id, traceback.format_exc(), opts)
+        layout_passes.report_output_strides(gm)
         return _invisible(_boxed(gm.forward))
     except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
         if not opts.fallback_on_error:
@@ -173,7 +174,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                          options_mod.TRITON_MISSING if missing_triton
                          else f"fuselens could not compile graph {ident.graph_id}: {type(e).__name__}: {e}",
                          compile_id, traceback.format_exc(), opts)
+        layout_passes.report_output_strides(gm)  # the graph's own, which eager computes too
         return _invisible(_boxed(gm.forward))
+    layout_passes.report_output_strides(gm)
     for ev in [*events, *phases.events()]:
         sink.emit(ev)
     runner.graph_id = ident.graph_id  # type: ignore[attr-defined]
@@ -252,6 +255,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequenc
     """The graph rewrites of graph_passes.py for every target, then the target's own."""
     from fuselens.compiler import graph_passes
 
+    layout_passes.adopt_input_layouts(gm, example_inputs)
     done = graph_passes.gather_through_pointwise(gm)
     done += graph_passes.reshapes_before_pointwise(gm)
     return done + target.graph_rewrites(gm, example_inputs, stage)

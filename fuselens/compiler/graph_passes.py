@@ -23,11 +23,8 @@ it did as `GraphRewrite` records, which the backend reports as fusion decisions.
   before its row reductions: with the view after the conversion the two have
   different iteration spaces and the float copy is written in full (0.4 ms of
   GPT-2's step); with the view first the conversion fuses into the reductions.
-* `channels_last_convolutions` (GPU inference): cuDNN computes 16-bit
-  convolutions in NHWC; given NCHW tensors it transposes every input and output
-  (ResNet-50: 67 transpose kernels a step). Convert the graph's convolution
-  inputs and weights to channels-last once; everything between convolutions
-  follows their layout, and graph outputs keep eager's.
+* Channels-last convolutions: in layout_passes.py, which also tells AOTAutograd
+  the strides of a forward's saved activations.
 * `index_put_accumulate_as_index_add` (GPU): an embedding's backward accumulates
   rows with index_put, which ATen computes by sorting the indices; index_add
   (atomic adds) is what Inductor's generated scatter does.
@@ -368,59 +365,6 @@ def gather_through_pointwise(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
     if done:
         gm.graph.eliminate_dead_code()
         gm.recompile()
-    return done
-
-
-def _convolutions(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    from fuselens.compiler import library_epilogues  # noqa: F401  (defines fuselens::conv2d_bias_relu)
-
-    targets = {aten.convolution.default, torch.ops.fuselens.conv2d_bias_relu.default}
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
-
-
-def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:
-    """The rule of the module docstring, for graphs with static shapes."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    mode = _fake_mode(gm)
-    convs = [n for n in _convolutions(gm) if isinstance(_val(n), torch.Tensor) and _val(n).dim() == 4
-             and (_val(n).is_cuda or not require_cuda) and _val(n).is_floating_point()]
-    if mode is None or not convs:
-        return []
-    if any(isinstance(_val(n), torch.Tensor) and not _static(*_val(n).shape) for n in gm.graph.nodes):
-        return []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    before = {n: tuple(_val(n).stride()) for n in out.all_input_nodes if isinstance(_val(n), torch.Tensor)}
-    if not all(_val(n).is_contiguous() for n in before):
-        return []  # an output of another layout: restoring it is not done here
-    cl = torch.channels_last
-    done: list[GraphRewrite] = []
-    for conv in convs:
-        changed = []
-        for pos in (0, 1):  # input, weight
-            arg = conv.args[pos]
-            v = _val(arg)
-            if not isinstance(v, torch.Tensor) or v.dim() != 4 or v.is_contiguous(memory_format=cl):
-                continue
-            copy = _Builder(gm, conv, mode).call(aten.clone.default, arg, memory_format=cl)
-            args = list(conv.args)
-            args[pos] = copy
-            conv.args = tuple(args)
-            changed.append("input" if pos == 0 else "weight")
-        if changed:
-            done.append(GraphRewrite("channels-last", conv.name, f"{' and '.join(changed)} of {conv.name} in "
-                                     "channels-last (NHWC), the layout cuDNN computes in: no transposes around it"))
-    if not done:
-        return []
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
-    for n, strides in before.items():
-        if tuple(_val(n).stride()) == strides:
-            continue
-        copy = _Builder(gm, out, mode).call(aten.clone.default, n, memory_format=torch.contiguous_format)
-        out.replace_input_with(n, copy)
-    gm.graph.lint()
-    gm.recompile()
     return done
 
 

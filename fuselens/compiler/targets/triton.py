@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
-from fuselens.compiler import graph_passes
+from fuselens.compiler import graph_passes, layout_passes
 from fuselens.compiler.codegen import GeneratedLibrary
 from fuselens.compiler.targets.base import Target
 from fuselens.kernel_timing import KernelTimer
@@ -28,8 +28,12 @@ class TritonTarget(Target):
         # forward's also feed its backward, compiled for eager's layouts
         done = graph_passes.pad_unaligned_matmuls(gm, padded_outputs=stage == "aot_inference")
         done += graph_passes.index_put_accumulate_as_index_add(gm)
-        if stage == "aot_inference":  # a forward's outputs include what its backward saves: eager's layouts there
-            done += graph_passes.channels_last_convolutions(gm)
+        if stage == "aot_forward":  # the user's outputs keep eager's layout, saved activations need not
+            kept = layout_passes.forward_user_outputs()
+            if kept is not None:
+                done += layout_passes.channels_last_convolutions(gm, kept_outputs=kept)
+        else:
+            done += layout_passes.channels_last_convolutions(gm)
         return done
 
     def codegen(self) -> Any:

@@ -1,0 +1,140 @@
+"""Channels-last convolutions (compiler/layout_passes.py), in inference and training graphs.
+
+The rule is the GPU's (cuDNN computes 16-bit convolutions in NHWC); here the C++
+target runs it on CPU graphs, where ATen's convolutions honour channels-last too,
+to check what the GPU run relies on: the forward reports the strides of its saved
+activations, AOTAutograd compiles the backward for them, the backward converts its
+convolution gradients, and every gradient and output matches eager in eager's layout.
+The H100 run of `benchmarks.models` checks the same on ResNet-50.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fuselens.compiler  # noqa: F401
+from fuselens import sink
+from fuselens.compiler import layout_passes
+from fuselens.compiler.entry import decompositions
+from fuselens.compiler.targets.cpp import CppTarget
+from fuselens.events import FusionDecision
+
+aten = torch.ops.aten
+
+
+class _Block(nn.Module):
+    """A ResNet basic block with a pooled stem and a linear head: convolutions,
+    training BatchNorm, max-pooling, a residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(8)
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn0(self.stem(x))), 3, 2, 1)
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h)) + x)
+        return self.fc(h.mean((2, 3)))
+
+
+@pytest.fixture
+def backward_convolutions(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Runs the Triton target's rule on CPU tensors; returns the (gradient, input)
+    strides each backward convolution was compiled with."""
+    own = CppTarget.graph_rewrites
+    seen: list = []
+
+    def rewrites(self, gm, example_inputs, stage):
+        kept = layout_passes.forward_user_outputs() if stage == "aot_forward" else None
+        done = own(self, gm, example_inputs, stage) + layout_passes.channels_last_convolutions(
+            gm, require_cuda=False, kept_outputs=kept)
+        seen.extend((n.args[0].meta["val"], n.args[1].meta["val"]) for n in gm.graph.nodes
+                    if n.target is torch.ops.aten.convolution_backward.default)
+        if stage == "aot_backward":
+            out = next(n for n in gm.graph.nodes if n.op == "output")
+            seen.extend(("gradient", n.meta["val"]) for n in out.all_input_nodes)
+        return done
+
+    monkeypatch.setattr(CppTarget, "graph_rewrites", rewrites)
+    return seen
+
+
+def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    F.cross_entropy(out, y).backward()
+    return out
+
+
+def test_training_step_with_channels_last_convolutions_matches_eager_gradients(backward_convolutions: list) -> None:
+    torch.manual_seed(0)
+    ref = _Block()
+    model = _Block()
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        compiled = torch.compile(model, backend="fuselens")
+        for _ in range(2):  # the second step runs the compiled graphs again, with the running stats they wrote
+            model.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            out, want = _step(compiled, x, y), _step(ref, x, y)
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+            for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+                assert p.grad.is_contiguous(), name  # gradients in the parameters' layout, not NHWC
+        for a, b in zip(model.buffers(), ref.buffers()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+    rewritten = {e.nodes[0] for e in events if isinstance(e, FusionDecision) and e.rule == "channels-last"}
+    assert {"convolution", "convolution_1", "convolution_2"} <= rewritten
+    # saved activations came in NHWC, and gradients flow NHWC from one convolution to the next
+    gradients = [v for what, v in backward_convolutions if what == "gradient"]
+    assert gradients and all(v.is_contiguous() for v in gradients)  # restored in the graph, not by autograd
+    convolutions = [c for c in backward_convolutions if c[0] != "gradient"]
+    assert len(convolutions) == 3
+    for grad, inp in convolutions:
+        assert grad.is_contiguous(memory_format=torch.channels_last)
+        assert inp.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_backward_placeholders_take_the_strides_the_forward_reported() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        x = torch.empty(2, 4, 5, 5)
+    gm = make_fx(lambda x: (x * 2).sum((2, 3)), tracing_mode="fake")(x)
+    with mode:
+        nhwc = torch.empty(2, 4, 5, 5).to(memory_format=torch.channels_last)
+    assert layout_passes.adopt_input_layouts(gm, [nhwc])
+    mul = next(n for n in gm.graph.nodes if n.op == "call_function" and "mul" in str(n.target))
+    assert mul.meta["val"].is_contiguous(memory_format=torch.channels_last)  # propagated from the input
+    assert not layout_passes.adopt_input_layouts(gm, [nhwc])  # already as given
+
+
+def test_convolutions_run_channels_last_and_outputs_keep_eager_layout():
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = torch.randn(2, 8, 16, 16, generator=g), torch.randn(16, 8, 3, 3, generator=g), torch.randn(4, 16, 1, 1, generator=g)
+
+    def fn(x, w1, w2):
+        h = torch.relu(F.conv2d(x, w1, padding=1))
+        return F.conv2d(h * 2 + 1, w2), h.mean((2, 3))
+
+    gm = make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(x, w1, w2)
+    done = layout_passes.channels_last_convolutions(gm, require_cuda=False)
+    assert {r.rule for r in done} == {"channels-last"}
+    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
+    outs, refs = gm(x, w1, w2), fn(x, w1, w2)
+    for o, r in zip(outs, refs):
+        assert o.stride() == r.stride()
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
