@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
-from fuselens.compiler import graph_passes, layout_passes
+from fuselens.compiler import graph_passes, layout_passes, split_reductions
 from fuselens.compiler.codegen import GeneratedLibrary
 from fuselens.compiler.targets.base import Target
 from fuselens.kernel_timing import KernelTimer
@@ -34,7 +34,9 @@ class TritonTarget(Target):
                 done += layout_passes.channels_last_convolutions(gm, kept_outputs=kept)
         else:
             done += layout_passes.channels_last_convolutions(gm)
-        return done
+        device = next(x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda)
+        # after the layout rules: whether a reduction's kept dim is its contiguous one depends on them
+        return done + split_reductions.split_reductions(gm, torch.cuda.get_device_properties(device).multi_processor_count)
 
     def codegen(self) -> Any:
         from fuselens.compiler.codegen import triton
