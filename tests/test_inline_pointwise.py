@@ -79,6 +79,24 @@ def test_residual_stream_with_several_readers_is_stored_not_recomputed_per_layer
     assert homes, "the residual adds are stored by a kernel"
 
 
+def test_centered_input_read_by_a_split_reduction_and_a_pointwise_kernel_is_recomputed_in_both():
+    # BatchNorm's backward after split_reductions: x - mean feeds partial sums (in a view with
+    # the height split) and the pointwise gradient; mean is one value a channel, no traffic
+    def bn_backward_like(x, mean, g):
+        d = x - mean
+        partial = (g * d).view(4, 8, 2, 8, 16).sum((3, 4))
+        return g - d * partial.sum((0, 2)).view(1, 8, 1, 1), partial
+
+    gen = torch.Generator().manual_seed(0)
+    x, g = torch.randn(4, 8, 16, 16, generator=gen), torch.randn(4, 8, 16, 16, generator=gen)
+    mean = x.mean((0, 2, 3), keepdim=True)
+    out, events = compiled_events(bn_backward_like, x, mean, g)
+    for got, want in zip(out, bn_backward_like(x, mean, g)):  # sums of 256 products, in another order
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    inlined = [d.nodes[0] for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert "sub" in inlined, inlined
+
+
 def test_bfloat16_producer_recomputed_in_a_reader_rounds_as_the_stored_value_did(monkeypatch):
     def fn(x, w):
         y = x * 3.3 + 0.1  # bf16 results, rounded when stored: recomputed, they must round the same

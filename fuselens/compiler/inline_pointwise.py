@@ -20,7 +20,7 @@ where it loaded it, when
 - it is cheap: each reader element recomputes at most MAX_OPS operations (the
   producer's, times how often the reader loads it);
 - memory traffic does not grow: with several readers it reads at most one
-  buffer (each reader then loads that buffer where it loaded the producer;
+  buffer not much smaller than itself (each reader then loads that buffer where it loaded the producer;
   otherwise a residual stream x + attention + MLP ... would be recomputed layer
   after layer).
 A producer that must stay stored (a graph output, or read by a library call) is
@@ -44,6 +44,7 @@ from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
 
 MAX_OPS = 12
 TRIVIAL_OPS = 2
+SMALL_READ = 16  # a read of a buffer this many times smaller than the producer is not counted as traffic
 
 
 @dataclass
@@ -178,7 +179,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str]) -> list[Inlined]:
                 continue
         elif any(ops * _loads_of(p, u) > MAX_OPS for u in compute_users):
             continue
-        elif len(compute_users) > 1 and len(p.reads) > 1:
+        elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1:
             continue  # each reader would load all of its inputs instead of one buffer: more memory traffic
         for u in compute_users:
             own = getattr(u.body, "producers", None)
@@ -201,6 +202,17 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str]) -> list[Inlined]:
                             kept))
     done.reverse()
     return done
+
+
+def _large_reads(graph: GraphIR, p: ComputeNode) -> list[str]:
+    """The buffers `p` reads that are not small next to it: a broadcast per-channel mean
+    read again by every reader costs no traffic worth counting (BatchNorm's backward
+    reads x - mean in its statistics kernel and its pointwise one)."""
+    def numel(size: Sequence[Expr]) -> int:
+        return graph.hint(ir.numel(size))
+
+    mine = numel(p.size)
+    return [b for b in p.reads if b not in graph.buffers or numel(graph.buffers[b].size) * SMALL_READ > mine]
 
 
 def _loads_of(p: ComputeNode, reader: ComputeNode) -> int:

@@ -53,7 +53,7 @@ from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIn
 from fuselens.compiler.scheduler import KernelGroup
 
 PERSISTENT_MAX = 16384  # static rows up to this many elements stay in registers
-COLUMN_PERSISTENT_MAX = 1024  # columns up to this long (launch_config keeps 4+ of them a block)
+COLUMN_PERSISTENT_MAX = 128  # columns up to this long (launch_config keeps 32 of them a block)
 MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elision relies on it)
 MAX_BLOCK_2D = 64
 MAX_XBLOCK_REDUCTION = 64
@@ -433,8 +433,10 @@ class TritonKernel(KernelBuilder):
         # (BatchNorm statistics over N,H,W of channels-last data, bias and norm-weight gradients)
         self.column = bool(xdims and rdims and ref.get(self.gv[xdims[-1]]) == 1 and ref.get(self.gv[rdims[-1]]) != 1)
         # a persistent column block holds whole columns: past COLUMN_PERSISTENT_MAX rows it is
-        # one column wide, every load a different row (BERT's [4096, 768] weight-gradient sums
-        # took 0.1 ms each); looped, it is a tile of several columns and a chunk of rows
+        # a few columns wide, every load a short piece of a row (BERT's [4096, 768] weight-gradient
+        # sums took 0.1 ms each; 784-row partial BatchNorm sums in channels-last, 4 columns of
+        # 4 bytes a row, ran at 40% of the H100's bandwidth); looped, it is a tile of several
+        # columns and a chunk of rows
         persistent = rn.is_Integer and int(rn) <= (COLUMN_PERSISTENT_MAX if self.column else PERSISTENT_MAX)
         self.kind = "persistent_reduction" if persistent else "looped_reduction"
         xn = ir.numel([g.full[d] for d in xdims])
