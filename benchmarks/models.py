@@ -201,20 +201,24 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
 
 def _annotate_top(r: dict, events: list) -> None:
     """Each of the top kernels that fuselens generated, with the ATen ops it fused and
-    its source (a profile says which kernel is slow; this says what it computes)."""
+    its source (a profile says which kernel is slow; this says what it computes). Kernel
+    names are unique within a graph only: a name two graphs share gets no source."""
     from fuselens.events import Kernel
 
-    by_name: dict[str, Any] = {}
+    by_name: dict[str, list] = {}
     for e in events:
         if isinstance(e, Kernel) and e.source:
-            by_name.setdefault(e.name, e)
+            by_name.setdefault(e.name, []).append(e)
     for t in r.get("top", []):
-        k = by_name.get(t["name"])
-        if k is not None:
-            t["ops"] = k.ops[:40]
-            t["graph"] = k.graph_id
-            if t is not r["top"][0] and t["ms"] < 0.05:
-                continue
+        found = by_name.get(t["name"], [])
+        if len(found) != 1:
+            if found:
+                t["graphs"] = [k.graph_id for k in found]
+            continue
+        k = found[0]
+        t["ops"] = k.ops[:40]
+        t["graph"] = k.graph_id
+        if t["ms"] >= 0.05:
             t["source"] = k.source[:6000]
 
 
