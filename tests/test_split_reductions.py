@@ -78,6 +78,20 @@ def test_bfloat16_column_sum_keeps_float_partials_and_eager_dtype():
     torch.testing.assert_close(out, x.float().sum(0).bfloat16(), rtol=0, atol=0.25)
 
 
+def test_sum_over_a_view_that_merged_dims_splits_the_tensor_under_the_view():
+    # GPT-2's bias gradient: grad.view(8 * 512, 2304).sum(0); split inside the merged 4096-dim,
+    # the partials would index the [8, 512, 2304] tensor through division and remainder
+    g = torch.randn(8, 512, 2304).bfloat16()
+    gm = traced(lambda g: g.view(-1, 2304).sum(0), g)
+    assert split_reductions(gm, SMS)
+    first = next(n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList)
+    viewed = first.args[0]
+    assert viewed.op == "placeholder" or viewed.args[0].op == "placeholder"  # a view of g itself
+    out = gm(g)
+    assert out.shape == (2304,) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, g.float().sum((0, 1)).bfloat16(), rtol=0, atol=0.5)
+
+
 def test_mean_and_max_over_every_element_match_eager():
     x = torch.randn(256, 4100)
     fn = lambda x: (x.square().mean(), x.amax((0, 1)), x.amin((0, 1), keepdim=True))  # noqa: E731

@@ -52,9 +52,10 @@ def split_reductions(gm: torch.fx.GraphModule, sm_count: int) -> list[GraphRewri
         plan = _plan(node, sm_count)
         if plan is None:
             continue
-        x = _val(node.args[0])
-        detail = (f"{node.name} ({node.target}) reduces {_reduced(x, plan[0])} values for each of "
-                  f"{_kept(x, plan[0])} outputs: split in {plan[2]} partial reductions and one over the "
+        src, dims, _, parts = plan
+        x = _val(src)
+        detail = (f"{node.name} ({node.target}) reduces {_reduced(x, dims)} values for each of "
+                  f"{_kept(x, dims)} outputs: split in {parts} partial reductions and one over the "
                   "partials, to spread it over the GPU")
         new = _rewrite(_Builder(gm, node, mode), node, *plan)
         if isinstance(new, tuple):  # var_mean: its users are getitems
@@ -89,9 +90,34 @@ def _dims_of(node: torch.fx.Node, x: torch.Tensor) -> Optional[list[int]]:
     return sorted({d % x.dim() for d in dims}) if x.dim() else None
 
 
-def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[list[int], list[tuple[int, int]], int]]:
-    """(reduced dims, the outer reduced (dim, extent) pairs that become partials, how
-    many partials) for a reduction worth splitting, else None."""
+def _through_merging_view(src: torch.fx.Node, dims: list[int]) -> tuple[torch.fx.Node, list[int]]:
+    """The tensor a view merged the reduced dims of, and those dims in it: GPT-2 sums
+    its bias gradients over a [8 * 512, 2304] view of [8, 512, 2304]; split inside the
+    merged dim, the partials would index the tensor through division and remainder."""
+    if src.op != "call_function" or src.target not in (aten.view.default, aten._unsafe_view.default):
+        return src, dims
+    base = src.args[0]
+    bv, vv = _val(base), _val(src)
+    if not (isinstance(bv, torch.Tensor) and _static(*bv.shape, *vv.shape)):
+        return src, dims
+    groups, i = [], 0
+    for size in vv.shape:
+        group, n = [], 1
+        while n < size and i < bv.dim():
+            n *= int(bv.shape[i])
+            group.append(i)
+            i += 1
+        if n != size:
+            return src, dims  # the view splits a dim: not a merge
+        groups.append(group)
+    if any(int(bv.shape[j]) != 1 for j in range(i, bv.dim())):
+        return src, dims
+    return base, sorted(j for d in dims for j in groups[d])
+
+
+def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[torch.fx.Node, list[int], list[tuple[int, int]], int]]:
+    """(the tensor to reduce, its reduced dims, the outer reduced (dim, extent) pairs that
+    become partials, how many partials) for a reduction worth splitting, else None."""
     if node.op != "call_function" or node.target not in _SPLIT:
         return None
     if node.target is aten.var_mean.correction and any(u.target is not operator.getitem for u in node.users):
@@ -106,6 +132,10 @@ def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[list[int], list[
         return None
     dims = _dims_of(node, x)
     if not dims:
+        return None
+    src, dims = _through_merging_view(node.args[0], dims)
+    x = _val(src)
+    if not _static(*x.stride()):
         return None
     reduced, kept = _reduced(x, dims), _kept(x, dims)
     if reduced < MIN_REDUCED or reduced * kept < MIN_ELEMENTS:
@@ -135,7 +165,7 @@ def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[list[int], list[
         break
     if got < 2 or got == reduced:
         return None
-    return dims, outer, got
+    return src, dims, outer, got
 
 
 def _divisor_near(n: int, target: int) -> int:
@@ -147,11 +177,10 @@ def _divisor_near(n: int, target: int) -> int:
     return best
 
 
-def _rewrite(bld: _Builder, node: torch.fx.Node, dims: list[int], outer: list[tuple[int, int]],
-             parts: int) -> Any:
+def _rewrite(bld: _Builder, node: torch.fx.Node, src: torch.fx.Node, dims: list[int],
+             outer: list[tuple[int, int]], parts: int) -> Any:
     """The split reduction's result: a node, or (var, mean) for var_mean. The final
     view gives eager's shape, with or without the kept dims."""
-    src = node.args[0]
     x = _val(src)
     shape = [int(s) for s in x.shape]
     # view the dim the split falls inside as (part, rest); dims after it shift by one
