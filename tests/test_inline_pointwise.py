@@ -97,6 +97,22 @@ def test_centered_input_read_by_a_split_reduction_and_a_pointwise_kernel_is_reco
     assert "sub" in inlined, inlined
 
 
+def test_rotary_cos_and_sin_are_computed_once_per_position_not_per_head_on_the_cpu():
+    # Llama's rotary embedding: cos/sin of [positions, dim] broadcast over batch and heads; in C++
+    # each is a libm-like polynomial, recomputed 8x here (0.25-0.5 ms a layer at 2x128 tokens)
+    def rope(q, k, freqs):
+        cos, sin = freqs.cos(), freqs.sin()
+        return rotary(q, cos, sin), rotary(k, cos, sin)
+
+    q, k, freqs = torch.randn(2, 4, 16, 32), torch.randn(2, 2, 16, 32), torch.randn(16, 32)
+    out, events = compiled_events(rope, q, k, freqs)
+    for got, want in zip(out, rope(q, k, freqs)):
+        torch.testing.assert_close(got, want)
+    inlined = [d.nodes[0] for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert "cos" not in inlined and "sin" not in inlined, inlined
+    assert any("cos" in k.name for k in generated(events) if "cat" not in k.name)  # a kernel of its own
+
+
 def test_bfloat16_producer_recomputed_in_a_reader_rounds_as_the_stored_value_did(monkeypatch):
     def fn(x, w):
         y = x * 3.3 + 0.1  # bf16 results, rounded when stored: recomputed, they must round the same
@@ -107,7 +123,7 @@ def test_bfloat16_producer_recomputed_in_a_reader_rounds_as_the_stored_value_did
     out, events = compiled_events(fn, x, w)
     assert any(isinstance(d, FusionDecision) and d.rule == "inline" for d in events)
     torch._dynamo.reset()
-    monkeypatch.setattr(inline_pointwise, "inline_pointwise", lambda graph, outputs: [])
+    monkeypatch.setattr(inline_pointwise, "inline_pointwise", lambda graph, outputs, **kw: [])
     stored, events = compiled_events(fn, x, w)
     assert not any(isinstance(d, FusionDecision) and d.rule == "inline" for d in events)
     assert torch.equal(out, stored)

@@ -201,7 +201,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         graph, outputs = lower(gm, opts)
     with phases.timed("scheduling"):
         out_sources = _output_sources(graph, outputs)
-        inlined = inline_pointwise(graph, out_sources)
+        inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
     with phases.timed("codegen"):
         library = target.generate(sched.groups, graph, opts)

@@ -18,7 +18,9 @@ where it loaded it, when
 - it does not derive from a reduction (a row statistic's epilogue such as
   rsqrt(var + eps) stays once per row in the row's kernel);
 - it is cheap: each reader element recomputes at most MAX_OPS operations (the
-  producer's, times how often the reader loads it);
+  producer's, times how often the reader loads it); on a target where a
+  transcendental function costs more than a load (C++), a producer calling one
+  is not evaluated more often in its readers than it has elements;
 - memory traffic does not grow: with several readers it reads at most one
   buffer not much smaller than itself (each reader then loads that buffer where it loaded the producer;
   otherwise a residual stream x + attention + MLP ... would be recomputed layer
@@ -44,6 +46,8 @@ from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
 
 MAX_OPS = 12
 TRIVIAL_OPS = 2
+MATH = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh", "cosh",
+        "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "sigmoid", "atan2"}
 SMALL_READ = 16  # a read of a buffer this many times smaller than the producer is not counted as traffic
 
 
@@ -65,23 +69,32 @@ class Inlined:
 
 
 class _CountingOps:
-    """An ops handler counting operations (loads included) of one body."""
+    """An ops handler counting operations (loads included) of one body, and its
+    transcendental functions."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.math = 0
 
     def __getattr__(self, name: str) -> Any:
         def op(*args: Any, **kwargs: Any) -> str:
             self.count += 1
+            self.math += name in MATH
             return "v"
 
         return op
 
 
-def _op_count(node: ComputeNode) -> int:
+def _counted(node: ComputeNode) -> _CountingOps:
     counter = _CountingOps()
     node.body(counter, [ir.index_var("d", i) for i in range(len(node.size))])
-    return counter.count
+    return counter
+
+
+def _amplified(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
+    """Whether the readers together evaluate `p` more times than it has elements."""
+    evaluations = sum(graph.hint(ir.numel(_space(u))) * _loads_of(p, u) for u in readers)
+    return evaluations > graph.hint(ir.numel(p.size))
 
 
 class _InliningOps(ir.IndexedLoads):
@@ -145,8 +158,9 @@ def _mutates(step: ExternNode) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
-def inline_pointwise(graph: GraphIR, output_sources: set[str]) -> list[Inlined]:
+def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: bool = False) -> list[Inlined]:
     """Recompute cheap pointwise producers in their readers (see the module docstring).
+    `costly_math`: a transcendental function costs more than a load (the C++ target).
     Mutates `graph`; returns what it inlined, in graph order."""
     if any(isinstance(s, ExternNode) and _mutates(s) for s in graph.steps):
         return []  # an in-place library call could change what a moved computation reads
@@ -171,7 +185,10 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str]) -> list[Inlined]:
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
         if after_reduction[p.name]:
             continue  # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
-        ops = _op_count(p)
+        counted = _counted(p)
+        ops = counted.count
+        if costly_math and counted.math and _amplified(graph, p, compute_users):
+            continue  # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
         if kept:
             # stored anyway: only readers in another iteration space gain (no kernel to wait for)
             compute_users = [u for u in compute_users if not ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size))]

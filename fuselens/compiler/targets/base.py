@@ -19,6 +19,9 @@ class Target:
     kernel_prefix: str  # kernel names: `<prefix>_<ops>_<n>`
     build_phase: str  # the PhaseTime phase `build` is reported as
     host_timing: bool  # whether the plan's own steps are timed by the graph's KernelTimer on the host clock
+    # whether exp/sin/... recomputed for every element of a broadcasting reader cost more than a
+    # load (a CPU's libm-like polynomials) or not (a GPU's special-function units)
+    costly_math: bool = False
 
     def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
         """The graph_passes.py rewrites only this target wants (beyond the shared ones)."""

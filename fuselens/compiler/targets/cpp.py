@@ -16,6 +16,7 @@ class CppTarget(Target):
     kernel_prefix = "cpp_fused"
     build_phase = "cpp_compile"
     host_timing = True
+    costly_math = True
 
     def codegen(self) -> Any:
         from fuselens.compiler.codegen import cpp
