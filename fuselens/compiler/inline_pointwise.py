@@ -199,17 +199,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
         elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1:
             continue  # each reader would load all of its inputs instead of one buffer: more memory traffic
         for u in compute_users:
-            own = getattr(u.body, "producers", None)
-            if own is None:
-                own = {}
-                u.body = _with_inlined(u.body, own)
-            own[p.name] = p
-            u.reads = (u.reads - {p.name}) | p.reads
-            u.fx_nodes = u.fx_nodes + [n for n in p.fx_nodes if n not in u.fx_nodes]
-            u.aten_ops = u.aten_ops + [a for a in p.aten_ops if a not in u.aten_ops]
-            u.stack_trace = u.stack_trace or p.stack_trace
-            for b in p.reads:
-                readers.setdefault(b, []).append(u)
+            _inline_into(u, p, readers)
         if not kept:
             graph.steps.remove(p)
             graph.buffers.pop(p.name, None)
@@ -219,6 +209,21 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
                             kept))
     done.reverse()
     return done
+
+
+def _inline_into(u: ComputeNode, p: ComputeNode, readers: dict[str, list[Any]]) -> None:
+    """Make reader `u` evaluate `p` where it loaded it, reading what `p` read."""
+    own = getattr(u.body, "producers", None)
+    if own is None:
+        own = {}
+        u.body = _with_inlined(u.body, own)
+    own[p.name] = p
+    u.reads = (u.reads - {p.name}) | p.reads
+    u.fx_nodes = u.fx_nodes + [n for n in p.fx_nodes if n not in u.fx_nodes]
+    u.aten_ops = u.aten_ops + [a for a in p.aten_ops if a not in u.aten_ops]
+    u.stack_trace = u.stack_trace or p.stack_trace
+    for b in p.reads:
+        readers.setdefault(b, []).append(u)
 
 
 def _large_reads(graph: GraphIR, p: ComputeNode) -> list[str]:

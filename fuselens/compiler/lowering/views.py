@@ -446,6 +446,50 @@ def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
                                 name=ctx.fresh("indices"))
 
 
+@register(aten.max_pool2d_with_indices_backward.default)
+def lower_max_pool2d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, kernel_size: Sequence[int],
+                              stride: Sequence[int], padding: Any, dilation: Any, ceil_mode: bool,
+                              indices: TensorValue) -> TensorValue:
+    """Each input element's gradient gathers the output gradients of the windows that
+    chose it (their index is its flat offset), as ATen's CUDA kernel does: a stride-2
+    3x3 pool has at most 2x2 such windows, summed in float from zero in ascending
+    output order. A gather, not ATen's scatter: it fuses with the ReLU and BatchNorm
+    gradients that read it (ResNet-50's stem)."""
+    meta = ctx.out_meta()
+    if len(x.size) not in (3, 4) or not meta.dtype.is_floating_point:
+        raise NotLowered("max_pool2d backward of a non-float or non-image tensor")
+    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size, ()), _pair(padding, (0,)), _pair(dilation, (1,))
+    if (dh, dw) != (1, 1):
+        raise NotLowered("max_pool2d backward with dilation")
+    if not ctx.triton_target(x) and meta.dtype not in (torch.float32, torch.float64):
+        raise NotLowered("16-bit max_pool2d backward on the CPU (ATen accumulates in the 16-bit type)")
+    sh, sw = _pair(stride, (kh, kw))
+    oh_n, ow_n, w = grad.size[-2], grad.size[-1], x.size[-1]
+    acc_dt = torch.float64 if meta.dtype == torch.float64 else torch.float32
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        *lead, ih, iw = idx
+        zero = ops.constant(0, torch.int64)
+        me = ops.index_expr(ih * w + iw, torch.int64)
+        total = ops.constant(0.0, acc_dt)
+        for a in reversed(range(-(-kh // sh))):  # the windows over this row, top one first
+            oh = FloorDiv(ih + ph, sh) - a
+            for b in reversed(range(-(-kw // sw))):
+                ow = FloorDiv(iw + pw, sw) - b
+                at = [*lead, _clamp_index(oh, oh_n), _clamp_index(ow, ow_n)]
+                covers = ops.logical_and(
+                    ops.logical_and(_inside(ops, oh, oh_n, zero), _inside(ops, ow, ow_n, zero)),
+                    ops.logical_and(ops.lt(ops.index_expr(ih + ph - oh * sh, torch.int64), ops.constant(kh, torch.int64)),
+                                    ops.lt(ops.index_expr(iw + pw - ow * sw, torch.int64), ops.constant(kw, torch.int64))))
+                chose = ops.logical_and(covers, ops.eq(load_as(ops, indices, at, torch.int64, indices.size), me))
+                g = load_as(ops, grad, at, acc_dt, grad.size)
+                total = ops.add(total, ops.where(chose, g, ops.constant(0.0, acc_dt)))
+        return ops.to_dtype(total, meta.dtype)
+
+    size = [ir.sympify_size(s) for s in meta.shape]
+    return ctx.add_compute(body, size, meta.dtype, stride=_dense_stride(meta, size, ctx))
+
+
 def _inside(ops: Any, e: Expr, n: Expr, zero: Any) -> Any:
     iv = ops.index_expr(e, torch.int64)
     return ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(n, torch.int64)))
