@@ -9,7 +9,7 @@ torchvision's ResNet-50, random weights. GPU: inference in bf16 (`model.bfloat16
 no_grad), training is one forward+backward under bf16 autocast; CPU: fp32.
 
 Columns per model and backend: wall ms/step (GPU: `triton.testing.do_bench`
-median; CPU: median of timed steps), ratio Inductor/this (above 1: faster than
+median; CPU: median of timed steps, the backends timed in turns), ratio Inductor/this (above 1: faster than
 Inductor), GPU kernel ms/step, launches/step and host ms/step (wall minus kernel
 time) from torch.profiler over a few steps, cold compile s (first call, fresh
 caches), peak memory of a step, and the error against eager (relative norm error
@@ -144,6 +144,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     # what tracing this model costs only the first time in a process: paid by no backend
     torch._dynamo.reset()
     make_step(case, torch.compile(copy.deepcopy(module), backend="aot_eager"), inputs, train, device)()
+    cpu_steps: dict[str, Callable] = {}
     for label, kw in backends:
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
@@ -179,7 +180,9 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                         else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            r["ms"] = time_step(step, device, reps)
+                r["ms"] = time_step(step, device, reps)
+            else:
+                cpu_steps[label] = step
             if device == "cuda":
                 r["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
             if profile or device == "cuda":
@@ -196,7 +199,28 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             print(tb, flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
+    for label, ms in interleaved_times(cpu_steps, reps).items():
+        rec[label]["ms"] = ms
     return rec
+
+
+def interleaved_times(steps: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """ms per step (median) of each backend, timed in turns. A shared CPU's speed drifts
+    over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25 minutes apart), so backends
+    timed one after the other compare different machines; in turns, each round sees the same."""
+    if not steps:
+        return {}
+    torch._dynamo.reset()  # each backend's compiled code was dropped when the next compiled: back, warm
+    for step in steps.values():
+        step()
+        step()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(reps):
+        for k, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def _annotate_top(r: dict, events: list) -> None:
