@@ -68,7 +68,7 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
     for n, strides in before.items():
-        if tuple(_val(n).stride()) == strides:
+        if _same_layout(_val(n), strides):
             continue
         copy = _Builder(gm, out, mode).call(aten.clone.default, n, memory_format=torch.contiguous_format)
         out.replace_input_with(n, copy)
@@ -136,10 +136,15 @@ def adopt_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any])
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
     for n, strides in traced.items():
         fmt = _memory_format(_val(n), strides)
-        if _val(n).stride() != strides and fmt is not None:
+        if not _same_layout(_val(n), strides) and fmt is not None:
             out.replace_input_with(n, _Builder(gm, out, mode).call(aten.clone.default, n, memory_format=fmt))
     gm.recompile()
     return True
+
+
+def _same_layout(v: torch.Tensor, strides: Sequence[int]) -> bool:
+    """Whether `v` is laid out with `strides` (a dim of size 1 has no stride that matters)."""
+    return all(a == b for n, a, b in zip(v.shape, v.stride(), strides) if n != 1)
 
 
 def _memory_format(v: torch.Tensor, strides: Sequence[int]) -> Optional[torch.memory_format]:
@@ -147,7 +152,7 @@ def _memory_format(v: torch.Tensor, strides: Sequence[int]) -> Optional[torch.me
     for fmt in (torch.contiguous_format, torch.channels_last):
         if fmt is torch.channels_last and v.dim() != 4:
             continue
-        if torch.empty(v.shape, device="meta", memory_format=fmt).stride() == tuple(strides):
+        if _same_layout(torch.empty(v.shape, device="meta", memory_format=fmt), strides):
             return fmt
     return None
 
