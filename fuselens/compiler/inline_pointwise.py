@@ -76,6 +76,10 @@ class _CountingOps:
         self.count = 0
         self.math = 0
 
+    def indirect(self, value: Any, size: Expr) -> Expr:
+        self.count += 1
+        return ir.Indirect("indirect", integer=True)
+
     def __getattr__(self, name: str) -> Any:
         def op(*args: Any, **kwargs: Any) -> str:
             self.count += 1

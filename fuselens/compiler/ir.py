@@ -83,6 +83,12 @@ class ModularIndexing(sympy.Function):
         return None
 
 
+class Indirect(sympy.Symbol):
+    """An index read from a tensor (an embedding's token id, a gather's index): a value
+    of the generated code, named as its variable there, inside an index expression.
+    Made by the ops handlers' `indirect(value, size)`, which clamp it to [0, size)."""
+
+
 @functools.lru_cache(maxsize=None)  # sympy builds a Symbol per call; the scheduler asks thousands of times
 def index_var(prefix: str, i: int) -> sympy.Symbol:
     return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
@@ -279,6 +285,9 @@ class LoadRecorder:
     def load(self, name: str, index: Expr) -> str:
         self.loads.append((name, index))
         return "v"
+
+    def indirect(self, value: Any, size: Expr) -> Expr:
+        return Indirect("indirect", integer=True)
 
     def __getattr__(self, name: str) -> Callable[..., str]:
         return lambda *args, **kwargs: "v"

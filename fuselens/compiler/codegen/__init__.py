@@ -167,6 +167,12 @@ class PrintingOps(Generic[Value]):
     def load(self, name: str, index: Any) -> Value:
         return self.k.load(name, index)
 
+    def indirect(self, value: Value, size: Any) -> Any:
+        """`value` (an integer tensor element) as an index of a dim of `size`: an
+        `ir.Indirect` symbol for index expressions, clamped into the dim (eager raises
+        on an index outside it; a kernel must not read outside the buffer)."""
+        return self.k.indirect(value, size)
+
 
 def ops_from_table(forms: dict[str, Any], result: Optional[Any] = None) -> Callable[[type], type]:
     """A class decorator for a `PrintingOps` handler: a method per op in `forms` (op

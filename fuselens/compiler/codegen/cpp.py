@@ -140,6 +140,12 @@ class CppKernel(KernelBuilder):
             return v
         return self.emit(f"{self.ptr(name)}[{off}]", spec.dtype)
 
+    def indirect(self, value: CVal, size: Expr) -> Expr:
+        """ops.indirect: the value clamped into [0, size) as a variable (codegen/__init__.py)."""
+        v = self.emit(f"std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>({value}), 0), "
+                      f"{cexpr(sympy.sympify(size) - 1)})", torch.int64)
+        return ir.Indirect(v.name, integer=True)
+
     def compute(self, node: ComputeNode) -> CVal:
         """The value of a full- or outer-level member at the current iteration."""
         idx = self.g.own_index(node)

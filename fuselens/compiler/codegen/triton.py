@@ -147,6 +147,7 @@ class TritonKernel(KernelBuilder):
         self.welford: dict[str, ComputeNode] = {}  # {row sum: its sum of squared deviations}
         self.evict: Optional[str] = None  # L2 policy of the row loads the current pass emits
         self.out16 = False  # every buffer this kernel writes is bfloat16/float16 (set by plan)
+        self.indirect_in_r: dict[str, bool] = {}  # ops.indirect variable -> read inside the r loop
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -302,6 +303,9 @@ class TritonKernel(KernelBuilder):
         spec = self.graph.buffers[name]
         # the runtime passes tensors, whose data pointer already includes the storage offset
         idx, axes = self.index(index)
+        indirect = [v for v in sympy.sympify(index).free_symbols if isinstance(v, ir.Indirect)]
+        if indirect:  # an index read from a tensor varies with x, and with r where it was read in the r loop
+            axes |= {"x"} | ({"r"} if any(self.indirect_in_r.get(v.name) for v in indirect) else set())
         mask = self.mask_for(axes)
         # eviction hints only in Welford kernels (below): measured on the H200 (benchmarks/RESULTS.md),
         # evict_first on the streamed operand made persistent reductions with 1024-wide rows 2x slower
@@ -318,6 +322,13 @@ class TritonKernel(KernelBuilder):
         if self.kind == "looped_reduction" and "r" not in axes:
             scope = self.top  # row-constant (weights by row, statistics): hoisted out of the r loop
         return self.emit(src, spec.dtype, scope)
+
+    def indirect(self, value: TVal, size: Expr) -> Expr:
+        """ops.indirect: the value clamped into [0, size) as a variable (codegen/__init__.py)."""
+        v = self.emit(f"tl.minimum(tl.maximum(({value}).to(tl.int64), 0), {self.texpr(sympy.sympify(size) - 1, {})})",
+                      torch.int64)
+        self.indirect_in_r[v.name] = self.scope is not self.top
+        return ir.Indirect(v.name, integer=True)
 
     def compute(self, node: ComputeNode) -> TVal:
         idx = self.g.own_index(node)

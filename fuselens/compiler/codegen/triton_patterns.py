@@ -150,6 +150,11 @@ class _SymOps:
     def constant(self, value: Any, dtype: torch.dtype) -> Any:
         return ("const", repr(value), str(dtype))
 
+    def indirect(self, value: Any, size: Any) -> Any:
+        from fuselens.compiler import ir
+
+        return ir.Indirect(f"indirect_{abs(hash(str(value)))}", integer=True)
+
     def index_expr(self, expr: Any, dtype: torch.dtype) -> Any:
         return ("index", str(expr), str(dtype))
 

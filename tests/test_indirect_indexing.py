@@ -1,0 +1,110 @@
+"""Embedding and gather are generated code (compiler/lowering/indexing.py): an index
+read from a tensor enters the data's index expression (`ir.Indirect`), so a token
+embedding fuses with the position embedding and the layernorm after it, and a
+cross-entropy's gather with the loss. Values and gradients as eager's, no ATen
+fallback; C++ in-process, Triton in its CPU interpreter (subprocess), including
+inside a looped reduction (the index read in the r loop)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from triton_worker import interpreted_worker_records
+
+import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
+
+
+def _cases() -> dict:
+    g = torch.Generator().manual_seed(0)
+    wte, wpe = torch.randn(100, 32, generator=g), torch.randn(16, 32, generator=g)
+    ln_w, ln_b = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    ids = torch.randint(0, 100, (2, 16), generator=g)
+    pos = torch.arange(16)[None].expand(2, 16)
+    logits = torch.randn(64, 1003, generator=g)
+    target = torch.randint(0, 1003, (64,), generator=g)
+    target[5] = -100  # an ignored row: its clamped gather is masked out by the loss
+    table = torch.randn(2, 30000, generator=g)
+    picks = torch.randint(0, 30000, (2, 20000), generator=g)  # rows past PERSISTENT_MAX: a looped reduction
+
+    def embed_norm(wte, wpe, ids, pos, w, b):
+        return F.layer_norm(F.embedding(ids, wte) + F.embedding(pos, wpe), (32,), w, b)
+
+    def loss(logits, target):
+        return F.cross_entropy(logits, target)
+
+    def gathered_sum(table, picks):  # the gathered value feeds a row reduction (looped in Triton)
+        return table.gather(1, picks).sum(1)
+
+    return {"embed_norm": (embed_norm, (wte, wpe, ids, pos, ln_w, ln_b)), "loss": (loss, (logits, target)),
+            "gathered_sum": (gathered_sum, (table, picks))}
+
+
+def _mismatches(opts: dict) -> list[str]:
+    from fuselens import sink
+    from fuselens.events import ErrorEntry
+
+    bad = []
+    for name, (fn, args) in _cases().items():
+        for train in (False, True):
+            torch._dynamo.reset()
+            leaves = [a.detach().clone().requires_grad_(train and a.is_floating_point()) for a in args]
+            refs = [a.detach().clone().requires_grad_(train and a.is_floating_point()) for a in args]
+            with sink.collect() as events:
+                out = torch.compile(fn, backend="fuselens", options=opts)(*leaves)
+                if train:
+                    out.sum().backward()
+            ref = fn(*refs)
+            if train:
+                ref.sum().backward()
+            ok = torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
+            for a, b in zip(leaves, refs):
+                if train and a.is_floating_point():
+                    ok = ok and torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+            fell_back = [e.message for e in events if isinstance(e, ErrorEntry)
+                         and any(op in e.message for op in ("aten.embedding.default", "aten.gather.default"))]
+            if not ok or fell_back:
+                bad.append(f"{name} train={train}" + (f" ({fell_back[0][:120]})" if fell_back else ""))
+    return bad
+
+
+def test_embedding_and_gather_match_eager_as_generated_cpp() -> None:
+    assert _mismatches({"target": "cpp", "fallback_on_error": False}) == []
+
+
+def test_token_and_position_embeddings_fuse_with_their_layernorm() -> None:
+    from fuselens import sink
+    from fuselens.events import Kernel
+
+    fn, args = _cases()["embed_norm"]
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        out = torch.compile(fn, backend="fuselens")(*args)
+    torch.testing.assert_close(out, fn(*args))
+    kernels = [k for k in events if isinstance(k, Kernel)]
+    assert [k.kind for k in kernels] == ["cpp"], [k.name for k in kernels]  # one kernel, no ATen embedding
+    assert "embedding" in kernels[0].name
+
+
+def test_an_index_outside_the_table_reads_inside_the_buffer() -> None:
+    # eager raises; the kernel must not read outside the weight (it clamps to the nearest row)
+    wte = torch.randn(10, 4)
+    ids = torch.tensor([[3, 12, -2]])
+    torch._dynamo.reset()
+    out = torch.compile(lambda w, i: F.embedding(i, w) * 2, backend="fuselens")(wte, ids)
+    torch.testing.assert_close(out, wte[[3, 9, 0]][None] * 2)
+
+
+def test_embedding_and_gather_match_eager_in_the_triton_interpreter(tmp_path: Path) -> None:
+    records = interpreted_worker_records(__file__, tmp_path / "records.json", 900, "indirect-indexing worker")
+    assert records == {"bad": []}
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":  # pragma: no cover
+    import tempfile
+
+    opts = {"target": "triton", "fallback_on_error": False, "cache_dir": tempfile.mkdtemp(prefix="fl_indirect_")}
+    Path(sys.argv[2]).write_text(json.dumps({"bad": _mismatches(opts)}))
