@@ -14,6 +14,8 @@ Inductor), GPU kernel ms/step, launches/step and host ms/step (wall minus kernel
 time) from torch.profiler over a few steps, cold compile s (first call, fresh
 caches), peak memory of a step, and the error against eager (relative norm error
 of the output, or in training of all gradients together).
+The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the part of
+every backend's cold compile that is not the backend's own.
 `--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
 `cuda_graphs` option. `--profile` writes the top kernels of each backend.
 """
@@ -144,6 +146,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     # what tracing this model costs only the first time in a process: paid by no backend
     torch._dynamo.reset()
     make_step(case, torch.compile(copy.deepcopy(module), backend="aot_eager"), inputs, train, device)()
+    rec["dynamo_s"] = dynamo_tracing_s(case, module, inputs, train, device)
     cpu_steps: dict[str, Callable] = {}
     for label, kw in backends:
         torch._dynamo.reset()
@@ -202,6 +205,16 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     for label, ms in interleaved_times(cpu_steps, reps).items():
         rec[label]["ms"] = ms
     return rec
+
+
+def dynamo_tracing_s(case: ModelCase, module: torch.nn.Module, inputs: dict, train: bool, device: str) -> float:
+    """Seconds Dynamo takes to trace the step with no backend work (`backend="eager"`):
+    the part of every backend's cold compile that is not the backend's."""
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    make_step(case, torch.compile(module, backend="eager"), inputs, train, device)()
+    _sync(device)
+    return time.perf_counter() - t0
 
 
 def interleaved_times(steps: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
@@ -272,7 +285,7 @@ def table(results: list[dict], backends: list[str]) -> str:
                 ratios.append(ind / r["ms"])
             vals = []
             for c in cols:
-                v = r.get(c)
+                v = rec.get("dynamo_s") if (b, c) == ("eager", "compile_s") else r.get(c)
                 vals.append("-" if v is None else (f"{v:.1e}" if c == "err" else f"{v:.3g}" if c != "launches"
                                                    else f"{v:.0f}"))
             rows.append(f"| {rec['model']} | {rec['mode']} | {b} | {vals[0]} | {ratio} | " + " | ".join(vals[1:]) + " |")
