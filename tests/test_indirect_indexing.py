@@ -89,6 +89,14 @@ def test_token_and_position_embeddings_fuse_with_their_layernorm() -> None:
     assert "embedding" in kernels[0].name
 
 
+def test_bfloat16_embedding_rows_are_copied_exactly() -> None:
+    wte = torch.randn(50, 8).bfloat16()
+    ids = torch.randint(0, 50, (3, 7))
+    torch._dynamo.reset()
+    out = torch.compile(lambda w, i: F.embedding(i, w), backend="fuselens", options={"fallback_on_error": False})(wte, ids)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, F.embedding(ids, wte))
+
+
 def test_an_index_outside_the_table_reads_inside_the_buffer() -> None:
     # eager raises; the kernel must not read outside the weight (it clamps to the nearest row)
     wte = torch.randn(10, 4)

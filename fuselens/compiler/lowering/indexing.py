@@ -48,7 +48,8 @@ def lower_embedding(ctx: Lowerer, weight: TensorValue, indices: TensorValue, pad
 @register(aten.gather.default)
 def lower_gather(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = False) -> TensorValue:
     """out[i] = x[i with dim `dim` replaced by index[i]]."""
-    if not isinstance(index, TensorValue) or not isinstance(x, TensorValue) or len(x.size) != len(index.size):
+    if not isinstance(index, TensorValue) or not isinstance(x, TensorValue) or not x.size \
+            or len(x.size) != len(index.size):
         raise NotLowered("gather of a 0-d tensor")
     size = out_size(ctx)
     d = dim % max(len(x.size), 1)
