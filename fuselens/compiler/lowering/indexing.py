@@ -16,16 +16,10 @@ from typing import Any, Sequence
 
 import torch
 
-from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, TensorValue
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
 from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, register
-
-
-def _dense_stride(ctx: Lowerer, size: Sequence[Expr]) -> list[Expr]:
-    st = [ir.sympify_size(s) for s in ctx.out_meta().stride()]
-    return st if ir.dense_layout(size, st, ctx.graph.size_hints) else ir.contiguous_strides(size)
 
 
 @register(aten.embedding.default)
@@ -42,7 +36,7 @@ def lower_embedding(ctx: Lowerer, weight: TensorValue, indices: TensorValue, pad
         row = ops.indirect(load_as(ops, indices, idx[:k], indices.dtype, indices.size), weight.size[0])
         return load_as(ops, weight, [row, *idx[k:]], dt, weight.size)
 
-    return ctx.add_compute(body, size, dt, stride=_dense_stride(ctx, size))
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
 
 @register(aten.gather.default)
@@ -59,4 +53,4 @@ def lower_gather(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue, *, 
         at = ops.indirect(load_as(ops, index, idx, index.dtype, index.size), x.size[d])
         return load_as(ops, x, [*idx[:d], at, *idx[d + 1:]], dt, x.size)
 
-    return ctx.add_compute(body, size, dt, stride=_dense_stride(ctx, size))
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))

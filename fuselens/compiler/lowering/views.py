@@ -487,7 +487,7 @@ def lower_max_pool2d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, k
         return ops.to_dtype(total, meta.dtype)
 
     size = [ir.sympify_size(s) for s in meta.shape]
-    return ctx.add_compute(body, size, meta.dtype, stride=_dense_stride(meta, size, ctx))
+    return ctx.add_compute(body, size, meta.dtype, stride=ctx.out_stride(size))
 
 
 def _inside(ops: Any, e: Expr, n: Expr, zero: Any) -> Any:
