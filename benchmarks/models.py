@@ -17,7 +17,8 @@ of the output, or in training of all gradients together).
 The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the part of
 every backend's cold compile that is not the backend's own.
 `--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
-`cuda_graphs` option. `--profile` writes the top kernels of each backend.
+`cuda_graphs` option. `--profile` writes the top kernels of each backend and the Python functions its host time
+goes to (cProfile).
 """
 
 from __future__ import annotations
@@ -91,6 +92,26 @@ def profile_step(step: Callable[[], Any], device: str, steps: int = 5) -> dict:
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]
     return {"launches": launches, "kernel_ms": kernel_ms, "host_ms": max(wall - kernel_ms, 0.0), "wall_ms": wall,
             "top": [{"name": n[:160], "calls": c / steps, "ms": ms / steps} for n, (c, ms) in top]}
+
+
+def host_profile(step: Callable[[], Any], device: str, steps: int = 20, top: int = 25) -> list[dict]:
+    """The Python functions a step's host time goes to (cProfile, own time first): what the
+    profiler's host ms is made of, the same way for every backend."""
+    import cProfile
+    import pstats
+
+    step()
+    _sync(device)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    _sync(device)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (prim calls, calls, own s, cum s, callers)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"fn": f"{Path(f).name}:{line}({fn})", "calls": nc / steps, "own_us": 1e6 * tt / steps,
+             "cum_us": 1e6 * ct / steps} for (f, line, fn), (_, nc, tt, ct, _) in rows]
 
 
 def relerr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -194,10 +215,11 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                     r.pop("top", None)
                 else:
                     _annotate_top(r, events)
+                    r["host_top"] = host_profile(step, device)
         except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
             r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(json.dumps({"model": name, "mode": mode, "backend": label,
-                          **{k: v for k, v in r.items() if k not in ("top", "tracebacks")}}), flush=True)
+                          **{k: v for k, v in r.items() if k not in ("top", "tracebacks", "host_top")}}), flush=True)
         for tb in r.get("tracebacks", []):
             print(tb, flush=True)
         if device == "cuda":
@@ -302,7 +324,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--modes", default="", help="infer,train (default: both on the GPU, infer on the CPU)")
     ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg")
     ap.add_argument("--cuda-graphs", action="store_true", help="add reduce-overhead / cuda_graphs columns")
-    ap.add_argument("--profile", action="store_true", help="record each backend's top kernels in the JSON")
+    ap.add_argument("--profile", action="store_true", help="record each backend's top kernels and host functions in the JSON")
     ap.add_argument("--reps", type=int, default=10, help="timed steps on the CPU")
     ap.add_argument("--out", default="", help="write models_bench.json here")
     args = ap.parse_args(argv)

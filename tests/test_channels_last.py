@@ -138,3 +138,22 @@ def test_convolutions_run_channels_last_and_outputs_keep_eager_layout():
     for o, r in zip(outs, refs):
         assert o.stride() == r.stride()
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+
+
+def test_an_operand_already_channels_last_is_not_copied_again():
+    """The second convolution's operand is computed from the first's NHWC result, so it
+    comes out NHWC: a conversion inserted for it would store the same values twice."""
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = torch.randn(2, 8, 16, 16, generator=g), torch.randn(8, 8, 3, 3, generator=g), torch.randn(4, 8, 1, 1, generator=g)
+
+    def fn(x, w1, w2):
+        h = F.conv2d(x, w1, padding=1)
+        return F.conv2d(torch.relu(h + x), w2)
+
+    gm = make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(x, w1, w2)
+    layout_passes.channels_last_convolutions(gm, require_cuda=False)
+    clones = [n for n in gm.graph.nodes if n.target is aten.clone.default]
+    # the user's input and the 3x3 weight are converted in, the result back to eager's
+    # layout; relu(h + x) is NHWC already (and a 1x1 weight is both layouts)
+    assert sorted(str(n.args[0]) for n in clones) == ["convolution_1", "w1_1", "x_1"]
+    torch.testing.assert_close(gm(x, w1, w2), fn(x, w1, w2), rtol=1e-4, atol=1e-4)

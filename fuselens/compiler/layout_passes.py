@@ -67,6 +67,7 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
         return []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
+    _drop_needless_conversions(gm)
     for n, strides in before.items():
         if _same_layout(_val(n), strides):
             continue
@@ -87,6 +88,7 @@ def _convert_operands(gm: torch.fx.GraphModule, mode: Any, conv: torch.fx.Node) 
         if not isinstance(v, torch.Tensor) or v.dim() != 4 or v.is_contiguous(memory_format=cl):
             continue
         copy = _Builder(gm, conv, mode).call(aten.clone.default, arg, memory_format=cl)
+        copy.meta[_CONVERSION] = True
         args = list(conv.args)
         args[pos] = copy
         conv.args = tuple(args)
@@ -95,6 +97,25 @@ def _convert_operands(gm: torch.fx.GraphModule, mode: Any, conv: torch.fx.Node) 
         return None
     return GraphRewrite("channels-last", conv.name, f"{' and '.join(changed)} of {conv.name} in "
                         "channels-last (NHWC), the layout cuDNN computes in: no transposes around it")
+
+
+_CONVERSION = "fuselens_layout_conversion"
+
+
+def _drop_needless_conversions(gm: torch.fx.GraphModule) -> None:
+    """Remove the conversions whose operand came out channels-last anyway. Each was
+    inserted where the operand was NCHW as traced; once the pointwise kernels follow
+    their inputs' layout, most operands are NHWC already, and a clone to a layout the
+    value has would still store a second copy of it (ResNet-50 inference: every
+    residual block's add+relu stored its result twice)."""
+    for n in list(gm.graph.nodes):
+        if not n.meta.get(_CONVERSION):
+            continue
+        src = n.args[0]
+        v = _val(src)
+        if isinstance(v, torch.Tensor) and v.is_contiguous(memory_format=torch.channels_last):
+            n.replace_all_uses_with(src)
+            gm.graph.erase_node(n)
 
 
 def forward_user_outputs() -> Optional[int]:
