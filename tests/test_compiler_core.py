@@ -9,6 +9,7 @@ silent fallback to ATen would fail the "lowered" assertions.
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -554,3 +555,45 @@ def test_max_unpool2d_keeps_channels_last_output_strides_of_eager():
     out, expected = torch.compile(fn, backend="fuselens")(x, idx), fn(x, idx)
     assert out.stride() == expected.stride() == (72, 1, 12, 2)
     torch.testing.assert_close(out, expected)
+
+
+def test_a_consumer_reading_a_reduction_through_a_view_runs_in_its_kernel():
+    """Attention's softmax backward writes (batch, heads, q, k); the cast after it reads
+    the result as (batch*heads, q, k), the shape the next bmm takes. One loop serves both
+    (the view merges two dims), so the float result is never stored, only the cast."""
+    def fn(g, p):
+        s = p * g - p * (p * g).sum(-1, keepdim=True)
+        return s.reshape(-1, *s.shape[2:]).to(torch.bfloat16)
+
+    g, p = torch.randn(2, 3, 16, 16), torch.softmax(torch.randn(2, 3, 16, 16), -1)
+    events = run(fn, g, p)
+    (k,) = cpp_kernels(events)
+    # reads the two float inputs, writes only the 16-bit cast
+    assert k.source.count("const float* __restrict__") == 2 and k.source.count("uint16_t* __restrict__") == 1
+
+
+@pytest.mark.parametrize("view", [lambda t: t.reshape(6, 16, 4), lambda t: t.reshape(2, 3, 8, 2, 4)],
+                         ids=["merged", "split"])
+def test_pointwise_over_a_merged_or_split_view_of_its_producer_is_one_kernel(view):
+    def fn(x):
+        return torch.sigmoid(view(torch.exp(x) * 2)) + 1
+
+    events = run(fn, torch.randn(2, 3, 16, 4))
+    assert len(cpp_kernels(events)) == 1
+
+
+def test_reindex_maps_merged_and_split_dims_onto_the_loop_and_refuses_others():
+    from fuselens.compiler import ir
+
+    g = [ir.index_var("g", i) for i in range(4)]
+    d0 = ir.reindex([2, 2, 32, 32], g, [4, 32, 32])
+    assert [str(e) for e in d0] == ["2*g0 + g1", "g2", "g3"]
+    split = ir.reindex([4, 8], g[:2], [2, 1, 2, 8])
+    assert split == [ir.FloorDiv(g[0], 2), 0, ir.ModularIndexing(g[0], 1, 2), g[1]]
+    # a contiguous producer read through the split view is read at its own index
+    assert ir.simplify_index(16 * split[0] + 8 * split[2] + split[3], {g[0]: 4, g[1]: 8}) == 8 * g[0] + g[1]
+    assert ir.reindex([6, 4], g[:2], [3, 4, 2]) is not None  # the same 24 elements in row-major order
+    assert ir.reindex([6, 4], g[:2], [5, 4]) is None
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    assert ir.reindex([s0, 4], g[:2], [s0, 2, 2]) is not None
+    assert ir.reindex([s0, 4], g[:2], [4, s0]) is None  # no product of a symbol meets a number

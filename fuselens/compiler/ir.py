@@ -123,6 +123,47 @@ def numel(sizes: Sequence[Expr]) -> Expr:
     return out
 
 
+def reindex(space: Sequence[Expr], variables: Sequence[sympy.Symbol], size: Sequence[Expr]) -> Optional[list[Expr]]:
+    """The index of each dim of `size` at `variables`, the loop over `space` (no 1s),
+    when `size` walks the same elements in the same row-major order with dims merged
+    or split: a 4x32x32 node in a 2x2x32x32 loop has d0 = 2*g0 + g1. None when its
+    dims do not line up with the loop's (the products of leading dims never meet)."""
+    dims = [s for s in size if s != 1]
+    groups: list[tuple[list[int], list[int]]] = []  # (loop dims, node dims) of equal product
+    i = j = 0
+    while i < len(space) and j < len(dims):
+        gi, nj, pg, pn = [i], [j], space[i], dims[j]
+        while not same_expr(pg, pn):
+            if not (sympy.sympify(pg).is_Integer and sympy.sympify(pn).is_Integer):
+                return None
+            if int(pg) < int(pn):
+                i += 1
+                if i == len(space):
+                    return None
+                gi.append(i)
+                pg = pg * space[i]
+            else:
+                j += 1
+                if j == len(dims):
+                    return None
+                nj.append(j)
+                pn = pn * dims[j]
+        groups.append((gi, nj))
+        i, j = i + 1, j + 1
+    if i != len(space) or j != len(dims):
+        return None
+    index: list[Expr] = []
+    for gi, nj in groups:
+        linear = sympy.Integer(0)
+        for k in gi:
+            linear = linear * space[k] + variables[k]
+        inner = [numel([dims[t] for t in nj[q + 1:]]) for q in range(len(nj))]
+        index += [linear if len(nj) == 1 else FloorDiv(linear, inner[0]) if q == 0
+                  else ModularIndexing(linear, inner[q], dims[t]) for q, t in enumerate(nj)]
+    it = iter(index)
+    return [sympy.Integer(0) if s == 1 else next(it) for s in size]
+
+
 def contiguous_strides(sizes: Sequence[Expr]) -> list[Expr]:
     strides: list[Expr] = []
     acc: Expr = sympy.Integer(1)
@@ -384,7 +425,25 @@ def _simplify_index(e: Expr, range_items: tuple) -> Expr:
             return ModularIndexing(base, div, mod)
         return x.func(*args)
 
-    return sympy.expand(rec(e))
+    return _recombine(sympy.expand(rec(e)))
+
+
+def _recombine(e: Expr) -> Expr:
+    """c*M*FloorDiv(b, d*M) + c*ModularIndexing(b, d, M) == c*FloorDiv(b, d): the two
+    halves of a split dim, read back together (a contiguous buffer through a split view)."""
+    while True:
+        terms = sympy.Add.make_args(e)
+        for t in terms:
+            c, m = t.as_coeff_Mul()
+            if not isinstance(m, ModularIndexing):
+                continue
+            b, d, mod = m.args
+            want = c * mod * FloorDiv(b, d * mod)
+            if want in terms:
+                e = sympy.expand(e - t - want + c * FloorDiv(b, d))
+                break
+        else:
+            return e
 
 
 def op_name(target: Any) -> str:

@@ -88,7 +88,7 @@ class KernelGroup:
         """"full", "outer" or "reduction" (computed in the inner loop, a value per outer index)."""
         if node.is_reduction:
             return "reduction"
-        if self.rflags is None or ir.same_sizes(ir.squeeze(node.size), self.full):
+        if self.rflags is None or ir.same_expr(ir.numel(ir.squeeze(node.size)), ir.numel(self.full)):
             return "full"
         return "outer"
 
@@ -96,15 +96,14 @@ class KernelGroup:
         return [ir.index_var("g", d) for d in range(len(self.full))]
 
     def full_index(self, size: Sequence[Expr]) -> list[Expr]:
-        """The index of a full-level node (or a reduction's input) at the group's variables."""
-        it = iter(self.gvars())
-        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
+        """The index of a full-level node (or a reduction's input) at the group's variables;
+        a node whose dims merge or split the group's is reindexed (ir.reindex)."""
+        return _index_in(self.full, self.gvars(), size)
 
     def outer_index(self, size: Sequence[Expr]) -> list[Expr]:
         g = self.gvars()
-        keep = [g[d] for d in range(len(self.full)) if not (self.rflags and self.rflags[d])]
-        it = iter(keep)
-        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
+        keep = [d for d in range(len(self.full)) if not (self.rflags and self.rflags[d])]
+        return _index_in([self.full[d] for d in keep], [g[d] for d in keep], size)
 
     def own_index(self, node: ComputeNode) -> list[Expr]:
         lvl = self.level(node)
@@ -126,6 +125,24 @@ class Schedule:
     def last_decisions(self) -> dict[tuple[str, str], Decision]:
         """The standing decision per (producer, consumer) edge: the last one made."""
         return {(d.producer, d.consumer): d for d in self.decisions}
+
+
+def _index_in(space: Sequence[Expr], variables: Sequence[sympy.Symbol], size: Sequence[Expr]) -> list[Expr]:
+    if ir.same_sizes(ir.squeeze(size), space):
+        it = iter(variables)
+        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
+    index = ir.reindex(space, variables, size)
+    if index is None:  # rule_iteration_space admits no such member
+        raise AssertionError(f"{ir.format_sizes(size)} does not line up with the loop over {ir.format_sizes(space)}")
+    return index
+
+
+def _lines_up(space: Sequence[Expr], size: Sequence[Expr]) -> bool:
+    """Whether a pointwise node over `size` can run in a loop over `space`: the same
+    sizes, or the same elements with dims merged or split (a view between them)."""
+    if ir.same_sizes(ir.squeeze(size), space):
+        return True
+    return ir.reindex(space, [ir.index_var("g", d) for d in range(len(space))], size) is not None
 
 
 def _space(node: ComputeNode) -> tuple[list[Expr], Optional[list[bool]]]:
@@ -205,9 +222,12 @@ class Scheduler:
             nfull, nflags = _space(n)
             if n.is_reduction:
                 if rflags is None:
-                    if not ir.same_sizes(nfull, full):
+                    # the pointwise members run in the reduction's loop: it must be theirs, or
+                    # theirs with dims merged or split
+                    if not all(_lines_up(nfull, m.size) for m in [*g.nodes, *new] if not m.is_reduction):
                         return Refusal("iteration-space", f"different iteration space: {_fmt(full)} vs {_fmt(nfull)} "
                                        f"reduced to {_fmt(n.outer_size())}")
+                    full = nfull
                     if not self.opt.reduction_fusion:
                         return Refusal("reduction-fusion", "pointwise work before a reduction is not fused into it "
                                        "(reduction_fusion is off)", "reduction_fusion")
@@ -220,20 +240,20 @@ class Scheduler:
                                    "(reduction_fusion is off)", "reduction_fusion")
             else:
                 outer = full if rflags is None else [s for s, r in zip(full, rflags) if not r]
-                if ir.same_sizes(nfull, full):
+                if _lines_up(full, n.size):
                     continue
-                if rflags is not None and ir.same_sizes(nfull, outer):
+                if rflags is not None and _lines_up(outer, n.size):
                     continue
                 what = f"{_fmt(full)}" if rflags is None else f"{_fmt(full)} and {_fmt(outer)} after reduction"
                 return Refusal("iteration-space", f"different iteration space: {_fmt(nfull)} vs {what}")
         return None
 
     def _merged(self, g: KernelGroup, new: Sequence[ComputeNode]) -> KernelGroup:
-        rflags = g.rflags
+        full, rflags = list(g.full), g.rflags
         for n in new:
             if n.is_reduction and rflags is None:
-                rflags = _space(n)[1]
-        return KernelGroup(sorted(g.nodes + list(new), key=lambda x: self.index[x.name]), list(g.full), rflags)
+                full, rflags = _space(n)  # the pointwise members join the reduction's loop
+        return KernelGroup(sorted(g.nodes + list(new), key=lambda x: self.index[x.name]), full, rflags)
 
     def rule_epilogue(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
         if self.opt.epilogue_fusion:
@@ -509,7 +529,7 @@ class Scheduler:
 
     def _join(self, g: KernelGroup, new: Sequence[ComputeNode], reason: str) -> None:
         m = self._merged(g, new)
-        g.nodes, g.rflags = m.nodes, m.rflags
+        g.nodes, g.full, g.rflags = m.nodes, m.full, m.rflags
         g.reasons.append(reason)
         for n in new:
             self.group_of[n.name] = g
