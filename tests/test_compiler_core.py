@@ -597,3 +597,18 @@ def test_reindex_maps_merged_and_split_dims_onto_the_loop_and_refuses_others():
     s0 = sympy.Symbol("s0", positive=True, integer=True)
     assert ir.reindex([s0, 4], g[:2], [s0, 2, 2]) is not None
     assert ir.reindex([s0, 4], g[:2], [4, s0]) is None  # no product of a symbol meets a number
+
+
+def test_safe_softmax_with_its_zeros_for_masked_rows_is_one_kernel():
+    """The zeros come from a kernel of their own (no inputs) that the final `where` joins
+    first; the softmax kernel, with its per-row mask at the reduced level, is then merged
+    into it. Its row-level members must not be held to the rows' full loop."""
+    def fn(x):
+        s = torch.softmax(x, -1)
+        masked = torch.logical_not(torch.any(torch.logical_not(x == float("-inf")), -1, keepdim=True))
+        return torch.where(masked, torch.zeros_like(s), s)
+
+    x = torch.randn(4, 3, 8, 16)
+    x[0, 0, 0] = float("-inf")
+    events = run(fn, x)
+    assert len(cpp_kernels(events)) == 1

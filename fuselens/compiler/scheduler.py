@@ -222,9 +222,9 @@ class Scheduler:
             nfull, nflags = _space(n)
             if n.is_reduction:
                 if rflags is None:
-                    # the pointwise members run in the reduction's loop: it must be theirs, or
-                    # theirs with dims merged or split
-                    if not all(_lines_up(nfull, m.size) for m in [*g.nodes, *new] if not m.is_reduction):
+                    # the kernel's pointwise members run in the reduction's loop: it must be
+                    # theirs, or theirs with dims merged or split (`new`'s own are checked in turn)
+                    if not all(_lines_up(nfull, m.size) for m in g.nodes):
                         return Refusal("iteration-space", f"different iteration space: {_fmt(full)} vs {_fmt(nfull)} "
                                        f"reduced to {_fmt(n.outer_size())}")
                     full = nfull
