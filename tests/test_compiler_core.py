@@ -612,3 +612,18 @@ def test_safe_softmax_with_its_zeros_for_masked_rows_is_one_kernel():
     x[0, 0, 0] = float("-inf")
     events = run(fn, x)
     assert len(cpp_kernels(events)) == 1
+
+
+def test_a_cast_of_a_transposed_view_loops_in_its_memory_order_and_joins_the_kernel():
+    """Eager's cast keeps its input's layout, so the cast of softmax(x).transpose is the
+    softmax's memory in the softmax's order. Looped in its logical (transposed) order it
+    would read the softmax at other positions than its kernel computes them; looped in
+    memory order it joins that kernel, and its result keeps eager's strides."""
+    def fn(x):
+        return torch.softmax(x, -1).transpose(-1, -2).to(torch.float64)
+
+    x = torch.randn(2, 3, 16, 16)
+    events = run(fn, x)
+    assert len(cpp_kernels(events)) == 1
+    out = torch.compile(fn, backend="fuselens")(x)
+    assert out.stride() == fn(x).stride()

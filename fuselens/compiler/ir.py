@@ -265,6 +265,38 @@ class ComputeNode:
         return f"pointwise {format_sizes(self.size)}"
 
 
+def memory_order(node: ComputeNode) -> Optional[list[int]]:
+    """The dims of a pointwise node ordered by decreasing stride (size-1 dims stay
+    where they are), or None when that is the order they have or the strides are
+    not numbers."""
+    dims = [d for d, s in enumerate(node.size) if s != 1]
+    if not all(sympy.sympify(node.stride[d]).is_Integer for d in dims):
+        return None
+    ordered = sorted(dims, key=lambda d: -int(node.stride[d]))  # stable: ties keep their order
+    if ordered == dims:
+        return None
+    it = iter(ordered)
+    return [next(it) if s != 1 else d for d, s in enumerate(node.size)]
+
+
+def permute_loops(node: ComputeNode, order: Sequence[int]) -> None:
+    """Make `node` iterate its dims in `order` (new dim i is old dim order[i]). Its
+    buffer is the same memory: each element keeps its offset, only the loop over them
+    changes, so readers (which index buffers by offset) are not affected."""
+    assert not node.is_reduction
+    body, order = node.body, list(order)
+
+    def permuted(ops: Any, index: Sequence[Expr]) -> Any:
+        old = [sympy.Integer(0)] * len(order)
+        for i, d in enumerate(order):
+            old[d] = index[i]
+        return body(ops, old)
+
+    node.size = [node.size[d] for d in order]
+    node.stride = [node.stride[d] for d in order]
+    node.body = permuted
+
+
 @dataclass(eq=False)
 class ExternNode:
     """A library call or ATen fallback: runs `fx_node` with real tensors."""

@@ -474,6 +474,8 @@ class Scheduler:
             target = None
             for pg in producer_groups:
                 ref = self.check(pg, [step])
+                if ref is not None and ref.rule == "same-index" and self._in_memory_order(pg, step):
+                    ref = None
                 if ref is None:
                     target = pg
                     break
@@ -512,6 +514,24 @@ class Scheduler:
                 self.group_of[step.name] = ng
                 self._track(ng)
         return self._finish(groups)
+
+    def _in_memory_order(self, g: KernelGroup, node: ComputeNode) -> bool:
+        """Whether `node`, looping over its dims in its output's memory order, may join
+        `g`; if so it now loops that way. Eager's `_to_copy` keeps its input's layout:
+        attention's probabilities cast for the transposed bmm of the backward are the
+        probabilities' memory in the probabilities' order, but a loop in the logical
+        (transposed) order reads them at other positions than their kernel writes them."""
+        order = None if node.is_reduction else ir.memory_order(node)
+        if order is None:
+            return False
+        size, stride, body = node.size, node.stride, node.body
+        ir.permute_loops(node, order)
+        self._load_cache.pop(node.name, None)
+        if self.check(g, [node]) is None:
+            return True
+        node.size, node.stride, node.body = size, stride, body
+        self._load_cache.pop(node.name, None)
+        return False
 
     def _decide(self, g: KernelGroup, consumer: ComputeNode, outcome: Refusal | str) -> None:
         """Record the outcome of trying `consumer` with kernel `g` (a Refusal, or the
