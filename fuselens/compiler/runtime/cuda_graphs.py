@@ -27,6 +27,7 @@ class CudaGraphRunner:
     # logits handed to its loss after a graph break) keeps its address from call to call
     # like a parameter, so it is read in place instead of copied (GPT-2: 0.5 ms a step)
     _live: "weakref.WeakSet[CudaGraphRunner]" = weakref.WeakSet()
+    _captures = 0  # bumped by every capture: what `_replayed` caches is valid until the next
 
     def __init__(self, runner: Any, graph_id: str, timer: Optional[KernelTimer], static_inputs: Optional[set[int]] = None,
                  mutated_inputs: Sequence[int] = ()) -> None:
@@ -45,6 +46,8 @@ class CudaGraphRunner:
         self.outputs: set[int] = set()  # storages of the captured graphs' outputs
         self.borrow = True  # may read other graphs' replayed outputs in place
         self.borrowed: set[tuple] = set()  # input signatures captured reading one
+        self._replayed_at: Optional[tuple] = None  # (captures, live runners) `_replayed_cache` is of
+        self._replayed_cache: set[int] = set()
         CudaGraphRunner._live.add(self)
 
     @staticmethod
@@ -119,6 +122,7 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph):
             outs = self.runner(list(static))
         self.outputs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+        CudaGraphRunner._captures += 1
         if not self.reported:
             self._report(len(inputs) - len(params), nbytes)
         return static, params, graph, outs
@@ -132,7 +136,12 @@ class CudaGraphRunner:
         """Storages of the outputs other live graphs replay into (none once borrowing stopped)."""
         if not self.borrow:
             return set()
-        return {p for r in CudaGraphRunner._live if r is not self for p in r.outputs}
+        # asked on every replay: rebuilt only when a graph was captured or a runner went away
+        at = (CudaGraphRunner._captures, len(CudaGraphRunner._live))
+        if at != self._replayed_at:
+            self._replayed_cache = {p for r in CudaGraphRunner._live if r is not self for p in r.outputs}
+            self._replayed_at = at
+        return self._replayed_cache
 
     def _report(self, n: int, nbytes: int) -> None:
         from fuselens import sink
