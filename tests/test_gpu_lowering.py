@@ -62,3 +62,42 @@ def test_cuda_graph_reads_another_graphs_replayed_output_in_place_and_stays_righ
     for _ in range(5):
         x = torch.randn(64, 128, device="cuda")
         torch.testing.assert_close(loss(head(x)), (x * 2).exp().sum(-1))
+
+
+def test_cuda_graph_training_backward_reads_the_forwards_saved_activations_in_place():
+    """Warming up, the loss's graphs capture again once they read the model's outputs in
+    place, which moves the gradient the model's backward reads: that must not make the
+    backward copy every saved activation into static buffers on each replay from then on."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    earlier = list(CudaGraphRunner._live)  # other tests' graphs, still alive
+    opts = {"cuda_graphs": True, "fallback_on_error": False}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256),
+                                torch.nn.Tanh(), torch.nn.Linear(256, 64)).cuda()
+    ref = __import__("copy").deepcopy(model)
+    cmodel = torch.compile(model, backend="fuselens", options=opts)
+    closs = torch.compile(lambda y: (y * y).mean(), backend="fuselens", options=opts)
+    for _ in range(8):
+        x = torch.randn(128, 64, device="cuda")
+        for p in (*model.parameters(), *ref.parameters()):
+            p.grad = None
+        closs(cmodel(x)).backward()
+        (ref(x) ** 2).mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+    def copied(entry):  # (static inputs, indices read in place, graph, outputs)
+        static, in_place = entry[0], entry[1]
+        return sum(isinstance(a, torch.Tensor) and i not in in_place for i, a in enumerate(static))
+
+    backward = [r for r in CudaGraphRunner._live if "aot_backward" in r.graph_id
+                and not any(r is e for e in earlier)
+                and any(len(e[0]) > 4 for e in r.graphs.values())]
+    assert backward
+    for r in backward:
+        # the user's input x is a fresh tensor each step (copied); the activations are read in place
+        assert r.borrow and all(copied(e) <= 1 for e in r.graphs.values()), \
+            (r.graph_id, [(copied(e), len(e[0])) for e in r.graphs.values()])
