@@ -90,5 +90,6 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
             la.kernel_timer = timer
     runner = wrapper_codegen.wrap(runner, fast=on_cuda) or runner  # straight-line Python, not the plan interpreter
     if on_cuda and options.cuda_graphs:
-        return CudaGraphRunner(runner, graph_id, timer, static_input_indices(), mutated), []
+        static = static_input_indices(backward=graph_id.split("#")[0].endswith(":aot_backward"))
+        return CudaGraphRunner(runner, graph_id, timer, static, mutated), []
     return runner, []
