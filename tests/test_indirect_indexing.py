@@ -7,13 +7,11 @@ inside a looped reduction (the index read in the r loop)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton_worker import interpreted_worker_records
+from triton_worker import interpreted_worker_records, worker_main
 
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 
@@ -111,8 +109,5 @@ def test_embedding_and_gather_match_eager_in_the_triton_interpreter(tmp_path: Pa
     assert records == {"bad": []}
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":  # pragma: no cover
-    import tempfile
-
-    opts = {"target": "triton", "fallback_on_error": False, "cache_dir": tempfile.mkdtemp(prefix="fl_indirect_")}
-    Path(sys.argv[2]).write_text(json.dumps({"bad": _mismatches(opts)}))
+if __name__ == "__main__":  # pragma: no cover
+    worker_main(lambda opts: {"bad": _mismatches(opts)}, "fl_indirect_")

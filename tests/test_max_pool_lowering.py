@@ -7,12 +7,10 @@ interpreter (subprocess)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import torch
-from triton_worker import interpreted_worker_records
+from triton_worker import interpreted_worker_records, worker_main
 
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 
@@ -66,8 +64,5 @@ def test_max_pool2d_matches_eager_in_the_triton_interpreter(tmp_path: Path) -> N
     assert records == {"bad": []}
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":  # pragma: no cover
-    import tempfile
-
-    opts = {"target": "triton", "fallback_on_error": False, "cache_dir": tempfile.mkdtemp(prefix="fl_pool_")}
-    Path(sys.argv[2]).write_text(json.dumps({"bad": _mismatches(opts)}))
+if __name__ == "__main__":  # pragma: no cover
+    worker_main(lambda opts: {"bad": _mismatches(opts)}, "fl_pool_")

@@ -4,12 +4,10 @@ the logits); other scatters stay ATen's. C++ in-process, Triton in its interpret
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import torch
-from triton_worker import interpreted_worker_records
+from triton_worker import interpreted_worker_records, worker_main
 
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 
@@ -67,8 +65,5 @@ def test_scatter_lowering_in_the_triton_interpreter(tmp_path: Path) -> None:
     assert interpreted_worker_records(__file__, tmp_path / "r.json", 600, "scatter worker") == EXPECTED
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":  # pragma: no cover
-    import tempfile
-
-    opts = {"target": "triton", "fallback_on_error": False, "cache_dir": tempfile.mkdtemp(prefix="fl_scatter_")}
-    Path(sys.argv[2]).write_text(json.dumps(_run(opts)))
+if __name__ == "__main__":  # pragma: no cover
+    worker_main(_run, "fl_scatter_")

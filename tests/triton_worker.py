@@ -1,6 +1,7 @@
 """Runs a Triton test module's worker in a subprocess under TRITON_INTERPRET=1:
 the interpreter must be chosen before triton is imported, and pytest may have
-imported it already."""
+imported it already. `interpreted_worker_records` is the test's side,
+`worker_main` the worker's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -23,3 +26,11 @@ def interpreted_worker_records(test_file: str, out: Path, timeout: int, what: st
     if not out.exists():
         pytest.fail(f"{what} crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(out.read_text())
+
+
+def worker_main(records: Callable[[dict], Any], cache_prefix: str) -> None:
+    """When the module runs as `python test_file --worker OUT`: `records(opts)` of a
+    Triton-target compile with a fresh cache directory, written to OUT as JSON."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        opts = {"target": "triton", "fallback_on_error": False, "cache_dir": tempfile.mkdtemp(prefix=cache_prefix)}
+        Path(sys.argv[2]).write_text(json.dumps(records(opts)))
