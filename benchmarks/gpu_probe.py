@@ -14,6 +14,9 @@
 * `pool`: cold first call with the compile workers and without (threads).
 * `layers`: cold compile of six stacked GPT-2 blocks, fuselens and Inductor.
 * `kernels`: device time per kernel of one call, fuselens next to Inductor.
+* `mm_ld`: cuBLAS on an unaligned inner size (GPT-2's vocabulary, 50257) with the
+  operand's rows stored at a padded stride, against zero-padded and plain operands:
+  whether a producer writing padded rows spares the pad copy.
 * `epilogues`: what `torch._addmm_activation` computes on this GPU (tanh- or erf-GELU)
   and what it saves at GPT-2's MLP shape; cuDNN's fused conv+bias+ReLU at ResNet's.
 """
@@ -264,6 +267,43 @@ def epilogues() -> None:
           flush=True)
 
 
+def mm_ld() -> None:
+    """The logits gradient [T, V] feeds two matmuls of the backward: dX = dL @ W (inner
+    size V) and dW = dL^T @ X (outer size V). Time each with dL contiguous (ld V), with its
+    rows at a padded stride (ld V rounded up to 8, same V) and zero-padded to that width,
+    and name the kernel cuBLAS picks."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.gpu import bench
+
+    for t, v, h in ((4096, 50257, 768), (4096, 30522, 768)):
+        vp = -(-v // 8) * 8
+        w = torch.randn(v, h, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+        plain = torch.randn(t, v, device="cuda", dtype=torch.bfloat16)
+        store = torch.zeros(t, vp, device="cuda", dtype=torch.bfloat16)
+        strided = store[:, :v]
+        strided.copy_(plain)
+        wpad = torch.nn.functional.pad(w, (0, 0, 0, vp - v))
+        cases = {
+            "dX plain": lambda: plain @ w, "dX padded-rows": lambda: strided @ w, "dX zero-padded": lambda: store @ wpad,
+            "dW plain": lambda: plain.t() @ x, "dW padded-rows": lambda: strided.t() @ x,
+            "dW zero-padded": lambda: store.t() @ x,
+            "pad copy": lambda: torch.nn.functional.pad(plain, (0, vp - v)),
+        }
+        ref = (plain.float() @ w.float())
+        for name, fn in cases.items():
+            ms = bench(fn)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            kern = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            err = ""
+            if name.startswith("dX"):
+                err = f" max err {(fn().float() - ref).abs().max().item():.3g}"
+            print(f"mm_ld T={t} V={v}: {name:16s} {ms:.4f} ms{err} kernels {[k[:60] for k in kern]}", flush=True)
+
+
 def kernels(names: list[str]) -> None:
     """Device time per kernel of one call (torch.profiler, 20 calls averaged), fuselens
     next to Inductor: which kernel a gap sits in."""
@@ -459,6 +499,7 @@ def main(argv: Any = None) -> int:
         ("variants", lambda: ln_variants(a.variant_cases.split(","))),
         ("host", lambda: host(a.host_cases.split(","))),
         ("epilogues", epilogues),
+        ("mm_ld", mm_ld),
         ("kernels", lambda: kernels(a.kernel_cases.split(","))),
         ("compile_par", lambda: compile_par(a.par_cases.split(","))),
         ("pool", lambda: pool(a.par_cases.split(","))),

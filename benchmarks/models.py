@@ -66,6 +66,9 @@ def time_step(step: Callable[[], Any], device: str, reps: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+TOP_KERNELS = 40  # kernels per backend `--profile` records (`--top`)
+
+
 def profile_step(step: Callable[[], Any], device: str, steps: int = 5) -> dict:
     """Launches, GPU kernel ms and host ms per step, and the top kernels."""
     from torch.profiler import ProfilerActivity, profile
@@ -89,7 +92,7 @@ def profile_step(step: Callable[[], Any], device: str, steps: int = 5) -> dict:
             k[1] += e.device_time_total / 1e3
     launches = sum(k[0] for k in kernels.values()) / steps
     kernel_ms = sum(k[1] for k in kernels.values()) / steps
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
     return {"launches": launches, "kernel_ms": kernel_ms, "host_ms": max(wall - kernel_ms, 0.0), "wall_ms": wall,
             "top": [{"name": n[:160], "calls": c / steps, "ms": ms / steps} for n, (c, ms) in top]}
 
@@ -216,6 +219,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 else:
                     _annotate_top(r, events)
                     r["host_top"] = host_profile(step, device)
+                    if label == "fuselens_cg":
+                        r["cg_copied"] = cuda_graph_copies()
         except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
             r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(json.dumps({"model": name, "mode": mode, "backend": label,
@@ -227,6 +232,19 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     for label, ms in interleaved_times(cpu_steps, reps).items():
         rec[label]["ms"] = ms
     return rec
+
+
+def cuda_graph_copies() -> list[dict]:
+    """For each live fuselens CUDA graph, the inputs its replays copy (a step's extra
+    copy kernels under `cuda_graphs`, and what its peak memory holds twice)."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    out = []
+    for runner in list(CudaGraphRunner._live):
+        copied = runner.copied_inputs()
+        out.append({"graph": runner.graph_id, "captures": len(runner.graphs), "borrow": runner.borrow,
+                    "copied": len(copied), "copied_inputs": [list(c) for c in copied[:40]]})
+    return out
 
 
 def dynamo_tracing_s(case: ModelCase, module: torch.nn.Module, inputs: dict, train: bool, device: str) -> float:
@@ -325,9 +343,11 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg")
     ap.add_argument("--cuda-graphs", action="store_true", help="add reduce-overhead / cuda_graphs columns")
     ap.add_argument("--profile", action="store_true", help="record each backend's top kernels and host functions in the JSON")
+    ap.add_argument("--top", type=int, default=40, help="kernels per backend --profile records")
     ap.add_argument("--reps", type=int, default=10, help="timed steps on the CPU")
     ap.add_argument("--out", default="", help="write models_bench.json here")
     args = ap.parse_args(argv)
+    globals()["TOP_KERNELS"] = args.top
     modes = [m for m in (args.modes or ("infer,train" if args.device == "cuda" else "infer")).split(",") if m]
     backends = backends_for(args.device, args.cuda_graphs, [b for b in args.backends.split(",") if b])
     if args.device == "cpu":

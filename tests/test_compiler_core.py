@@ -627,3 +627,23 @@ def test_a_cast_of_a_transposed_view_loops_in_its_memory_order_and_joins_the_ker
     assert len(cpp_kernels(events)) == 1
     out = torch.compile(fn, backend="fuselens")(x)
     assert out.stride() == fn(x).stride()
+
+
+def test_two_kernels_reading_one_input_at_the_same_elements_read_it_once():
+    """The softmax backward (a row sum) and the cast of the same saved probabilities for
+    the value gradient's bmm have no buffer between them, and their loops line up only
+    through a view ([B*H, S, S] against [B, H, S, S]): one kernel reads the probabilities
+    once. Reading them transposed does not join (a different element per iteration)."""
+    def fn(p, g):
+        grad = p * g - p * (p * g).sum(-1, keepdim=True)
+        return grad, p.view(6, 16, 16).to(torch.float64)
+
+    p, g = torch.rand(2, 3, 16, 16), torch.randn(2, 3, 16, 16)
+    events = run(fn, p, g)
+    assert len(cpp_kernels(events)) == 1
+
+    def transposed(p, g):
+        grad = p * g - p * (p * g).sum(-1, keepdim=True)
+        return grad, p.transpose(-1, -2).reshape(6, 16, 16).to(torch.float64)
+
+    assert len(cpp_kernels(run(transposed, p, g))) == 2

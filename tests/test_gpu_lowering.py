@@ -29,6 +29,25 @@ def test_same_device_to_copy_is_a_conversion_fused_into_a_kernel_not_an_aten_fal
         k.kind == "triton" for k in events if isinstance(k, Kernel)), [k.kind for k in events if isinstance(k, Kernel)]
 
 
+def test_bf16_max_pool_backward_on_cuda_is_generated_and_matches_eager():
+    """ResNet's stem under autocast: the pool's backward is a gather (float sums) fused with
+    the ReLU gradient, not ATen's kernel. The 16-bit refusal is for the CPU only: it once
+    asked the device of a lowering value that has none, and refused on the GPU too."""
+    fuselens.compiler.register()
+
+    def stem(x):
+        return torch.nn.functional.max_pool2d(torch.relu(x), 3, 2, 1).float().square().sum()
+
+    x = torch.randn(4, 64, 56, 56, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    stem(xe).backward()
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        torch.compile(stem, backend="fuselens")(xc).backward()
+    assert not [e.message for e in events if isinstance(e, ErrorEntry) and "max_pool2d" in e.message]
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["launches", "cuda-graphs"])
 def test_batchnorm_and_optimizer_input_mutations_on_cuda_match_eager(cuda_graphs):
     """Kernels store BatchNorm's running stats and SGD's parameters and momentum straight

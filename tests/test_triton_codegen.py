@@ -148,6 +148,13 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     case("conv_bn_relu_with_grad_untouched", block, (torch.randn(2, 8, 10, 10),), rtol=1e-4, atol=1e-4)
     case("full_reduction_scalar", lambda x: x.mean(), (torch.randn(37, 11),), rtol=1e-4, atol=1e-5)
     case("column_reduction", lambda x: x.sum(0), (torch.randn(300, 17),), rtol=1e-4, atol=1e-4)
+
+    def cat_heads_bias_grad(q, k, v):  # GPT-2's c_attn backward: q,k,v gradients joined, summed over tokens
+        x = torch.cat([t.transpose(1, 2).reshape(2, 40, 96) for t in (q, k * 2, v + 1)], -1)
+        return x, x.sum((0, 1))
+
+    case("column_reduction_of_a_cat", cat_heads_bias_grad, tuple(torch.randn(2, 3, 40, 32) for _ in range(3)),
+         rtol=1e-4, atol=1e-4)
     # looped, few columns: narrow blocks of long row chunks, with the last chunk masked
     case("column_reduction_looped_narrow", lambda x: x.sum(0), (torch.randn(4100, 40),), rtol=1e-4, atol=1e-3)
     case("bf16_gelu", lambda x, b: F.gelu(x + b), (torch.randn(16, 48, dtype=torch.bfloat16),
@@ -532,6 +539,13 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
     for ks, xn, rn in ((pw, 1 << 20, 1), (pr, 16384, 4096), (lr, 8, 1 << 20)):
         cands = candidate_configs(ks, xn, rn)
         assert 2 <= len(cands) <= 8 and cands[0] == heuristic_config(ks, xn, rn)
+
+
+def test_a_column_sum_of_a_cat_is_planned_as_a_column_reduction(records: dict) -> None:
+    # the cat's reads are clamped along the joined dim, not linear: the loop order comes from its store
+    rec = _ok(records, "column_reduction_of_a_cat")
+    red = [s for s in rec["sources"] if "reduction" in s.split('"""')[1]]
+    assert red and all("(columns: contiguous along x)" in s.split('"""')[1] for s in red), rec["sources"]
 
 
 def test_lone_sin_and_cos_take_the_full_range_reduction_not_libdevice(records: dict) -> None:

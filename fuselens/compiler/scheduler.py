@@ -273,19 +273,39 @@ class Scheduler:
         members = {n.name: n for n in m.nodes}
         ranges = m.ranges()
         for c in m.nodes:
-            body_size = c.full_size if c.is_reduction else c.size
-            cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
-            sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-            for buf, index in self._loads(c):
+            for buf, got in self._loads_in(m, c, ranges):
                 p = members.get(buf)
                 if p is None:
                     continue
                 want = ir.simplify_index(ir.offset_of(m.own_index(p), p.stride), ranges)
-                got = ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)
                 if not ir.same_expr(want, got):
                     return Refusal("same-index", f"{_label(c)} reads {_label(p)} at other positions (a transpose, "
                                    f"broadcast or shifted view), which one loop iteration does not have")
         return None
+
+    def _loads_in(self, m: KernelGroup, c: ComputeNode, ranges: dict) -> list[tuple[str, Expr]]:
+        """(buffer, offset) of each load of member `c`, in kernel `m`'s loop variables."""
+        body_size = c.full_size if c.is_reduction else c.size
+        cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
+        sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
+        return [(buf, ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)) for buf, index in self._loads(c)]
+
+    def _reads_alike(self, g: KernelGroup, node: ComputeNode) -> bool:
+        """Whether `node`, in `g`'s loop, reads a buffer a member reads, at the same
+        element: one load serves both, so the buffer is read once instead of twice.
+        Attention's saved probabilities feed both the softmax backward (a row sum) and
+        their cast for the bmm of the value gradient: 100 MB read twice a layer in BERT."""
+        m = self._merged(g, [node])
+        ranges = m.ranges()
+        mine = self._loads_in(m, node, ranges)
+        bufs = {buf for buf, _ in mine}
+        for c in m.nodes:
+            if c is node:
+                continue
+            for buf, e in self._loads_in(m, c, ranges):
+                if buf in bufs and any(b == buf and ir.same_expr(e, got) for b, got in mine):
+                    return True
+        return False
 
     def _loads(self, c: ComputeNode) -> list:
         """ir.record_loads of a node, traced once per scheduling pass (each candidate
@@ -502,11 +522,18 @@ class Scheduler:
                 for cand in reversed(groups[-8:]):
                     if cand in producer_groups:
                         continue
-                    if self.check(cand, [step]) is None and _same_space(cand, step):
+                    if self.check(cand, [step]) is not None:
+                        continue
+                    if _same_space(cand, step):
                         self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
                                    "between them, same loops)")
-                        target = cand
-                        break
+                    elif self._reads_alike(cand, step):
+                        self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
+                                   "elements (horizontal fusion: one read of their shared input)")
+                    else:
+                        continue
+                    target = cand
+                    break
             if target is None:
                 full, rflags = _space(step)
                 ng = KernelGroup([step], full, rflags, reasons=[f"{_label(step)}: {step.describe()}"])

@@ -393,7 +393,7 @@ class TritonKernel(KernelBuilder):
         if g.rflags is None:
             self._plan_pointwise(loads, stores)
         else:
-            self._plan_reduction(loads)
+            self._plan_reduction(loads, stores)
         # a pointwise kernel whose every output is a 16-bit float may use shorter math (erf)
         self.out16 = self.kind in ("pointwise", "pointwise2d") and bool(g.stores) and all(
             self.graph.buffers[b].dtype in (torch.bfloat16, torch.float16) for b in g.stores)
@@ -429,14 +429,37 @@ class TritonKernel(KernelBuilder):
                 self.axes = [_Axis("x", xdims, "xindex"), _Axis("y", [inner], "yindex")]
                 return
 
-    def _plan_reduction(self, loads: list) -> None:
+    def _reduction_reference(self, loads: list, stores: list) -> tuple[list, dict]:
+        """The loads by size, biggest first, and the access whose strides order the loops:
+        the biggest load, preferring one linear in every dim of the kernel. A cat's or a
+        pad's reads are clamped, not linear, in the dim they join along; where every big
+        load is such, a store over the whole loop stands in. (GPT-2's training backward
+        sums the cat of q, k and v gradients over tokens: ordered by a clamped read, the
+        column reduction was taken for a row one, 4 columns a program, 0.21 ms a call.)"""
+        n = len(self.g.full)
+
+        def size(a: tuple) -> int:
+            return self._hint(ir.numel(self.graph.buffers[a[0]].size))
+
+        def covered(a: tuple) -> int:
+            return sum(1 for d in range(n) if self.gv[d] in a[1])
+
+        big = sorted(loads, key=lambda a: (-size(a), -covered(a)))
+        if not big:
+            return big, {}
+        if covered(big[0]) < n:
+            whole = [a for a in stores if covered(a) == n and size(a) >= size(big[0])]
+            if whole:
+                return big, whole[0][1]
+        return big, big[0][1]
+
+    def _plan_reduction(self, loads: list, stores: list) -> None:
         """Kept dims on x, reduced dims on r; persistent, looped or Welford (module docstring)."""
         g = self.g
         n = len(g.full)
         kept = [d for d in range(n) if not g.rflags[d]]
         red = [d for d in range(n) if g.rflags[d]]
-        big = sorted(loads, key=lambda a: -self._hint(ir.numel(self.graph.buffers[a[0]].size)))
-        ref = big[0][1] if big else {}
+        big, ref = self._reduction_reference(loads, stores)
         xdims, rdims = self._order(kept, ref), self._order(red, ref)
         self.axes = [_Axis("x", xdims, "xindex"), _Axis("r", rdims, "rindex")]
         rn = ir.numel([g.full[d] for d in rdims])
@@ -756,6 +779,8 @@ class TritonKernel(KernelBuilder):
         out = []
         for a in self.axes:
             out.append(f"{a.name}={ir.format_sizes([self.g.full[d] for d in a.dims])}")
+        if self.column:
+            out.append("(columns: contiguous along x)")
         if self.int64:
             out.append("int64 indexing")
         return out

@@ -461,7 +461,7 @@ def lower_max_pool2d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, k
     (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size, ()), _pair(padding, (0,)), _pair(dilation, (1,))
     if (dh, dw) != (1, 1):
         raise NotLowered("max_pool2d backward with dilation")
-    if not ctx.triton_target(x) and meta.dtype not in (torch.float32, torch.float64):
+    if not ctx.triton_target(meta) and meta.dtype not in (torch.float32, torch.float64):
         raise NotLowered("16-bit max_pool2d backward on the CPU (ATen accumulates in the 16-bit type)")
     sh, sw = _pair(stride, (kh, kw))
     oh_n, ow_n, w = grad.size[-2], grad.size[-1], x.size[-1]

@@ -141,6 +141,15 @@ class CudaGraphRunner:
             self._report(len(inputs) - len(params), nbytes)
         return static, params, graph, outs
 
+    def copied_inputs(self) -> list[tuple[int, tuple, str]]:
+        """(position, shape, dtype) of each input a replay copies, over this runner's
+        captures (what keeps a graph from reading its inputs in place)."""
+        out = []
+        for static, params, _, _ in self.graphs.values():
+            out += [(i, tuple(a.shape), str(a.dtype).replace("torch.", "")) for i, a in enumerate(static)
+                    if isinstance(a, torch.Tensor) and i not in params]
+        return out
+
     def _copies_a_replayed_output(self, args: Sequence[Any], params: set[int]) -> bool:
         replayed = self._replayed()
         return bool(replayed) and any(i not in params and isinstance(a, torch.Tensor)
