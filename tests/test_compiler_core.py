@@ -647,3 +647,11 @@ def test_two_kernels_reading_one_input_at_the_same_elements_read_it_once():
         return grad, p.transpose(-1, -2).reshape(6, 16, 16).to(torch.float64)
 
     assert len(cpp_kernels(run(transposed, p, g))) == 2
+
+    def far_apart(p, g, others):  # a backward runs other branches between the two readers
+        cast = p.view(6, 16, 16).to(torch.float64)
+        sums = [torch.sin(o).sum(0) for o in others]
+        return cast, sums, p * g - p * (p * g).sum(-1, keepdim=True)
+
+    others = [torch.randn(k + 2, 3) for k in range(10)]
+    assert len(cpp_kernels(run(far_apart, p, g, others))) == 11

@@ -139,3 +139,23 @@ def test_rotary_gradients_through_inlined_producers_equal_eager():
     x.grad = None
     torch.compile(rotary, backend="fuselens")(x, cos, sin).backward(g)
     torch.testing.assert_close(x.grad, expected)
+
+
+def test_a_float_copy_of_narrower_inputs_is_recomputed_in_another_kernel_not_stored():
+    """BatchNorm's backward shape: `x - mean` (float32, from a bfloat16 x) feeds the channel
+    sums and, across a library call on those sums, a pointwise kernel. Stored, it is 4 bytes an
+    element written and read back; the second kernel reads x's 2 bytes instead."""
+    def fn(x16, mean, w):
+        sub = x16.float() - mean
+        m = sub.sum(0, keepdim=True) @ w  # the matmul needs the sums: the reader is another kernel
+        return sub * m
+
+    x16, mean, w = torch.randn(64, 32).bfloat16(), torch.randn(32), torch.randn(32, 32)
+    out, events = compiled_events(fn, x16, mean, w)
+    torch.testing.assert_close(out, fn(x16, mean, w), rtol=1e-4, atol=1e-3)  # sums of 64 in another order
+    kernels = generated(events)
+    assert len(kernels) == 2
+    assert not [k for k in kernels if "sum" in k.name and "out_sub" in k.source.split(")")[0]], \
+        [k.source.split(")")[0] for k in kernels]
+    (d,) = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert d.nodes[0] == "sub" and "narrower" in d.reason

@@ -114,6 +114,15 @@ def test_reductions_with_many_outputs_or_few_values_are_left_alone():
     assert len(reductions(rows)) == len(reductions(small)) == len(reductions(half_mean)) == 1
 
 
+def test_a_norm_weight_gradient_over_2048_tokens_is_split():
+    # Llama's RMSNorm weight gradient at 4 x 512 tokens: 16 column programs unsplit
+    x, g = torch.randn(4, 512, 1024), torch.randn(4, 512, 1024)
+    fn = lambda x, g: (x * g).sum((0, 1))  # noqa: E731
+    gm = traced(fn, x, g)
+    assert len(split_reductions(gm, SMS)) == 1
+    torch.testing.assert_close(gm(x, g), fn(x, g), rtol=1e-5, atol=1e-4)
+
+
 def test_a_prime_reduced_dim_is_split_only_where_it_divides():
     x = torch.randn(8191, 300)  # 8191 is prime: no partials of equal size
     gm = traced(lambda x: x.sum(0), x)

@@ -188,7 +188,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     """rewrite -> lower -> inline -> schedule -> generate -> build -> plan -> finalize -> explain;
     returns the graph's callable and its events."""
     from fuselens.compiler.explain import build_events
-    from fuselens.compiler.inline_pointwise import inline_pointwise
+    from fuselens.compiler.inline_pointwise import inline_pointwise, recompute_narrow_stores
     from fuselens.compiler.lowering import lower
     from fuselens.compiler.runtime.plan import make_runner
     from fuselens.compiler.scheduler import schedule
@@ -203,6 +203,10 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         out_sources = _output_sources(graph, outputs)
         inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
+        recomputed = recompute_narrow_stores(graph, sched.groups, out_sources, costly_math=target.costly_math)
+        if recomputed:  # their readers changed: schedule them again
+            inlined += recomputed
+            sched = schedule(graph, opts, out_sources, target.kernel_prefix)
     with phases.timed("codegen"):
         library = target.generate(sched.groups, graph, opts)
     with phases.timed(target.build_phase):

@@ -29,6 +29,13 @@ A producer that must stay stored (a graph output, or read by a library call) is
 still recomputed by its readers in other spaces when it is trivial (at most
 TRIVIAL_OPS operations: a negation, a constant).
 
+After scheduling, `recompute_narrow_stores` takes the same step for a producer
+that a kernel would store only for readers in other kernels, when recomputing
+it reads fewer bytes than loading it: BatchNorm's backward kept `x - mean` and
+a float32 copy of a bfloat16 gradient, 4 bytes an element written and read
+again, where its readers could load the 2-byte operands (ResNet-50 training).
+The scheduler then runs again on the changed readers.
+
 Readers reach an inlined producer through its loader, which hands over the
 logical index (`ir.IndexedLoads`); a load by flat offset is mapped back to the
 index that offset has in the producer's dense layout.
@@ -60,11 +67,12 @@ class Inlined:
     readers: list[str]
     ops: int
     kept: bool  # still stored for a graph output or a library call
+    why: str = "cheaper than a kernel and a buffer of its own"
 
     def reason(self) -> str:
         ops = f"{self.ops} op{'s' if self.ops != 1 else ''}"
         text = (f"{self.node} ({self.aten_op}, {ops}) is recomputed inside {', '.join(self.readers)} instead of "
-                "stored and loaded: cheaper than a kernel and a buffer of its own")
+                f"stored and loaded: {self.why}")
         return text + ("; it is still stored for a graph output or a library call" if self.kept else "")
 
 
@@ -244,3 +252,85 @@ def _large_reads(graph: GraphIR, p: ComputeNode) -> list[str]:
 def _loads_of(p: ComputeNode, reader: ComputeNode) -> int:
     """How many times `reader` loads `p` per element it computes."""
     return sum(1 for b, _ in ir.record_loads(reader) if b == p.name) or 1
+
+
+def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_sources: set[str], *,
+                            costly_math: bool = False) -> list[Inlined]:
+    """Producers a kernel stores only for readers in other kernels, recomputed there
+    when that reads fewer bytes (module docstring). Mutates `graph`: those readers
+    evaluate the producer (and the unstored producers it reads in its kernel); it stays
+    for the members of its own kernel."""
+    if any(isinstance(s, ExternNode) and _mutates(s) for s in graph.steps):
+        return []
+    kernel_of = {n.name: g for g in groups for n in g.nodes}
+    stored = set().union(*(g.stores for g in groups)) if groups else set()
+    by_name = {s.name: s for s in graph.steps}
+    readers: dict[str, list[Any]] = {}
+    for s in graph.steps:
+        for b in s.reads:
+            readers.setdefault(b, []).append(s)
+    after_reduction: dict[str, bool] = {}
+    for s in graph.steps:
+        if isinstance(s, ComputeNode):
+            after_reduction[s.name] = s.is_reduction or any(after_reduction.get(b, False) for b in s.reads)
+
+    def recomputable(n: Any) -> bool:
+        return (isinstance(n, ComputeNode) and not n.is_reduction and not after_reduction[n.name]
+                and ir.dense_layout(n.size, n.stride, graph.size_hints))
+
+    done: list[Inlined] = []
+    for p in [s for s in graph.steps if isinstance(s, ComputeNode) and s.name in stored]:
+        users = readers.get(p.name, [])
+        home = kernel_of.get(p.name)
+        outside = [u for u in users if kernel_of.get(u.name) is not home]
+        if (not recomputable(p) or p.name in output_sources or not outside
+                or any(not isinstance(u, ComputeNode) for u in users)):
+            continue
+        chain = _unstored_chain(p, by_name, kernel_of, stored, recomputable)
+        if chain is None:
+            continue
+        counts = [_counted(n) for n in chain]
+        ops = sum(c.count for c in counts)
+        if (costly_math and any(c.math for c in counts)) or any(ops * _loads_of(p, u) > MAX_OPS for u in outside):
+            continue
+        if _chain_bytes(graph, p, chain) >= p.dtype.itemsize:
+            continue
+        for u in outside:
+            for n in chain:  # p first: the others are what p (or one before) loads
+                _inline_into(u, n, readers)
+        readers[p.name] = [u for u in users if u not in outside]
+        done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in outside], ops, False,
+                            "its inputs are narrower than it (fewer bytes to read than to store and load it)"))
+    return done
+
+
+MAX_CHAIN = 4  # producers recomputed together (a cast feeding a subtraction, ...)
+
+
+def _unstored_chain(p: ComputeNode, by_name: dict, kernel_of: dict, stored: set[str], ok: Any) -> Any:
+    """`p` and the producers it reads in its kernel that are not stored (they must be
+    recomputed with it), readers first; None when one cannot be or there are too many."""
+    chain = [p]
+    for n in chain:
+        for b in sorted(n.reads):
+            if b in kernel_of and b not in stored and all(c.name != b for c in chain):
+                q = by_name.get(b)
+                if not ok(q) or len(chain) >= MAX_CHAIN:
+                    return None
+                chain.append(q)
+    return chain
+
+
+def _chain_bytes(graph: GraphIR, p: ComputeNode, chain: list) -> int:
+    """Bytes the chain loads from memory per element of `p`, not counting buffers much
+    smaller than `p` (a per-channel mean, a scalar)."""
+    mine = graph.hint(ir.numel(p.size))
+    names = {n.name for n in chain}
+    total = 0
+    for n in chain:
+        for b, _ in ir.record_loads(n):
+            spec = graph.buffers.get(b)
+            if b in names or (spec is not None and graph.hint(ir.numel(spec.size)) * SMALL_READ <= mine):
+                continue
+            total += spec.dtype.itemsize if spec is not None else 8
+    return total

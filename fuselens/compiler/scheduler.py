@@ -181,6 +181,10 @@ class Scheduler:
             for j in d:
                 mask |= self.anc[j] | (1 << j)
             self.anc.append(mask)
+        self.readers_of: dict[str, list[int]] = {}  # buffer -> steps reading it
+        for i, s in enumerate(self.steps):
+            for r in s.reads:
+                self.readers_of.setdefault(r, []).append(i)
         self.users: list[list[int]] = [[] for _ in self.steps]
         for i, d in enumerate(self.deps):
             for j in d:
@@ -519,7 +523,7 @@ class Scheduler:
                         self._decide(pg, step, ref)
                 continue
             if self.opt.fusion and self.opt.horizontal_fusion:
-                for cand in reversed(groups[-8:]):
+                for cand in self._horizontal_candidates(i, step, groups):
                     if cand in producer_groups:
                         continue
                     if self.check(cand, [step]) is not None:
@@ -541,6 +545,19 @@ class Scheduler:
                 self.group_of[step.name] = ng
                 self._track(ng)
         return self._finish(groups)
+
+    def _horizontal_candidates(self, i: int, step: ComputeNode, groups: list[KernelGroup]) -> list[KernelGroup]:
+        """Kernels `step` may join without a buffer between them: the last few made, and
+        any kernel reading what `step` reads (however long ago: in a backward, the value
+        branch of attention runs between the cast of the probabilities and their
+        softmax backward), most recent first."""
+        out = list(reversed(groups[-8:]))
+        for b in step.reads:
+            for j in reversed(self.readers_of.get(b, [])):
+                g = self.group_of.get(self.steps[j].name) if j < i else None
+                if g is not None and g not in out:
+                    out.append(g)
+        return out
 
     def _in_memory_order(self, g: KernelGroup, node: ComputeNode) -> bool:
         """Whether `node`, looping over its dims in its output's memory order, may join

@@ -31,8 +31,13 @@ from fuselens.compiler.graph_passes import GraphRewrite, _Builder, _fake_mode, _
 aten = torch.ops.aten
 
 COLUMN_LANES = 64  # kept elements one program of a column reduction covers (codegen's MAX_XBLOCK_REDUCTION)
-MIN_REDUCED = 4096  # below this many values per output, or
-MIN_ELEMENTS = 1 << 20  # this many in all, a reduction is cheap whatever its grid (a split adds a launch)
+# below this many values per output, or this many in all, a reduction is cheap whatever
+# its grid (a split adds a launch). Not 4096: Llama's RMSNorm weight gradient sums 2048
+# tokens for each of 1024 columns, with the norm's backward computed on the way in
+# (5 tensors read, 2 written): 128 programs of 8 columns, 31 us a call where Inductor's
+# split takes 8 (H200).
+MIN_REDUCED = 1024
+MIN_ELEMENTS = 1 << 20
 MIN_PARTIAL = 256  # values each partial result reduces, at least
 WAVES = 4  # programs to aim for, per multiprocessor
 
