@@ -120,3 +120,39 @@ def test_cuda_graph_training_backward_reads_the_forwards_saved_activations_in_pl
         # the user's input x is a fresh tensor each step (copied); the activations are read in place
         assert r.borrow and all(copied(e) <= 1 for e in r.graphs.values()), \
             (r.graph_id, [(copied(e), len(e[0])) for e in r.graphs.values()])
+
+
+def test_cuda_graph_parameter_gradients_become_grad_without_copies_and_accumulate_right():
+    """A backward replayed under CUDA graphs hands its parameter gradients to autograd
+    as tensors it does not hold, so AccumulateGrad keeps them as `.grad` (no clone a
+    step). Accumulating into such a `.grad` over several steps must still sum every
+    step: the replay that would overwrite it first moves it out of the graph's memory."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    earlier = list(CudaGraphRunner._live)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()
+    ref = __import__("copy").deepcopy(model)
+    step = torch.compile(lambda x: model(x).square().mean(), backend="fuselens",
+                         options={"cuda_graphs": True, "fallback_on_error": False})
+    xs = [torch.randn(16, 32, device="cuda") for _ in range(12)]
+    for k, x in enumerate(xs[:6]):  # set to None every step: .grad is the graph's own output
+        for p in (*model.parameters(), *ref.parameters()):
+            p.grad = None
+        step(x).backward()
+        ref(x).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    (bw,) = [r for r in CudaGraphRunner._live if "aot_backward" in r.graph_id and not any(r is e for e in earlier)]
+    (outs,) = [e[3] for e in bw.graphs.values()]
+    pool = {o.data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+    assert all(p.grad.data_ptr() in pool for p in model.parameters()), "gradients were copied"
+    for p in (*model.parameters(), *ref.parameters()):
+        p.grad = None
+    for x in xs[6:]:  # accumulate over six steps
+        step(x).backward()
+        ref(x).square().mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from fuselens.compiler.runtime.atomic_file import write_atomically
-from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, static_input_indices
+from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, gradient_output_indices, static_input_indices
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
 from fuselens.compiler.runtime import wrapper_codegen
@@ -90,6 +90,8 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
             la.kernel_timer = timer
     runner = wrapper_codegen.wrap(runner, fast=on_cuda) or runner  # straight-line Python, not the plan interpreter
     if on_cuda and options.cuda_graphs:
-        static = static_input_indices(backward=graph_id.split("#")[0].endswith(":aot_backward"))
-        return CudaGraphRunner(runner, graph_id, timer, static, mutated), []
+        backward = graph_id.split("#")[0].endswith(":aot_backward")
+        static = static_input_indices(backward=backward)
+        grads = gradient_output_indices() if backward else set()
+        return CudaGraphRunner(runner, graph_id, timer, static, mutated, grads), []
     return runner, []

@@ -1,0 +1,134 @@
+"""The CUDA-graph runner's bookkeeping (compiler/runtime/cuda_graphs.py) on the CPU.
+
+CI has no GPU, so CUDA's graph capture is simulated here, and only that: a captured
+"graph" replays by running the graph's function again into the tensors its capture
+returned, as a real replay writes the same addresses. Everything else is the runner's
+own code: which inputs are copied or read in place, when it captures again, and how a
+backward's parameter gradients are handed to autograd. The real capture runs in
+tests/test_gpu_lowering.py on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+
+from fuselens.compiler.runtime import cuda_graphs
+from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+
+class _Graph:
+    def __init__(self) -> None:
+        self.replays = 0
+        self.rerun: Any = None
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.rerun()
+
+
+class _Stream:
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+_capturing: list[_Graph] = []
+
+
+@contextlib.contextmanager
+def _graph(g: _Graph, **_: Any):
+    _capturing.append(g)
+    try:
+        yield
+    finally:
+        _capturing.pop()
+
+
+@pytest.fixture()
+def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", _graph)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+
+def _at_address(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over the memory `t` has now, owning nothing: what a replay writes to."""
+    st = torch._C._construct_storage_from_data_pointer(t.data_ptr(), t.device, t.untyped_storage().nbytes())
+    return torch.empty(0, dtype=t.dtype).set_(st, 0, t.shape, t.stride())
+
+
+class Runner:
+    """A compiled graph's function: out = [x * w + k]; under capture it also records how
+    to recompute into the memory it returned, reading its inputs' memory (a replay works
+    on addresses, whichever tensors hold them later)."""
+
+    def __call__(self, args: list) -> list:
+        x, w, k = args
+        outs = [x * w + k]
+        if _capturing:
+            xm, wm, om = _at_address(x), _at_address(w), _at_address(outs[0])
+            _capturing[-1].rerun = lambda: om.copy_(xm * wm + k)
+        return outs
+
+
+def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one_moves(simulated_cuda: None) -> None:
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    run = Runner()
+    r = CudaGraphRunner(run, "0/0:aot_inference", None)
+    first = r([torch.ones(4), w, 1.0])  # warm-up and capture
+    assert torch.equal(first[0], torch.full((4,), 3.0))
+    for v in (5.0, 7.0):
+        out = r([torch.full((4,), v), w, 1.0])
+        assert torch.equal(out[0], torch.full((4,), 2 * v + 1))
+    (entry,) = r.graphs.values()
+    assert entry[2].replays == 2 and len(r.graphs) == 1
+    with torch.no_grad():
+        w.mul_(3)  # updated in place (an optimizer step): read in place, no new capture
+    assert torch.equal(r([torch.ones(4), w, 1.0])[0], torch.full((4,), 7.0))
+    moved = torch.nn.Parameter(torch.full((4,), 10.0))
+    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # a new address: captured again
+    (again,) = r.graphs.values()
+    assert again[2] is not entry[2] and again[0][1] is moved
+    assert torch.equal(r([torch.full((4,), 2.0), moved, 1.0])[0], torch.full((4,), 21.0))
+    assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # another scalar: another graph
+    assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))
+    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # back to the first: no capture
+    assert len(r.graphs) == 2 and sorted(e[2].replays for e in r.graphs.values()) == [1, 2]
+
+
+def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_graph(simulated_cuda: None) -> None:
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
+    r([torch.ones(4), w, 1.0])
+    r([torch.ones(4), w, 1.0])
+    wide = torch.ones(2, 4)
+    assert torch.equal(r([wide, w, 1.0])[0], torch.full((2, 4), 3.0))
+    assert len(r.graphs) == 2
+
+
+def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_replay(simulated_cuda: None) -> None:
+    """A `.grad` kept from one replay (gradient accumulation) still has its values after the
+    next replay; one dropped costs nothing (the graph keeps writing the same memory)."""
+    if not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(Runner(), "0/0:aot_backward", None, gradient_outputs=[0])
+    r([torch.ones(4), w, 0.0])  # capture
+    g1 = r([torch.full((4,), 1.0), w, 0.0])[0]
+    (entry,) = r.graphs.values()
+    pool = entry[3][0].data_ptr()
+    assert g1.data_ptr() == pool and g1 is not entry[3][0]  # the graph's memory, a tensor of its own
+    held = g1  # like p.grad while accumulating
+    del g1
+    g2 = r([torch.full((4,), 5.0), w, 0.0])[0]
+    assert torch.equal(held, torch.full((4,), 2.0)) and held.data_ptr() != pool  # moved out before the replay
+    assert torch.equal(g2, torch.full((4,), 10.0)) and g2.data_ptr() == pool
+    del held, g2
+    g3 = r([torch.full((4,), 3.0), w, 0.0])[0]
+    assert torch.equal(g3, torch.full((4,), 6.0)) and g3.data_ptr() == pool  # nothing held: nothing moved
