@@ -112,11 +112,42 @@ def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_grap
     assert len(r.graphs) == 2
 
 
-def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_replay(simulated_cuda: None) -> None:
+def test_tensor_only_inputs_compare_addresses_in_one_call_with_the_signature_cuda_builds_have(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def ptrs_equal(tensors: list, data_ptrs: list, indices: list) -> bool:  # torch._C's, CUDA builds only
+        assert all(isinstance(t, torch.Tensor) for t in tensors) and all(isinstance(p, int) for p in data_ptrs)
+        calls.append(indices)
+        return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
+
+    monkeypatch.setattr(cuda_graphs, "_PTRS_EQUAL", ptrs_equal)
+
+    def run(args: list) -> list:
+        x, w = args
+        out = [x * w]
+        if _capturing:
+            xm, wm, om = _at_address(x), _at_address(w), _at_address(out[0])
+            _capturing[-1].rerun = lambda: om.copy_(xm * wm)
+        return out
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(run, "0/0:aot_inference", None)
+    r([torch.ones(4), w])
+    assert torch.equal(r([torch.full((4,), 3.0), w])[0], torch.full((4,), 6.0))
+    assert torch.equal(r([torch.full((4,), 4.0), w])[0], torch.full((4,), 8.0))
+    assert calls == [[1]]  # the second replay took the fast path; the parameter is position 1
+
+
+@pytest.mark.parametrize("can_move", [True, False], ids=["storage-moves", "torch-2.11-captures-again"])
+def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_replay(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, can_move: bool) -> None:
     """A `.grad` kept from one replay (gradient accumulation) still has its values after the
-    next replay; one dropped costs nothing (the graph keeps writing the same memory)."""
-    if not cuda_graphs._CAN_MOVE_STORAGE:
+    next replay; one dropped costs nothing (the graph keeps writing the same memory). A torch
+    that cannot move a storage's memory captures a new graph instead, and hands out no more."""
+    if can_move and not cuda_graphs._CAN_MOVE_STORAGE:
         pytest.skip("this torch cannot move a storage's memory")
+    monkeypatch.setattr(cuda_graphs, "_CAN_MOVE_STORAGE", can_move)
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     r = CudaGraphRunner(Runner(), "0/0:aot_backward", None, gradient_outputs=[0])
     r([torch.ones(4), w, 0.0])  # capture
@@ -127,8 +158,15 @@ def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_re
     held = g1  # like p.grad while accumulating
     del g1
     g2 = r([torch.full((4,), 5.0), w, 0.0])[0]
-    assert torch.equal(held, torch.full((4,), 2.0)) and held.data_ptr() != pool  # moved out before the replay
-    assert torch.equal(g2, torch.full((4,), 10.0)) and g2.data_ptr() == pool
+    assert torch.equal(held, torch.full((4,), 2.0))
+    assert torch.equal(g2, torch.full((4,), 10.0))
+    if not can_move:  # the held gradient keeps the old graph's memory; the new graph hands out none
+        assert held.data_ptr() == pool and g2.data_ptr() != pool
+        g3 = r([torch.full((4,), 3.0), w, 0.0])[0]
+        (entry,) = r.graphs.values()
+        assert torch.equal(g3, torch.full((4,), 6.0)) and g3 is entry[3][0] and torch.equal(held, torch.full((4,), 2.0))
+        return
+    assert held.data_ptr() != pool and g2.data_ptr() == pool  # moved out before the replay
     del held, g2
     g3 = r([torch.full((4,), 3.0), w, 0.0])[0]
     assert torch.equal(g3, torch.full((4,), 6.0)) and g3.data_ptr() == pool  # nothing held: nothing moved

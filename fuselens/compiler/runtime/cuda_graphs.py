@@ -48,7 +48,7 @@ class CudaGraphRunner:
                  mutated_inputs: Sequence[int] = (), gradient_outputs: Sequence[int] = ()) -> None:
         self.runner = runner
         # outputs that are parameters' gradients (a backward's): handed out as fresh tensors
-        self.gradient_outputs = sorted(gradient_outputs) if _CAN_MOVE_STORAGE else []
+        self.gradient_outputs = sorted(gradient_outputs) if _CAN_COUNT_REFERENCES else []
         self.handed: dict[tuple, list] = {}  # signature -> [(output, its storage, references we hold)]
         # inputs the graph overwrites: a copied one is copied back after each replay, and a
         # static one must not be overwritten by the warm-up before capture as well
@@ -96,15 +96,18 @@ class CudaGraphRunner:
             elif self._copies_a_replayed_output(args, params):
                 ent = None  # an input is now another graph's replayed output: captured again to read it in place
         if ent is None:
-            inputs = list(args)
-            out = self.runner(list(args))  # warm-up: compiles and tunes kernels outside the capture
-            args.clear()
-            torch.cuda.synchronize()
-            self.graphs[key] = self._capture(key, inputs)
-            self._last = None
-            return out
+            return self._warm_up_and_capture(key, args)
         self._last = key
         return self._replay(key, args)
+
+    def _warm_up_and_capture(self, key: tuple, args: list) -> Any:
+        inputs = list(args)
+        out = self.runner(list(args))  # warm-up: compiles and tunes kernels outside the capture
+        args.clear()
+        torch.cuda.synchronize()
+        self.graphs[key] = self._capture(key, inputs)
+        self._last = None
+        return out
 
     def _same_call(self, key: tuple, args: list) -> bool:
         """Whether `args` replay the graph the last call replayed: the other inputs of the
@@ -112,7 +115,7 @@ class CudaGraphRunner:
         none another graph's replayed output. The slow path's checks, without building a
         signature of every input (ResNet-50's backward has 320: 1.7 ms a step)."""
         static, params = self.graphs[key][0], self.graphs[key][1]
-        others, in_place = self._plans[key]
+        others, in_place, ptrs = self._plans[key]
         if len(args) != len(static):
             return False
         for i in others:
@@ -123,8 +126,8 @@ class CudaGraphRunner:
                     return False
             elif isinstance(a, torch.Tensor) or a != s:
                 return False
-        if _PTRS_EQUAL is not None:
-            if not _PTRS_EQUAL(args, static, in_place):
+        if ptrs is not None:
+            if not _PTRS_EQUAL(args, ptrs, in_place):
                 return False
         elif any(args[i].data_ptr() != static[i].data_ptr() for i in in_place):
             return False
@@ -132,6 +135,14 @@ class CudaGraphRunner:
 
     def _replay(self, key: tuple, args: list) -> Any:
         static, params, graph, outs = self.graphs[key]
+        handed = self.handed.get(key)
+        if handed and not self._move_out_held_gradients(outs, handed):
+            # a held gradient this torch cannot move out: a new graph writes other memory,
+            # and gradients are handed out as before (autograd copies them)
+            self.gradient_outputs = []
+            self.handed.clear()
+            del self.graphs[key]
+            return self._warm_up_and_capture(key, args)
         timer = self.timer
         t0 = timer.start() if timer is not None else None
         for i in self._plans[key][0]:
@@ -141,9 +152,6 @@ class CudaGraphRunner:
             timer.stop("cudagraph_input_copies", t0)
         back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
         args.clear()
-        handed = self.handed.get(key)
-        if handed:
-            self._move_out_held_gradients(outs, handed)
         t1 = timer.start() if timer is not None else None
         graph.replay()
         if timer is not None:
@@ -157,19 +165,23 @@ class CudaGraphRunner:
             result[i] = outs[i].detach()  # a tensor only autograd holds: AccumulateGrad keeps it as .grad
         return result
 
-    def _move_out_held_gradients(self, outs: list, handed: list) -> None:
+    def _move_out_held_gradients(self, outs: list, handed: list) -> bool:
         """A gradient handed out by the last replay and still held (a `.grad` being
         accumulated into) would be overwritten by this one: its storage takes a copy of
-        the values, and the graph's output a new storage on the pool memory."""
+        the values, and the graph's output a new storage on the pool memory. False when
+        one is held and this torch cannot move a storage's memory."""
         for k, (i, st, refs) in enumerate(handed):
             if torch._C._storage_Use_Count(st._cdata) <= refs:
                 continue
+            if not _CAN_MOVE_STORAGE:
+                return False
             o = outs[i]
             fresh = st.clone()
             st._swap_data_ptr_(fresh)  # the holders now see the copy; `fresh` owns the pool memory
             outs[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(fresh, o.storage_offset(), o.size(),
                                                                           o.stride())
             handed[k] = (i, fresh, torch._C._storage_Use_Count(fresh._cdata))
+        return True
 
     def _capture(self, key: tuple, inputs: list) -> tuple:
         static, params = [], set()
@@ -203,7 +215,9 @@ class CudaGraphRunner:
             outs = list(self.runner(list(static)))
         self.outputs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
         self.handed[key] = self._handed_out(outs)
-        self._plans[key] = ([i for i in range(len(static)) if i not in params], sorted(params))
+        tensors = all(isinstance(a, torch.Tensor) for a in static)
+        ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
+        self._plans[key] = ([i for i in range(len(static)) if i not in params], sorted(params), ptrs)
         CudaGraphRunner._captures += 1
         if not self.reported:
             self._report(len(inputs) - len(params), nbytes)
@@ -268,7 +282,9 @@ class CudaGraphRunner:
 
 # one C++ call comparing the addresses of many inputs (CUDA builds; Inductor's CUDA graphs use it)
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-_CAN_MOVE_STORAGE = hasattr(torch.UntypedStorage, "_swap_data_ptr_") and hasattr(torch._C, "_storage_Use_Count")
+_CAN_COUNT_REFERENCES = hasattr(torch._C, "_storage_Use_Count")
+# torch 2.13 moves a held gradient out of the pool; torch 2.11 has no way to, and captures again
+_CAN_MOVE_STORAGE = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
 
 def _forward_static_indices() -> set[int]:
