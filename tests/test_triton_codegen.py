@@ -97,6 +97,9 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     xo, wo, bo = torch.randn(6, 256) + 1000, torch.randn(256), torch.randn(256)
     case("layernorm_offset_rows", lambda x, w, b: F.layer_norm(x, (256,), w, b), (xo, wo, bo), rtol=1e-4, atol=2e-3)
     case("looped_var_offset_rows", lambda x: x.var(-1), (torch.randn(3, 20000) + 1000,), rtol=1e-3, atol=1e-3)
+    # two BatchNorm-like moments over other tensors in one kernel (horizontally fused): one Welford loop for both
+    case("welford_two_tensors_one_loop", lambda a, b: (a.var(-1), b.var(-1), a.mean(-1)),
+         (torch.randn(3, 20000) + 1000, torch.randn(3, 20000) - 50), rtol=1e-3, atol=1e-3)
     # float32 rows of 4096-8191 elements, many of them: layernorm's moments in one Welford loop, then
     # the normalising loop (the row-count threshold is lowered here to keep the interpreter fast)
     from fuselens.compiler.codegen import triton as tg
@@ -417,6 +420,8 @@ def test_long_row_moments_take_one_welford_loop_with_l2_hints(records: dict) -> 
     assert rec["kinds"] == ["persistent_reduction"] and "eviction_policy" not in rec["sources"][0]
     assert _ok(records, "layernorm_4096_few_rows")["kinds"] == ["persistent_reduction"]
     assert _ok(records, "welford_not_when_a_pass_stores")["kinds"] == ["persistent_reduction"]
+    (src,) = _ok(records, "welford_two_tensors_one_loop")["sources"]
+    assert src.count("for roffset") == 1 and src.count("= tl.full([XBLOCK, RBLOCK], 0.0") == 8, src
 
 
 def test_linear_relu_runs_in_the_matmul_epilogue_and_erf_safe_gelu_stays_a_kernel(records: dict) -> None:

@@ -567,10 +567,13 @@ class TritonKernel(KernelBuilder):
                 continue
             if reds and not fulls and all(r.name in welford for r in reds):
                 # the row sums here and the squared deviations the next pass would take: one Welford loop
-                q = welford[reds[0].name]
-                lane_m, lane_m2, lane_n = self._welford_pass(reds)
+                groups: dict[str, tuple[ComputeNode, list[ComputeNode]]] = {}
+                for r in reds:
+                    groups.setdefault(welford[r.name].name, (welford[r.name], []))[1].append(r)
+                lanes = self._welford_pass([sums for _, sums in groups.values()])
                 self._outer_epilogue([n for n in outer_nodes if self.phase[n.name] == p])
-                self._finish_welford_q(reds[0], q, lane_m, lane_m2, lane_n)
+                for (q, sums), (lane_m, lane_m2, lane_n) in zip(groups.values(), lanes):
+                    self._finish_welford_q(sums[0], q, lane_m, lane_m2, lane_n)
                 skip_phase.add(p + 1)
                 self.evict = "evict_first"  # the passes after this one read the rows for the last time
                 continue
@@ -684,37 +687,41 @@ class TritonKernel(KernelBuilder):
             self._finish_red(r, red.format(v=a) + "[:, None]", rep)
 
     # -- Welford moments ------------------------------------------------------
-    def _welford_pass(self, sums: Sequence[ComputeNode]) -> tuple[str, str, str]:
-        """One loop of per-lane Welford updates over A (the sums' common body) and a
-        plain per-lane sum for the sums themselves. Finishes every sum and returns
-        the per-lane (mean, M2, count) accumulators for `_finish_welford_q`."""
-        s = sums[0]
-        rep = self.rep_dtype(s.acc_dtype)
-        tdt = TL_DTYPES[rep]
-        self.counter += 1
-        c = self.counter
-        m, m2, n, t = f"accwm{c}", f"accwq{c}", f"accwn{c}", f"accws{c}"
-        for v in (m, m2, n, t):
-            self.line(f"{v} = tl.full([XBLOCK, RBLOCK], 0.0, {tdt})")
+    def _welford_pass(self, groups: Sequence[Sequence[ComputeNode]]) -> list[tuple[str, str, str]]:
+        """One loop of per-lane Welford updates over each group's A (its sums' common
+        body) and a plain per-lane sum for the sums themselves. Finishes every sum and
+        returns each group's per-lane (mean, M2, count) accumulators for `_finish_welford_q`."""
+        accs = []
+        for _ in groups:
+            self.counter += 1
+            c = self.counter
+            accs.append((f"accwm{c}", f"accwq{c}", f"accwn{c}", f"accws{c}"))
+        tdts = [TL_DTYPES[self.rep_dtype(sums[0].acc_dtype)] for sums in groups]
+        for acc, tdt in zip(accs, tdts):
+            for v in acc:
+                self.line(f"{v} = tl.full([XBLOCK, RBLOCK], 0.0, {tdt})")
         self.evict = "evict_last"
         loop = self._open_loop()
-        a, _ = self._red_input(s)
         mask = self.mask_for({"x", "r"})
-        n1 = self.emit(f"{n} + 1.0", s.acc_dtype)
-        d = self.emit(f"{a} - {m}", s.acc_dtype)
-        m1 = self.emit(f"{m} + {d} / {n1}", s.acc_dtype)
-        q1 = f"{m2} + {d} * ({a} - {m1})"
-        if mask is None:
-            self.line(f"{m}, {m2}, {n}, {t} = {m1}, {q1}, {n1}, {t} + {a}")
-        else:  # lanes past the row's end keep their state (count 0: they add nothing below)
-            self.line(f"{m}, {m2}, {n}, {t} = tl.where({mask}, {m1}, {m}), tl.where({mask}, {q1}, {m2}), "
-                      f"tl.where({mask}, {n1}, {n}), tl.where({mask}, {t} + {a}, {t})")
+        for sums, (m, m2, n, t) in zip(groups, accs):
+            s = sums[0]
+            a, _ = self._red_input(s)
+            n1 = self.emit(f"{n} + 1.0", s.acc_dtype)
+            d = self.emit(f"{a} - {m}", s.acc_dtype)
+            m1 = self.emit(f"{m} + {d} / {n1}", s.acc_dtype)
+            q1 = f"{m2} + {d} * ({a} - {m1})"
+            if mask is None:
+                self.line(f"{m}, {m2}, {n}, {t} = {m1}, {q1}, {n1}, {t} + {a}")
+            else:  # lanes past the row's end keep their state (count 0: they add nothing below)
+                self.line(f"{m}, {m2}, {n}, {t} = tl.where({mask}, {m1}, {m}), tl.where({mask}, {q1}, {m2}), "
+                          f"tl.where({mask}, {n1}, {n}), tl.where({mask}, {t} + {a}, {t})")
         self._close_loop(loop)
         self.evict = None
-        total = self.emit(f"tl.sum({t}, 1)[:, None]", s.acc_dtype, self.top)
-        for r in sums:
-            self._finish_red(r, total.name, rep)
-        return m, m2, n
+        for sums, (_, _, _, t) in zip(groups, accs):
+            total = self.emit(f"tl.sum({t}, 1)[:, None]", sums[0].acc_dtype, self.top)
+            for r in sums:
+                self._finish_red(r, total.name, self.rep_dtype(sums[0].acc_dtype))
+        return [(m, m2, n) for m, m2, n, _ in accs]
 
     def _finish_welford_q(self, s: ComputeNode, q: ComputeNode, m: str, m2: str, cnt: str) -> None:
         """sum((A - M)^2) over the row = sum over lanes of M2 + n (mean - M)^2 (the

@@ -58,33 +58,40 @@ def online_softmax_pairs(k: TritonKernel) -> dict[str, ComputeNode]:
 def welford_pairs(k: TritonKernel) -> dict[str, ComputeNode]:
     """{S: Q} for every S summing A over the row in the first pass (layernorm's
     decomposition sums the row twice, for the mean and inside the variance) and
-    the one Q of the next pass summing (A - M)^2, M a row constant of this
-    kernel (the mean S/n); no other reduction, nothing stored by either pass.
-    Welford's algorithm gives both in one pass over the row, without the
-    cancellation of E[A^2] - E[A]^2 in float32."""
+    the Q of the next pass summing (A - M)^2, M a row constant of this kernel
+    (the mean S/n); every reduction of the two passes in such a pair, nothing
+    stored by either pass. Several A may each have theirs (two BatchNorms over
+    ResNet's main and shortcut branches, horizontally fused). Welford's algorithm
+    gives each pair in one pass over the rows, without the cancellation of
+    E[A^2] - E[A]^2 in float32."""
     g = k.g
     reds = [n for n in g.nodes if n.is_reduction]
     if len(reds) < 2:
         return {}
     p0 = min(k.phase[n.name] for n in reds)
     sums = [n for n in reds if k.phase[n.name] == p0]
-    rest = [n for n in reds if k.phase[n.name] != p0]
-    if len(rest) != 1 or k.phase[rest[0].name] != p0 + 1:
+    qs = [n for n in reds if k.phase[n.name] != p0]
+    if not qs or any(k.phase[q.name] != p0 + 1 for q in qs):
         return {}
-    q = rest[0]
-    reps = {k.rep_dtype(n.acc_dtype) for n in sums + [q]}
-    if any(n.reduction != "sum" for n in sums + [q]) or len(reps) != 1 or not reps.pop().is_floating_point:
+    reps = {k.rep_dtype(n.acc_dtype) for n in reds}
+    if any(n.reduction != "sum" for n in reds) or len(reps) != 1 or not reps.pop().is_floating_point:
         return {}
     if any(k.phase[n.name] in (p0, p0 + 1) and g.level(n) == "full" and n.name in g.stores for n in g.nodes):
         return {}  # a value stored in either pass needs that pass's own loop
     sym = _SymOps("", k)
     try:
-        bodies = {_strip_casts(n.body(sym, g.full_index(n.full_size))) for n in sums}
+        body = {n.name: _strip_casts(n.body(sym, g.full_index(n.full_size))) for n in sums}
     except Exception:  # noqa: BLE001 - any op the tracer does not model: no Welford pass
         return {}
-    if len(bodies) != 1 or deviation_center(k, sums[0], q) is None:
-        return {}
-    return {n.name: q for n in sums}
+    pairs: dict[str, ComputeNode] = {}
+    for q in qs:
+        mine = [s for s in sums if s.name not in pairs and deviation_center(k, s, q) is not None]
+        if not mine:
+            return {}
+        for s in sums:  # the sums of the same A join it (the mean's sum and the variance's)
+            if s.name not in pairs and body[s.name] == body[mine[0].name]:
+                pairs[s.name] = q
+    return pairs if len(pairs) == len(sums) else {}
 
 
 def deviation_center(k: TritonKernel, s: ComputeNode, q: ComputeNode) -> Optional[ComputeNode]:
