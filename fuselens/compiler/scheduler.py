@@ -277,37 +277,41 @@ class Scheduler:
         members = {n.name: n for n in m.nodes}
         ranges = m.ranges()
         for c in m.nodes:
-            for buf, got in self._loads_in(m, c, ranges):
-                p = members.get(buf)
-                if p is None:
-                    continue
+            for buf, got in self._loads_in(m, c, ranges, members):
+                p = members[buf]
                 want = ir.simplify_index(ir.offset_of(m.own_index(p), p.stride), ranges)
                 if not ir.same_expr(want, got):
                     return Refusal("same-index", f"{_label(c)} reads {_label(p)} at other positions (a transpose, "
                                    f"broadcast or shifted view), which one loop iteration does not have")
         return None
 
-    def _loads_in(self, m: KernelGroup, c: ComputeNode, ranges: dict) -> list[tuple[str, Expr]]:
-        """(buffer, offset) of each load of member `c`, in kernel `m`'s loop variables."""
+    def _loads_in(self, m: KernelGroup, c: ComputeNode, ranges: dict, of: Any = None) -> list[tuple[str, Expr]]:
+        """(buffer, offset) of each load of member `c` from a buffer in `of` (default: any),
+        in kernel `m`'s loop variables."""
+        loads = [(b, i) for b, i in self._loads(c) if of is None or b in of]
+        if not loads:
+            return []
         body_size = c.full_size if c.is_reduction else c.size
         cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
         sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-        return [(buf, ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)) for buf, index in self._loads(c)]
+        return [(buf, ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)) for buf, index in loads]
 
     def _reads_alike(self, g: KernelGroup, node: ComputeNode) -> bool:
         """Whether `node`, in `g`'s loop, reads a buffer a member reads, at the same
         element: one load serves both, so the buffer is read once instead of twice.
         Attention's saved probabilities feed both the softmax backward (a row sum) and
         their cast for the bmm of the value gradient: 100 MB read twice a layer in BERT."""
+        shared = set().union(*(c.reads for c in g.nodes)) & node.reads
+        if not shared:
+            return False
         m = self._merged(g, [node])
         ranges = m.ranges()
-        mine = self._loads_in(m, node, ranges)
-        bufs = {buf for buf, _ in mine}
+        mine = self._loads_in(m, node, ranges, shared)
         for c in m.nodes:
             if c is node:
                 continue
-            for buf, e in self._loads_in(m, c, ranges):
-                if buf in bufs and any(b == buf and ir.same_expr(e, got) for b, got in mine):
+            for buf, e in self._loads_in(m, c, ranges, shared):
+                if any(b == buf and ir.same_expr(e, got) for b, got in mine):
                     return True
         return False
 
@@ -523,21 +527,7 @@ class Scheduler:
                         self._decide(pg, step, ref)
                 continue
             if self.opt.fusion and self.opt.horizontal_fusion:
-                for cand in self._horizontal_candidates(i, step, groups):
-                    if cand in producer_groups:
-                        continue
-                    if self.check(cand, [step]) is not None:
-                        continue
-                    if _same_space(cand, step):
-                        self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
-                                   "between them, same loops)")
-                    elif self._reads_alike(cand, step):
-                        self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
-                                   "elements (horizontal fusion: one read of their shared input)")
-                    else:
-                        continue
-                    target = cand
-                    break
+                target = self._join_horizontally(i, step, groups, producer_groups)
             if target is None:
                 full, rflags = _space(step)
                 ng = KernelGroup([step], full, rflags, reasons=[f"{_label(step)}: {step.describe()}"])
@@ -545,6 +535,28 @@ class Scheduler:
                 self.group_of[step.name] = ng
                 self._track(ng)
         return self._finish(groups)
+
+    def _join_horizontally(self, i: int, step: ComputeNode, groups: list[KernelGroup],
+                           producer_groups: list[KernelGroup]) -> Optional[KernelGroup]:
+        """The kernel `step` joined with no buffer between them, if one may take it."""
+        for cand in self._horizontal_candidates(i, step, groups):
+            if cand in producer_groups:
+                continue
+            same = _same_space(cand, step)
+            if not same and not any(step.reads & n.reads for n in cand.nodes):
+                continue  # other loops and no shared input: nothing to gain
+            if self.check(cand, [step]) is not None:
+                continue
+            if same:
+                self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
+                           "between them, same loops)")
+            elif self._reads_alike(cand, step):
+                self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
+                           "elements (horizontal fusion: one read of their shared input)")
+            else:
+                continue
+            return cand
+        return None
 
     def _horizontal_candidates(self, i: int, step: ComputeNode, groups: list[KernelGroup]) -> list[KernelGroup]:
         """Kernels `step` may join without a buffer between them: the last few made, and
