@@ -295,6 +295,9 @@ def _annotate_top(r: dict, events: list) -> None:
         k = found[0]
         t["ops"] = k.ops[:40]
         t["graph"] = k.graph_id
+        if k.bytes_accessed and t["calls"]:  # achieved bandwidth: how far from memory-bound it is
+            t["bytes"] = k.bytes_accessed
+            t["gb_per_s"] = k.bytes_accessed * t["calls"] / (t["ms"] * 1e6)
         if t["ms"] >= 0.05:
             t["source"] = k.source[:6000]
 
