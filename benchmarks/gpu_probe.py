@@ -14,6 +14,9 @@
 * `pool`: cold first call with the compile workers and without (threads).
 * `layers`: cold compile of six stacked GPT-2 blocks, fuselens and Inductor.
 * `kernels`: device time per kernel of one call, fuselens next to Inductor.
+* `column_configs`: every launch configuration of a grid, timed, for the column
+  reductions of ResNet-50's training BatchNorms (statistics and backward sums, bf16
+  channels-last): which block shapes reach the memory bandwidth.
 * `mm_ld`: cuBLAS on an unaligned inner size (GPT-2's vocabulary, 50257) with the
   operand's rows stored at a padded stride, against zero-padded and plain operands:
   whether a producer writing padded rows spares the pad copy.
@@ -29,6 +32,7 @@ import io
 import os
 import pstats
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -267,6 +271,79 @@ def epilogues() -> None:
           flush=True)
 
 
+def column_configs() -> None:
+    """Compile BatchNorm-like column reductions with autotuning on, the candidates
+    replaced by a grid, and print each candidate's time and bandwidth."""
+    import fuselens.compiler
+    from fuselens import sink
+    from fuselens.compiler.runtime import launch_config, triton_autotune
+    from fuselens.compiler.runtime.launch_config import LaunchConfig
+    from fuselens.events import Kernel
+
+    fuselens.compiler.register()
+    grid = [LaunchConfig(x, r, w) for x, r, w in ((64, 64, 8), (64, 8, 4), (128, 8, 4), (64, 16, 4), (32, 16, 4),
+                                                  (128, 4, 4), (64, 32, 4), (32, 32, 4), (16, 64, 4), (8, 512, 8),
+                                                  (64, 8, 2), (128, 16, 8))]
+    own = launch_config.candidate_configs
+    seen: list = []
+
+    def candidates(ks, xn, rn):
+        return grid if ks.kernel_kind == "looped_reduction" and ks.column_reduction else own(ks, xn, rn)
+
+    def timed(ks, xn, rn, timer, launch):
+        results = []
+
+        def t(run):
+            ms = timer(run)
+            results.append((run.__defaults__[0], ms))  # the candidate rides in the lambda's default
+            return ms
+
+        best = fastest_orig(ks, xn, rn, t, launch)
+        seen.append((ks.name, xn, rn, results, best))
+        return best
+
+    from fuselens.compiler.runtime import triton_launcher
+
+    fastest_orig = triton_autotune.fastest_config
+    launch_config.candidate_configs = candidates
+    triton_autotune.candidate_configs = candidates
+    triton_launcher.fastest_config = timed
+
+    def stats(x, y):
+        return torch.var_mean(x.float(), (0, 2, 3), correction=0), torch.var_mean(y.float(), (0, 2, 3), correction=0)
+
+    def bn_backward(g1, g2, r, x, mean):
+        gm = torch.where(r <= 0, 0.0, (g1 + g2).float())
+        return gm.sum((0, 2, 3)), (gm * (x.float() - mean[None, :, None, None])).sum((0, 2, 3))
+
+    cl = dict(device="cuda", dtype=torch.bfloat16)
+
+    def img(c, hw):
+        return torch.randn(32, c, hw, hw, **cl).to(memory_format=torch.channels_last)
+
+    cases = {"stats 256x56": (stats, (img(256, 56), img(256, 56))),
+             "stats 1024x14": (stats, (img(1024, 14), img(1024, 14))),
+             "bn_backward 256x56": (bn_backward, (img(256, 56), img(256, 56), img(256, 56), img(256, 56),
+                                                  torch.randn(256, device="cuda"))),
+             "bn_backward 512x28": (bn_backward, (img(512, 28), img(512, 28), img(512, 28), img(512, 28),
+                                                  torch.randn(512, device="cuda")))}
+    for name, (fn, args) in cases.items():
+        torch._dynamo.reset()
+        seen.clear()
+        with sink.collect() as events:
+            torch.compile(fn, backend="fuselens", options={"autotune": True, "cache_dir": tempfile.mkdtemp()})(*args)
+            torch.cuda.synchronize()
+        nbytes = {k.name: k.bytes_accessed for k in events if isinstance(k, Kernel) and k.bytes_accessed}
+        for kname, xn, rn, rows, best in seen:
+            gb = nbytes.get(kname, 0)
+            cells = "; ".join(f"{c.xblock}x{c.rblock}/{c.num_warps}w {ms * 1e3:.1f}us"
+                              + (f" {gb / (ms * 1e6):.0f}GB/s" if gb else "") for c, ms in rows)
+            print(f"column_configs {name} {kname} x={xn} r={rn} best={best}: {cells}", flush=True)
+    launch_config.candidate_configs = own
+    triton_autotune.candidate_configs = own
+    triton_launcher.fastest_config = fastest_orig
+
+
 def mm_ld() -> None:
     """The logits gradient [T, V] feeds two matmuls of the backward: dX = dL @ W (inner
     size V) and dW = dL^T @ X (outer size V). Time each with dL contiguous (ld V), with its
@@ -500,6 +577,7 @@ def main(argv: Any = None) -> int:
         ("host", lambda: host(a.host_cases.split(","))),
         ("epilogues", epilogues),
         ("mm_ld", mm_ld),
+        ("column_configs", column_configs),
         ("kernels", lambda: kernels(a.kernel_cases.split(","))),
         ("compile_par", lambda: compile_par(a.par_cases.split(","))),
         ("pool", lambda: pool(a.par_cases.split(","))),

@@ -86,6 +86,12 @@ def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
         # H100's 132 SMs (BERT training: 12 of them a step). Narrower blocks until there are
         # about two programs an SM, rows widened to keep 4096 elements a tile (8 fp32 columns
         # are one 32-byte sector a row, still a whole memory transaction).
+        if xnumel >= 2 * COLUMN_PROGRAMS * 32:
+            # many columns (ResNet's BatchNorms split over the batch: 32768): a small tile of
+            # 4 warps, several programs an SM in flight. H200, bf16 channels-last, 64x64 tiles
+            # of 8 warps against 32x32 of 4: backward sums 71.5 -> 65.4 us (256 channels) and
+            # 44.6 -> 38.3 (512); statistics 28.9 -> 26.0 (results/column_configs_h200_*.txt)
+            return LaunchConfig(32, 32, 4)
         xb = min(64, _next_pow2(xnumel))
         while xb > 8 and -(-xnumel // xb) < COLUMN_PROGRAMS:
             xb //= 2
@@ -121,6 +127,11 @@ def candidate_configs(ks: Any, xnumel: int, rnumel: int) -> list[LaunchConfig]:
             for w in (4, 8, 16):
                 if xb * rb >= w * 32 * 4:  # at least 4 elements (one 16-byte access) per thread
                     out.append(LaunchConfig(xb, rb, w))
+    elif ks.column_reduction:
+        for xb, rb, w in ((64, 64, 8), (32, 32, 4), (32, 16, 4), (64, 16, 4), (64, 32, 4), (64, 8, 4),
+                          (128, 16, 8), (16, 64, 4)):
+            if xb <= max(1, _next_pow2(xnumel)):
+                out.append(LaunchConfig(xb, rb, w))
     else:
         for xb, rb, w in ((1, 2048, 8), (1, 1024, 4), (1, 2048, 16), (2, 1024, 8), (4, 512, 8),
                           (64, 64, 8), (32, 128, 8), (16, 256, 8)):
