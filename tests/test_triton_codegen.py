@@ -545,6 +545,8 @@ def test_launch_heuristics_fit_the_kernel_kind() -> None:
     big = heuristic_config(col, 32768, 784)
     assert (big.xblock, big.rblock, big.num_warps) == (32, 32, 4)
     assert big in candidate_configs(col, 32768, 784) and len(candidate_configs(col, 32768, 784)) >= 4
+    cat = SimpleNamespace(kernel_kind="looped_reduction", elem_bytes=2, column_reduction=True, clamped_loads=True)
+    assert heuristic_config(cat, 36864, 256) != big  # a summed cat keeps the wide tile
     for ks, xn, rn in ((pw, 1 << 20, 1), (pr, 16384, 4096), (lr, 8, 1 << 20)):
         cands = candidate_configs(ks, xn, rn)
         assert 2 <= len(cands) <= 8 and cands[0] == heuristic_config(ks, xn, rn)

@@ -81,6 +81,7 @@ class TritonKernelSource(KernelSource):
     rnumel: Expr = sympy.Integer(1)  # reduction row length, or the 2-D tile's y extent
     numel_args: list[str] = field(default_factory=list)  # "xnumel"/"rnumel" when passed as arguments
     column_reduction: bool = False  # the rows' contiguous dim is a kept dim (tile wide in x)
+    clamped_loads: bool = False  # its big loads are clamped (a cat's branches): index math at every element
     elem_bytes: int = 4  # widest element of the kernel's buffers (block sizing)
     long_math: bool = False  # per-element code of a long helper (sin/cos): one vector a thread
     kind: str = "triton"
@@ -390,7 +391,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         self.demote_fp64 = not any(self.graph.buffers[b].dtype == torch.float64 for b, _, st in acc if not st)
         loads = [a for a in acc if not a[2]]
         stores = [a for a in acc if a[2]]
-        self.column = False
+        self.column = self.clamped = False
         if g.rflags is None:
             self._plan_pointwise(loads, stores)
         else:
@@ -451,6 +452,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         if covered(big[0]) < n:
             whole = [a for a in stores if covered(a) == n and size(a) >= size(big[0])]
             if whole:
+                self.clamped = True
                 return big, whole[0][1]
         return big, big[0][1]
 
@@ -708,7 +710,8 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         return TritonKernelSource(
             name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms, bytes_accessed=nbytes,
             language="python", kernel_kind=self.kind, xnumel=self.xnumel, rnumel=self.rnumel, numel_args=head,
-            column_reduction=self.column, elem_bytes=self.elem_bytes, device="cpu" if self.math.interpret else "cuda",
+            column_reduction=self.column, clamped_loads=self.clamped, elem_bytes=self.elem_bytes,
+            device="cpu" if self.math.interpret else "cuda",
             buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers], long_math=bool(_LONG_MATH.search(src)))
 
     def _describe(self) -> list[str]:

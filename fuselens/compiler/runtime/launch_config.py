@@ -86,14 +86,15 @@ def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
         # H100's 132 SMs (BERT training: 12 of them a step). Narrower blocks until there are
         # about two programs an SM, rows widened to keep 4096 elements a tile (8 fp32 columns
         # are one 32-byte sector a row, still a whole memory transaction).
-        if xnumel >= 2 * COLUMN_PROGRAMS * 32 and rnumel <= 1024:
+        if xnumel >= 2 * COLUMN_PROGRAMS * 32 and rnumel <= 1024 and not getattr(ks, "clamped_loads", False):
             # many short columns (the partial sums of a split reduction: ResNet's BatchNorms split
             # over the batch, 32768 x 784): a small tile of 4 warps, several programs an SM in
             # flight. H200, bf16 channels-last, 64x64 tiles of 8 warps against 32x32 of 4: backward
             # sums 71.5 -> 65.4 us (256 channels) and 44.6 -> 38.3 (512); statistics 28.9 -> 26.0
             # (results/column_configs_h200_*.txt); ResNet-50 training 7.00 -> 6.75 ms of kernels.
-            # Not every kernel gains: GPT-2's cat of q, k, v gradients summed went 38 -> 60 us a call,
-            # and BERT's 4096-row vocabulary bias sum (hence the row limit) 64 -> 87 us
+            # Not every kernel gains: BERT's 4096-row vocabulary bias sum went 64 -> 87 us (hence the
+            # row limit), GPT-2's sum of a cat of q, k, v gradients 38 -> 60 us (a cat reads every
+            # branch, clamped, at each element: it keeps the wide tile)
             return LaunchConfig(32, 32, 4)
         xb = min(64, _next_pow2(xnumel))
         while xb > 8 and -(-xnumel // xb) < COLUMN_PROGRAMS:
