@@ -181,10 +181,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
         for b in s.reads:
             readers.setdefault(b, []).append(s)
     done: list[Inlined] = []
-    after_reduction: dict[str, bool] = {}  # computed from a reduction's result through pointwise nodes
-    for s in graph.steps:
-        if isinstance(s, ComputeNode):
-            after_reduction[s.name] = s.is_reduction or any(after_reduction.get(b, False) for b in s.reads)
+    after_reduction = _after_reduction(graph)
     for p in reversed(list(graph.steps)):  # readers first: a chain of producers collapses into its last reader
         if not isinstance(p, ComputeNode) or p.is_reduction or not readers.get(p.name):
             continue
@@ -221,6 +218,16 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
                             kept))
     done.reverse()
     return done
+
+
+def _after_reduction(graph: GraphIR) -> dict[str, bool]:
+    """For each compute node: whether it is computed from a reduction's result through
+    pointwise nodes (a row statistic's epilogue, kept once per row in the row's kernel)."""
+    out: dict[str, bool] = {}
+    for s in graph.steps:
+        if isinstance(s, ComputeNode):
+            out[s.name] = s.is_reduction or any(out.get(b, False) for b in s.reads)
+    return out
 
 
 def _inline_into(u: ComputeNode, p: ComputeNode, readers: dict[str, list[Any]]) -> None:
@@ -269,10 +276,7 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
     for s in graph.steps:
         for b in s.reads:
             readers.setdefault(b, []).append(s)
-    after_reduction: dict[str, bool] = {}
-    for s in graph.steps:
-        if isinstance(s, ComputeNode):
-            after_reduction[s.name] = s.is_reduction or any(after_reduction.get(b, False) for b in s.reads)
+    after_reduction = _after_reduction(graph)
 
     def recomputable(n: Any) -> bool:
         return (isinstance(n, ComputeNode) and not n.is_reduction and not after_reduction[n.name]
