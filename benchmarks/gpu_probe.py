@@ -305,9 +305,6 @@ def column_configs() -> None:
     from fuselens.compiler.runtime import triton_launcher
 
     fastest_orig = triton_autotune.fastest_config
-    launch_config.candidate_configs = candidates
-    triton_autotune.candidate_configs = candidates
-    triton_launcher.fastest_config = timed
 
     def stats(x, y):
         return torch.var_mean(x.float(), (0, 2, 3), correction=0), torch.var_mean(y.float(), (0, 2, 3), correction=0)
@@ -321,27 +318,33 @@ def column_configs() -> None:
     def img(c, hw):
         return torch.randn(32, c, hw, hw, **cl).to(memory_format=torch.channels_last)
 
-    cases = {"stats 256x56": (stats, (img(256, 56), img(256, 56))),
-             "stats 1024x14": (stats, (img(1024, 14), img(1024, 14))),
-             "bn_backward 256x56": (bn_backward, (img(256, 56), img(256, 56), img(256, 56), img(256, 56),
-                                                  torch.randn(256, device="cuda"))),
-             "bn_backward 512x28": (bn_backward, (img(512, 28), img(512, 28), img(512, 28), img(512, 28),
-                                                  torch.randn(512, device="cuda")))}
-    for name, (fn, args) in cases.items():
-        torch._dynamo.reset()
-        seen.clear()
-        with sink.collect() as events:
-            torch.compile(fn, backend="fuselens", options={"autotune": True, "cache_dir": tempfile.mkdtemp()})(*args)
-            torch.cuda.synchronize()
-        nbytes = {k.name: k.bytes_accessed for k in events if isinstance(k, Kernel) and k.bytes_accessed}
-        for kname, xn, rn, rows, best in seen:
-            gb = nbytes.get(kname, 0)
-            cells = "; ".join(f"{c.xblock}x{c.rblock}/{c.num_warps}w {ms * 1e3:.1f}us"
-                              + (f" {gb / (ms * 1e6):.0f}GB/s" if gb else "") for c, ms in rows)
-            print(f"column_configs {name} {kname} x={xn} r={rn} best={best}: {cells}", flush=True)
-    launch_config.candidate_configs = own
-    triton_autotune.candidate_configs = own
-    triton_launcher.fastest_config = fastest_orig
+    launch_config.candidate_configs = candidates
+    triton_autotune.candidate_configs = candidates
+    triton_launcher.fastest_config = timed
+    try:
+        cases = {"stats 256x56": (stats, (img(256, 56), img(256, 56))),
+                 "stats 1024x14": (stats, (img(1024, 14), img(1024, 14))),
+                 "bn_backward 256x56": (bn_backward, (img(256, 56), img(256, 56), img(256, 56), img(256, 56),
+                                                      torch.randn(256, device="cuda"))),
+                 "bn_backward 512x28": (bn_backward, (img(512, 28), img(512, 28), img(512, 28), img(512, 28),
+                                                      torch.randn(512, device="cuda")))}
+        for name, (fn, args) in cases.items():
+            torch._dynamo.reset()
+            seen.clear()
+            with sink.collect() as events:
+                opts = {"autotune": True, "cache_dir": tempfile.mkdtemp()}  # nothing tuned before
+                torch.compile(fn, backend="fuselens", options=opts)(*args)
+                torch.cuda.synchronize()
+            nbytes = {k.name: k.bytes_accessed for k in events if isinstance(k, Kernel) and k.bytes_accessed}
+            for kname, xn, rn, rows, best in seen:
+                gb = nbytes.get(kname, 0)
+                cells = "; ".join(f"{c.xblock}x{c.rblock}/{c.num_warps}w {ms * 1e3:.1f}us"
+                                  + (f" {gb / (ms * 1e6):.0f}GB/s" if gb else "") for c, ms in rows)
+                print(f"column_configs {name} {kname} x={xn} r={rn} best={best}: {cells}", flush=True)
+    finally:
+        launch_config.candidate_configs = own
+        triton_autotune.candidate_configs = own
+        triton_launcher.fastest_config = fastest_orig
 
 
 def mm_ld() -> None:

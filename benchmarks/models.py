@@ -66,10 +66,7 @@ def time_step(step: Callable[[], Any], device: str, reps: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-TOP_KERNELS = 40  # kernels per backend `--profile` records (`--top`)
-
-
-def profile_step(step: Callable[[], Any], device: str, steps: int = 5) -> dict:
+def profile_step(step: Callable[[], Any], device: str, steps: int = 5, top: int = 40) -> dict:
     """Launches, GPU kernel ms and host ms per step, and the top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -92,7 +89,7 @@ def profile_step(step: Callable[[], Any], device: str, steps: int = 5) -> dict:
             k[1] += e.device_time_total / 1e3
     launches = sum(k[0] for k in kernels.values()) / steps
     kernel_ms = sum(k[1] for k in kernels.values()) / steps
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
     return {"launches": launches, "kernel_ms": kernel_ms, "host_ms": max(wall - kernel_ms, 0.0), "wall_ms": wall,
             "top": [{"name": n[:160], "calls": c / steps, "ms": ms / steps} for n, (c, ms) in top]}
 
@@ -153,7 +150,8 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in module.parameters() if p.grad is not None]
 
 
-def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int) -> dict:
+def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int,
+              top: int = 40) -> dict:
     train = mode == "train"
     case = build(name, "gpu" if device == "cuda" else "cpu")
     module = case.module.to(device)
@@ -213,7 +211,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             if device == "cuda":
                 r["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
             if profile or device == "cuda":
-                r.update(profile_step(step, device))
+                r.update(profile_step(step, device, top=top))
                 if not profile:
                     r.pop("top", None)
                 else:
@@ -350,7 +348,6 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--reps", type=int, default=10, help="timed steps on the CPU")
     ap.add_argument("--out", default="", help="write models_bench.json here")
     args = ap.parse_args(argv)
-    globals()["TOP_KERNELS"] = args.top
     modes = [m for m in (args.modes or ("infer,train" if args.device == "cuda" else "infer")).split(",") if m]
     backends = backends_for(args.device, args.cuda_graphs, [b for b in args.backends.split(",") if b])
     if args.device == "cpu":
@@ -371,7 +368,7 @@ def main(argv: Any = None) -> int:
             print(f"skip {m}: {e}", flush=True)
             continue
         for mode in modes:
-            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps))
+            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps, args.top))
             if args.out:  # after each model: a run cut short keeps what it measured
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / "models_bench.json").write_text(json.dumps({"info": info, "results": results},

@@ -44,7 +44,7 @@ index that offset has in the producer's dense layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import sympy
 
@@ -176,10 +176,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     Mutates `graph`; returns what it inlined, in graph order."""
     if any(isinstance(s, ExternNode) and _mutates(s) for s in graph.steps):
         return []  # an in-place library call could change what a moved computation reads
-    readers: dict[str, list[Any]] = {}
-    for s in graph.steps:
-        for b in s.reads:
-            readers.setdefault(b, []).append(s)
+    readers = _readers(graph)
     done: list[Inlined] = []
     after_reduction = _after_reduction(graph)
     for p in reversed(list(graph.steps)):  # readers first: a chain of producers collapses into its last reader
@@ -220,6 +217,15 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     return done
 
 
+def _readers(graph: GraphIR) -> dict[str, list[Any]]:
+    """For each buffer, the steps that read it, in graph order."""
+    out: dict[str, list[Any]] = {}
+    for s in graph.steps:
+        for b in s.reads:
+            out.setdefault(b, []).append(s)
+    return out
+
+
 def _after_reduction(graph: GraphIR) -> dict[str, bool]:
     """For each compute node: whether it is computed from a reduction's result through
     pointwise nodes (a row statistic's epilogue, kept once per row in the row's kernel)."""
@@ -245,14 +251,14 @@ def _inline_into(u: ComputeNode, p: ComputeNode, readers: dict[str, list[Any]]) 
         readers.setdefault(b, []).append(u)
 
 
-def _large_reads(graph: GraphIR, p: ComputeNode) -> list[str]:
-    """The buffers `p` reads that are not small next to it: a broadcast per-channel mean
-    read again by every reader costs no traffic worth counting (BatchNorm's backward
-    reads x - mean in its statistics kernel and its pointwise one)."""
+def _large_reads(graph: GraphIR, p: ComputeNode, elements: Optional[int] = None) -> list[str]:
+    """The buffers `p` reads that are not small next to it (or next to `elements`): a
+    broadcast per-channel mean read again by every reader costs no traffic worth counting
+    (BatchNorm's backward reads x - mean in its statistics kernel and its pointwise one)."""
     def numel(size: Sequence[Expr]) -> int:
         return graph.hint(ir.numel(size))
 
-    mine = numel(p.size)
+    mine = numel(p.size) if elements is None else elements
     return [b for b in p.reads if b not in graph.buffers or numel(graph.buffers[b].size) * SMALL_READ > mine]
 
 
@@ -272,10 +278,7 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
     kernel_of = {n.name: g for g in groups for n in g.nodes}
     stored = set().union(*(g.stores for g in groups)) if groups else set()
     by_name = {s.name: s for s in graph.steps}
-    readers: dict[str, list[Any]] = {}
-    for s in graph.steps:
-        for b in s.reads:
-            readers.setdefault(b, []).append(s)
+    readers = _readers(graph)
     after_reduction = _after_reduction(graph)
 
     def recomputable(n: Any) -> bool:
@@ -332,9 +335,9 @@ def _chain_bytes(graph: GraphIR, p: ComputeNode, chain: list) -> int:
     names = {n.name for n in chain}
     total = 0
     for n in chain:
+        large = set(_large_reads(graph, n, mine)) - names
         for b, _ in ir.record_loads(n):
-            spec = graph.buffers.get(b)
-            if b in names or (spec is not None and graph.hint(ir.numel(spec.size)) * SMALL_READ <= mine):
-                continue
-            total += spec.dtype.itemsize if spec is not None else 8
+            if b in large:
+                spec = graph.buffers.get(b)
+                total += spec.dtype.itemsize if spec is not None else 8
     return total

@@ -296,14 +296,11 @@ class Scheduler:
         sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
         return [(buf, ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)) for buf, index in loads]
 
-    def _reads_alike(self, g: KernelGroup, node: ComputeNode) -> bool:
-        """Whether `node`, in `g`'s loop, reads a buffer a member reads, at the same
-        element: one load serves both, so the buffer is read once instead of twice.
-        Attention's saved probabilities feed both the softmax backward (a row sum) and
-        their cast for the bmm of the value gradient: 100 MB read twice a layer in BERT."""
-        shared = set().union(*(c.reads for c in g.nodes)) & node.reads
-        if not shared:
-            return False
+    def _reads_alike(self, g: KernelGroup, node: ComputeNode, shared: set[str]) -> bool:
+        """Whether `node`, in `g`'s loop, reads one of the `shared` buffers a member reads,
+        at the same element: one load serves both, so the buffer is read once instead of
+        twice. Attention's saved probabilities feed both the softmax backward (a row sum)
+        and their cast for the bmm of the value gradient: 100 MB read twice a layer in BERT."""
         m = self._merged(g, [node])
         ranges = m.ranges()
         mine = self._loads_in(m, node, ranges, shared)
@@ -543,14 +540,15 @@ class Scheduler:
             if cand in producer_groups:
                 continue
             same = _same_space(cand, step)
-            if not same and not any(step.reads & n.reads for n in cand.nodes):
+            shared = step.reads & set().union(*(n.reads for n in cand.nodes))
+            if not same and not shared:
                 continue  # other loops and no shared input: nothing to gain
             if self.check(cand, [step]) is not None:
                 continue
             if same:
                 self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
                            "between them, same loops)")
-            elif self._reads_alike(cand, step):
+            elif self._reads_alike(cand, step, shared):
                 self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
                            "elements (horizontal fusion: one read of their shared input)")
             else:

@@ -431,11 +431,12 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
                 self.axes = [_Axis("x", xdims, "xindex"), _Axis("y", [inner], "yindex")]
                 return
 
-    def _reduction_reference(self, loads: list, stores: list) -> tuple[list, dict]:
-        """The loads by size, biggest first, and the access whose strides order the loops:
-        the biggest load, preferring one linear in every dim of the kernel. A cat's or a
-        pad's reads are clamped, not linear, in the dim they join along; where every big
-        load is such, a store over the whole loop stands in. (GPT-2's training backward
+    def _reduction_reference(self, loads: list, stores: list) -> tuple[list, dict, bool]:
+        """The loads by size, biggest first, the access whose strides order the loops, and
+        whether the big loads are clamped. The reference is the biggest load, preferring one
+        linear in every dim of the kernel. A cat's or a pad's reads are clamped, not linear,
+        in the dim they join along; where every big load is such, a store over the whole
+        loop stands in. (GPT-2's training backward
         sums the cat of q, k and v gradients over tokens: ordered by a clamped read, the
         column reduction was taken for a row one, 4 columns a program, 0.21 ms a call.)"""
         n = len(self.g.full)
@@ -448,13 +449,12 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
 
         big = sorted(loads, key=lambda a: (-size(a), -covered(a)))
         if not big:
-            return big, {}
+            return big, {}, False
         if covered(big[0]) < n:
             whole = [a for a in stores if covered(a) == n and size(a) >= size(big[0])]
             if whole:
-                self.clamped = True
-                return big, whole[0][1]
-        return big, big[0][1]
+                return big, whole[0][1], True
+        return big, big[0][1], False
 
     def _plan_reduction(self, loads: list, stores: list) -> None:
         """Kept dims on x, reduced dims on r; persistent, looped or Welford (module docstring)."""
@@ -462,7 +462,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         n = len(g.full)
         kept = [d for d in range(n) if not g.rflags[d]]
         red = [d for d in range(n) if g.rflags[d]]
-        big, ref = self._reduction_reference(loads, stores)
+        big, ref, self.clamped = self._reduction_reference(loads, stores)
         xdims, rdims = self._order(kept, ref), self._order(red, ref)
         self.axes = [_Axis("x", xdims, "xindex"), _Axis("r", rdims, "rindex")]
         rn = ir.numel([g.full[d] for d in rdims])
