@@ -12,7 +12,11 @@ Columns per model and backend: wall ms/step (GPU: `triton.testing.do_bench`
 median; CPU: median of timed steps, the backends timed in turns), ratio Inductor/this (above 1: faster than
 Inductor), GPU kernel ms/step, launches/step and host ms/step (wall minus kernel
 time) from torch.profiler over a few steps, cold compile s (first call, fresh
-caches), peak memory of a step, and the error against eager (relative norm error
+caches; the JSON splits it by phase), peak memory of a step (allocated; the JSON also
+has each of the three steps after the compile, where CUDA graphs capture), the memory
+the backend reserved from the CUDA allocator by the end of the timed steps, over what
+was reserved before it compiled (CUDA graphs' memory pools count here: the outputs of
+Inductor's CUDA graphs do not count as allocated), and the error against eager (relative norm error
 of the output, or in training of all gradients together).
 The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the part of
 every backend's cold compile that is not the backend's own.
@@ -182,6 +186,11 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             from fuselens import sink
             from fuselens.events import ErrorEntry, Kernel
 
+            torch._dynamo.utils.compilation_time_metrics.clear()
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                reserved_before = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
             with sink.collect() as events:
                 t0 = time.perf_counter()
                 out = step()
@@ -189,6 +198,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             if label != "eager":
                 r["compile_s"] = time.perf_counter() - t0
                 r["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+                r["compile_phases"] = compile_phases()
             if events:  # fuselens' own account of the compile: kernels by kind, fallbacks and errors
                 kinds: dict[str, int] = {}
                 for e in events:
@@ -204,12 +214,17 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                                torch.cat([g.flatten().float() for g in ref_out])) if train
                         else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
+                # the steps right after the compile, one by one: CUDA graphs capture in them
+                r["step_peaks_mb"] = step_peaks_mb(step)
                 torch.cuda.reset_peak_memory_stats()
                 r["ms"] = time_step(step, device, reps)
             else:
                 cpu_steps[label] = step
             if device == "cuda":
                 r["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                # what the backend holds from the allocator, pools included: CUDA graphs' outputs
+                # live in pools, where Inductor's (cudagraph trees) are not counted as allocated
+                r["reserved_mb"] = (torch.cuda.memory_reserved() - reserved_before) / 2**20
             if profile or device == "cuda":
                 r.update(profile_step(step, device, top=top))
                 if not profile:
@@ -230,6 +245,32 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     for label, ms in interleaved_times(cpu_steps, reps).items():
         rec[label]["ms"] = ms
     return rec
+
+
+def step_peaks_mb(step: Callable[[], Any], steps: int = 3) -> list[float]:
+    """Peak memory of each of the next `steps` steps (MB)."""
+    peaks = []
+    for _ in range(steps):
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peaks.append(round(torch.cuda.max_memory_allocated() / 2**20, 1))
+    return peaks
+
+
+# torch's compile timers (`compilation_time_metrics`) that split a cold compile: Dynamo's whole
+# compile and the backend's share of it (AOTAutograd, then Inductor's or fuselens' own phases),
+# and a backward compiled at its first call
+_PHASES = ("_compile.compile_inner", "OutputGraph.call_user_compiler", "create_aot_dispatcher_function",
+           "aot_trace_joint_graph", "backward._backward_impl", "compile_fx.<locals>.fw_compiler_base",
+           "compile_fx.<locals>.bw_compiler", "GraphLowering.compile_to_module", "async_compile.wait")
+
+
+def compile_phases() -> dict[str, float]:
+    """Seconds per compile phase of the compile just run (torch's timers and fuselens'
+    `fuselens.*` phases, which it reports to the same timers)."""
+    m = torch._dynamo.utils.compilation_time_metrics
+    return {k: round(sum(v), 3) for k, v in m.items() if k in _PHASES or k.startswith("fuselens.")}
 
 
 def cuda_graph_copies() -> list[dict]:
@@ -309,9 +350,9 @@ def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple
 
 
 def table(results: list[dict], backends: list[str]) -> str:
-    cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "err"]
+    cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "reserved_mb", "err"]
     rows = ["| model | mode | backend | wall ms | vs Inductor | kernel ms | launches | host ms | compile s | "
-            "peak MB | max err |", "|---" * 11 + "|"]
+            "peak MB | reserved MB | max err |", "|---" * 12 + "|"]
     ratios = []
     for rec in results:
         ind = rec.get("inductor", {}).get("ms")
