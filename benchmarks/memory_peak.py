@@ -82,6 +82,8 @@ def measure(name: str, mode: str, backend: str) -> dict:
     if name == "resnet50" and not train:
         inputs = {"x": inputs["x"].bfloat16()}
     torch._dynamo.reset()
+    for k in [k for k in linecache.cache if k.startswith("<fuselens-wrapper")]:
+        del linecache.cache[k]  # the wrappers of this measurement only, in the JSON
     kw: dict[str, Any] = {"backend": "fuselens"} if backend == "fuselens" else {}
     compiled = module if backend == "eager" else torch.compile(module, **kw)
     step = make_step(case, compiled, inputs, train, "cuda")
@@ -97,7 +99,8 @@ def measure(name: str, mode: str, backend: str) -> dict:
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = snap["device_traces"][torch.cuda.current_device()]
     peak, rows = live_at_peak(trace, before)
-    return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(peak / 2**20, 1),
+    wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
+    return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(peak / 2**20, 1), "wrappers": wrappers,
             "allocator_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
             "before_step_mb": round(before / 2**20, 1), "live_at_peak": rows[:25]}
 

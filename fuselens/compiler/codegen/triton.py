@@ -150,6 +150,9 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         self.evict: Optional[str] = None  # L2 policy of the row loads the current pass emits
         self.out16 = False  # every buffer this kernel writes is bfloat16/float16 (set by plan)
         self.indirect_in_r: dict[str, bool] = {}  # ops.indirect variable -> read inside the r loop
+        # element offsets of each buffer's loads and stores (in-place candidates, _inplace_candidates)
+        self.load_offsets: dict[str, set[str]] = {}
+        self.store_offsets: dict[str, set[str]] = {}
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -308,6 +311,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         indirect = [v for v in sympy.sympify(index).free_symbols if isinstance(v, ir.Indirect)]
         if indirect:  # an index read from a tensor varies with x, and with r where it was read in the r loop
             axes |= {"x"} | ({"r"} if any(self.indirect_in_r.get(v.name) for v in indirect) else set())
+        self.load_offsets.setdefault(name, set()).add(idx)
         mask = self.mask_for(axes)
         # eviction hints only in Welford kernels (below): measured on the H200 (benchmarks/RESULTS.md),
         # evict_first on the streamed operand made persistent reductions with 1024-wide rows 2x slower
@@ -342,6 +346,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
 
     def store(self, node: ComputeNode, v: TVal, idx: Sequence[Expr], level_axes: set[str]) -> None:
         off, axes = self.index(ir.offset_of(idx, node.stride))
+        self.store_offsets.setdefault(node.name, set()).add(off if not level_axes - axes else "broadcast")
         for a in sorted(level_axes - axes):  # a broadcast store (a 0-d result): give the pointer the block's shape
             off = f"{off} + tl.zeros_like({self.axis_index[a]})"
         mask = self.mask_for(level_axes)
@@ -712,7 +717,33 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
             language="python", kernel_kind=self.kind, xnumel=self.xnumel, rnumel=self.rnumel, numel_args=head,
             column_reduction=self.column, clamped_loads=self.clamped, elem_bytes=self.elem_bytes,
             device="cpu" if self.math.interpret else "cuda",
-            buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers], long_math=bool(_LONG_MATH.search(src)))
+            buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers], long_math=bool(_LONG_MATH.search(src)),
+            inplace=self._inplace_candidates())
+
+    def _inplace_candidates(self) -> dict[str, list[str]]:
+        """Inputs the kernel's one output may be written over (runtime/plan.py takes one
+        that dies at this call): a 1-D pointwise kernel with a single store, and an input
+        of the output's dtype and layout loaded only at the stored element. Its loads all
+        feed the stored value (dead loads are dropped), so each element is read before
+        the same program overwrites it, whatever the compiler assumes about the two
+        pointers: Inductor's `in_out_ptr`. ResNet-50 inference held a third 49 MB
+        activation at its peak where a residual add+ReLU could take its input's memory."""
+        if self.kind != "pointwise" or len(self.writes) != 1:
+            return {}
+        o = self.writes[0]
+        offs = self.store_offsets.get(o, set())
+        if len(offs) != 1 or "broadcast" in offs:
+            return {}
+        so = self.graph.buffers[o]
+        cands = []
+        for b in self.reads:
+            if b in self.writes or self.load_offsets.get(b) != offs:
+                continue
+            sb = self.graph.buffers[b]
+            if (sb.dtype == so.dtype and ir.same_sizes(sb.size, so.size) and ir.same_sizes(sb.stride, so.stride)
+                    and ir.same_expr(sb.offset, so.offset)):
+                cands.append(b)
+        return {o: cands} if cands else {}
 
     def _describe(self) -> list[str]:
         out = []

@@ -71,6 +71,8 @@ class Launcher:
         tensors = [a for a in args[: self.nbuf] if isinstance(a, torch.Tensor)]
         on_gpu = bool(tensors) and tensors[0].device.type == "cuda"
         if self.autotune and (on_gpu or self.timer is not cuda_event_timer):
+            if self.ks.inplace:  # an output over an input: candidates run on copies, not on this call's values
+                args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
             cfg = fastest_config(self.ks, xn, rn, self.timer, lambda c: self._launch(c, xn, rn, args))
             self.configs[key] = cfg
             save_tuned(self.cache_dir, self.source, self.configs)
