@@ -49,7 +49,26 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.gpu import make_cases  # noqa: E402
+from benchmarks.gpu import make_cases as _gpu_cases  # noqa: E402
+
+
+def make_cases() -> dict[str, Callable[[], dict]]:
+    """benchmarks.gpu's seven cases, and BatchNorm's training forward (batch statistics,
+    bf16, channels-last) at ResNet-50's shapes, batch 32: `bn_stats_56` is 256x56x56."""
+    cases = _gpu_cases()
+
+    def bn(c: int, hw: int) -> Callable[[], dict]:
+        def make() -> dict:
+            x = torch.randn(32, c, hw, hw, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+            w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+            return {"fn": lambda x, w, b: torch.nn.functional.batch_norm(x, None, None, w, b, True),
+                    "args": (x, w, b), "bytes": 3 * x.numel() * 2, "memory_bound": True,
+                    "label": f"batch norm training bf16 CL 32x{c}x{hw}x{hw}"}
+        return make
+
+    for c, hw in ((64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7)):
+        cases[f"bn_stats_{hw}"] = bn(c, hw)
+    return cases
 
 
 def _kernels_of(code: str) -> str:

@@ -59,6 +59,34 @@ def test_max_pool2d_values_indices_and_gradients_match_eager_in_generated_cpp() 
     assert _mismatches({"target": "cpp", "fallback_on_error": False}) == []
 
 
+def test_a_training_forward_saves_int8_window_places_and_returns_eager_indices() -> None:
+    """The backward recomputes the int64 indices from places saved as int8 (ResNet-50's
+    stem: 6 MB saved, not 49); indices the program itself asks for are eager's."""
+    opts = {"target": "cpp", "fallback_on_error": False}
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.max_pool2d(x, 3, 2, 1) * 2
+
+    def with_indices(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True)
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 12, 10, requires_grad=True)
+    saved: list[torch.dtype] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.dtype)
+        return t
+
+    compiled = torch.compile(pool, backend="fuselens", options=opts)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        v = compiled(x)
+    assert saved == [torch.float32, torch.int8], saved  # the input and the places
+    assert torch.equal(torch.autograd.grad(v.sum(), x)[0], torch.autograd.grad(pool(x).sum(), x)[0])
+    (v, i), (rv, ri) = torch.compile(with_indices, backend="fuselens", options=opts)(x), with_indices(x)
+    assert torch.equal(i, ri) and torch.equal(v, rv)
+
+
 def test_max_pool2d_matches_eager_in_the_triton_interpreter(tmp_path: Path) -> None:
     records = interpreted_worker_records(__file__, tmp_path / "records.json", 900, "max-pool worker")
     assert records == {"bad": []}

@@ -38,6 +38,12 @@ _PASS_THROUGH = {"alias", "detach", "view", "_unsafe_view", "reshape", "permute"
                  "clone", "contiguous"}
 
 
+# Forward ops whose decomposition (fuselens' own, entry.py) returns the op's very outputs,
+# which their backward reads: max_pool2d_with_indices becomes the pool with int8 window
+# places and those places turned back into its indices. No pairing to check or report.
+OUTPUT_PRESERVING = {"max_pool2d_with_indices"}
+
+
 def packet_name(target: Any) -> str:
     """`aten._softmax.default` -> `_softmax`; "" for non-ATen targets."""
     packet = getattr(target, "_overloadpacket", None)
@@ -106,7 +112,7 @@ def pairings(joint: torch.fx.GraphModule, location_of: Callable[[str], Optional[
         if node.op != "call_function" or _decomposed_from(node) is not None:
             continue
         fwd = forward_name(packet_name(node.target))
-        if fwd is None or fwd not in decomposed:
+        if fwd is None or fwd not in decomposed or fwd in OUTPUT_PRESERVING:
             continue
         reads = any(packet_name(_decomposed_from(s)) == fwd for s in _sources(node) if _decomposed_from(s) is not None)
         found.append(OpPairing(forward_op=str(decomposed[fwd]), backward_op=str(node.target),

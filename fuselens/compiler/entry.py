@@ -90,7 +90,31 @@ def _decomposition_table() -> dict:
     # that output. Forward and backward must agree: keep the op whole, as Inductor
     # does. autograd_consistency checks the rule on every joint graph.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
     return table
+
+
+def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
+                                     dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    """max_pool2d_with_indices as the pool with each winner's place in its window (int8)
+    and that place turned into the flat index (Inductor's decomposition): a training
+    forward then saves int8 places for the backward, which recomputes the indices,
+    instead of int64 indices (ResNet-50: 49 MB more at its peak than Inductor). Its
+    outputs are the op's own, which the backward may read
+    (autograd_consistency.OUTPUT_PRESERVING)."""
+    from fuselens.compiler.lowering.views import POOL_OFFSETS_TO_INDICES, POOL_WITH_OFFSETS
+
+    def two(v: Any, default: Any) -> list[int]:
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        v = v or list(default)
+        return [int(v[0]), int(v[-1])]
+
+    k = two(kernel_size, ())
+    if POOL_WITH_OFFSETS is None or x.dim() not in (3, 4) or k[0] * k[1] > torch.iinfo(torch.int8).max:
+        return NotImplemented
+    s, p, d = two(stride, k), two(padding, (0,)), two(dilation, (1,))
+    vals, places = POOL_WITH_OFFSETS(x, k, s, p, d, ceil_mode)
+    return vals, POOL_OFFSETS_TO_INDICES(places, k, list(x.shape[-2:]), s, p, d)
 
 
 _ids = itertools.count()

@@ -16,6 +16,14 @@ from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
 from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, register
 
+try:  # Inductor's prims for a max pool that saves int8 window places (entry.py decomposes to them)
+    import torch._inductor.inductor_prims  # noqa: F401
+except ImportError:  # pragma: no cover - a torch without them keeps int64 indices
+    pass
+POOL_WITH_OFFSETS = getattr(getattr(torch.ops.prims, "_low_memory_max_pool_with_offsets", None), "default", None)
+POOL_OFFSETS_TO_INDICES = getattr(getattr(torch.ops.prims, "_low_memory_max_pool_offsets_to_indices", None),
+                                  "default", None)
+
 ZERO = sympy.Integer(0)
 
 
@@ -392,6 +400,22 @@ def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
     outside the padded input count as -inf), like ATen's kernel: the first maximum
     wins and a NaN wins over everything. The indices (flat offsets into each input
     plane, what the backward reads) are a node of their own, made only when used."""
+    return _max_pool2d(ctx, x, kernel_size, stride, padding, dilation, ceil_mode, offsets=False)
+
+
+def lower_max_pool2d_with_offsets(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int],
+                                  padding: Any, dilation: Any, ceil_mode: bool) -> tuple:
+    """The pool of `aten.max_pool2d_with_indices` (entry.py decomposes it into this and
+    `_low_memory_max_pool_offsets_to_indices`, as Inductor does) with the winning tap's
+    place in its window (row-major, int8) for an index: what a training forward saves
+    for the backward, an eighth of int64 indices (ResNet-50's stem: 6 MB, not 49)."""
+    if len(kernel_size) != 2:
+        raise NotLowered("a max pool over other than two dims")
+    return _max_pool2d(ctx, x, kernel_size, stride, padding, dilation, ceil_mode, offsets=True)
+
+
+def _max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int], padding: Any,
+                dilation: Any, ceil_mode: bool, offsets: bool) -> tuple:
     meta, idx_meta = ctx.out_meta()
     if not x.dtype.is_floating_point or len(x.size) not in (3, 4):
         raise NotLowered("max_pool2d of a non-float or non-image tensor")
@@ -403,7 +427,8 @@ def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
     dt = meta.dtype
 
     def taps(ops: Any, idx: Sequence[Expr]) -> list[tuple[Any, Expr, Any]]:
-        """(value, flat input offset, inside the input or None when always) of each tap."""
+        """(value, index of the tap, inside the input or None when always) of each tap:
+        its flat offset in the input plane, or its place in the window."""
         *lead, oh, ow = idx
         out = []
         for i in range(kh):
@@ -415,7 +440,7 @@ def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
                     zero = ops.constant(0, torch.int64)
                     inside = ops.logical_and(_inside(ops, ih, h, zero), _inside(ops, iw, w, zero))
                     v = ops.where(inside, v, ops.constant(float("-inf"), dt))
-                out.append((v, ih * w + iw, inside))
+                out.append((v, sympy.Integer(i * kw + j) if offsets else ih * w + iw, inside))
         return out
 
     def values(ops: Any, idx: Sequence[Expr]) -> Any:
@@ -425,25 +450,54 @@ def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
             best = ops.maximum(best, v)
         return best
 
+    idt = idx_meta.dtype
+
     def indices(ops: Any, idx: Sequence[Expr]) -> Any:
         # a tap outside the input never wins over one inside (its offset is not in the plane)
         vs = taps(ops, idx)
-        best, at, have = vs[0][0], ops.index_expr(vs[0][1], torch.int64), vs[0][2]
+        best, at, have = vs[0][0], ops.index_expr(vs[0][1], idt), vs[0][2]
         for v, flat, inside in vs[1:]:
             take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
             if inside is not None:
                 take = ops.logical_and(inside, ops.logical_or(take, ops.logical_not(have)))
                 have = ops.logical_or(have, inside)
             best = ops.where(take, v, best)
-            at = ops.where(take, ops.index_expr(flat, torch.int64), at)
+            at = ops.where(take, ops.index_expr(flat, idt), at)
         return at
 
     out = ctx.add_compute(values, size, dt, stride=_dense_stride(meta, size, ctx), name=ctx.current.name)
     used = {u.args[1] for u in ctx.current.users if u.target is operator.getitem}
     if 1 not in used:
         return out, None
-    return out, ctx.add_compute(indices, size, idx_meta.dtype, stride=_dense_stride(idx_meta, size, ctx),
-                                name=ctx.fresh("indices"))
+    return out, ctx.add_compute(indices, size, idt, stride=_dense_stride(idx_meta, size, ctx),
+                                name=ctx.fresh("offsets" if offsets else "indices"))
+
+
+def lower_max_pool_offsets_to_indices(ctx: Lowerer, offsets: TensorValue, kernel_size: Sequence[int],
+                                      input_size: Sequence[Any], stride: Sequence[int], padding: Sequence[int],
+                                      dilation: Sequence[int]) -> TensorValue:
+    """A window place back to the flat input-plane index max_pool2d returns: pointwise,
+    and inlined into the backward kernel that compares it (so the int64 indices are
+    never stored)."""
+    if len(kernel_size) != 2:
+        raise NotLowered("a max pool over other than two dims")
+    meta = ctx.out_meta()
+    kw = int(kernel_size[1])
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride, ()), _pair(padding, (0,)), _pair(dilation, (1,))
+    w = ir.sympify_size(input_size[-1])
+    i64 = torch.int64
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        *_, oh, ow = idx
+        o = load_as(ops, offsets, idx, i64, offsets.size)
+        i = ops.floordiv(o, ops.constant(kw, i64))
+        j = ops.sub(o, ops.mul(i, ops.constant(kw, i64)))
+        ih = ops.add(ops.index_expr(oh * sh - ph, i64), ops.mul(i, ops.constant(dh, i64)))
+        iw = ops.add(ops.index_expr(ow * sw - pw, i64), ops.mul(j, ops.constant(dw, i64)))
+        return ops.add(ops.mul(ih, ops.index_expr(w, i64)), iw)
+
+    size = [ir.sympify_size(s) for s in meta.shape]
+    return ctx.add_compute(body, size, i64, stride=ctx.out_stride(size))
 
 
 @register(aten.max_pool2d_with_indices_backward.default)
@@ -488,6 +542,11 @@ def lower_max_pool2d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, k
 
     size = [ir.sympify_size(s) for s in meta.shape]
     return ctx.add_compute(body, size, meta.dtype, stride=ctx.out_stride(size))
+
+
+if POOL_WITH_OFFSETS is not None and POOL_OFFSETS_TO_INDICES is not None:
+    register(POOL_WITH_OFFSETS)(lower_max_pool2d_with_offsets)
+    register(POOL_OFFSETS_TO_INDICES)(lower_max_pool_offsets_to_indices)
 
 
 def _inside(ops: Any, e: Expr, n: Expr, zero: Any) -> Any:
