@@ -3,8 +3,11 @@ at that kernel (codegen/triton.py `_inplace_candidates`, plan.py
 `_reuse_dying_inputs`): a residual add+ReLU after a library call takes the call's
 memory instead of a fresh buffer (ResNet-50 inference held a third 49 MB activation
 at its peak). An input read at other elements than the stored one (a flip) is no
-candidate. Triton in its CPU interpreter (subprocess): the generated wrapper is
-read back from linecache, where fuselens registers it for tracebacks."""
+candidate. A library call that copies a dying buffer of ours before updating it
+(index_add over an embedding gradient's zero table) updates it in place instead
+(plan.py `_externs_in_place`). Triton in its CPU interpreter (subprocess): the
+generated wrapper is read back from linecache, where fuselens registers it for
+tracebacks."""
 
 from __future__ import annotations
 
@@ -42,6 +45,38 @@ def _records(opts: dict) -> dict:
     return out
 
 
+def _embedding_gradient(opts: dict) -> dict:
+    """An embedding's backward with the index_add rewrite the Triton target applies on
+    CUDA (graph_passes.index_put_accumulate_as_index_add), forced here on the CPU."""
+    from fuselens.compiler import graph_passes
+    from fuselens.compiler.runtime import plan
+    from fuselens.compiler.targets.triton import TritonTarget
+
+    taken: list[set] = []
+    planner_run = plan.Planner._externs_in_place
+
+    def record(self: plan.Planner) -> set:
+        taken.append(planner_run(self))
+        return taken[-1]
+
+    TritonTarget.graph_rewrites = lambda self, gm, ex, stage: graph_passes.index_put_accumulate_as_index_add(
+        gm, require_cuda=False)
+    plan.Planner._externs_in_place = record
+    torch._dynamo.reset()
+    emb = torch.nn.Embedding(11, 4)
+    ids = torch.tensor([[1, 2, 2, 10], [0, 2, 5, 1]])
+    (torch.compile(emb, backend="fuselens", options=opts)(ids) * 3).sum().backward()
+    mine = emb.weight.grad.clone()
+    emb.weight.grad = None
+    (emb(ids) * 3).sum().backward()
+    return {"equal": torch.equal(mine, emb.weight.grad), "taken": [sorted(t) for t in taken]}
+
+
+def test_an_embedding_gradient_accumulates_into_its_zero_table_in_place(tmp_path: Path) -> None:
+    r = interpreted_worker_records(__file__, tmp_path / "records.json", 600, "in-place worker")["embedding"]
+    assert r["equal"] and any(len(t) == 2 for t in r["taken"]), r  # the table and index_add's result
+
+
 def test_a_pointwise_kernel_writes_over_a_dying_input_it_reads_only_at_the_stored_element(tmp_path: Path) -> None:
     r = interpreted_worker_records(__file__, tmp_path / "records.json", 600, "in-place worker")
     assert r["residual"]["equal"] and r["residual"]["in_place"], r["residual"]["wrapper"]
@@ -49,4 +84,4 @@ def test_a_pointwise_kernel_writes_over_a_dying_input_it_reads_only_at_the_store
 
 
 if __name__ == "__main__":  # pragma: no cover
-    worker_main(_records, "fl_inplace_")
+    worker_main(lambda opts: {**_records(opts), "embedding": _embedding_gradient(opts)}, "fl_inplace_")
