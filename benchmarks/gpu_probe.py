@@ -341,7 +341,10 @@ def column_configs() -> None:
     triton_autotune.candidate_configs = candidates
     triton_launcher.fastest_config = timed
     try:
-        cases = {"stats 256x56": (stats, (img(256, 56), img(256, 56))),
+        cases = {"stats 64x112": (lambda x: torch.var_mean(x.float(), (0, 2, 3), correction=0), (img(64, 112),)),
+                 "bn_backward 64x112": (bn_backward, (img(64, 112), img(64, 112), img(64, 112), img(64, 112),
+                                                      torch.randn(64, device="cuda"))),
+                 "stats 256x56": (stats, (img(256, 56), img(256, 56))),
                  "stats 1024x14": (stats, (img(1024, 14), img(1024, 14))),
                  "bn_backward 256x56": (bn_backward, (img(256, 56), img(256, 56), img(256, 56), img(256, 56),
                                                       torch.randn(256, device="cuda"))),
