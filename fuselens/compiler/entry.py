@@ -102,17 +102,11 @@ def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: 
     instead of int64 indices (ResNet-50: 49 MB more at its peak than Inductor). Its
     outputs are the op's own, which the backward may read
     (autograd_consistency.OUTPUT_PRESERVING)."""
-    from fuselens.compiler.lowering.views import POOL_OFFSETS_TO_INDICES, POOL_WITH_OFFSETS
+    from fuselens.compiler.lowering.views import POOL_OFFSETS_TO_INDICES, POOL_WITH_OFFSETS, pool2d_args
 
-    def two(v: Any, default: Any) -> list[int]:
-        v = list(v) if isinstance(v, (list, tuple)) else [v]
-        v = v or list(default)
-        return [int(v[0]), int(v[-1])]
-
-    k = two(kernel_size, ())
+    k, s, p, d = pool2d_args(kernel_size, stride, padding, dilation)
     if POOL_WITH_OFFSETS is None or x.dim() not in (3, 4) or k[0] * k[1] > torch.iinfo(torch.int8).max:
         return NotImplemented
-    s, p, d = two(stride, k), two(padding, (0,)), two(dilation, (1,))
     vals, places = POOL_WITH_OFFSETS(x, k, s, p, d, ceil_mode)
     return vals, POOL_OFFSETS_TO_INDICES(places, k, list(x.shape[-2:]), s, p, d)
 

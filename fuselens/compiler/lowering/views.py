@@ -393,6 +393,13 @@ def _pair(v: Any, default: Sequence[int]) -> tuple[int, int]:
     return (int(v[0]), int(v[-1]))
 
 
+def pool2d_args(kernel_size: Any, stride: Any, padding: Any, dilation: Any) -> tuple[list[int], ...]:
+    """A 2-D pool's kernel size, stride (default: the kernel size), padding and dilation,
+    two ints each, as ATen reads its int-or-list arguments."""
+    k = list(_pair(kernel_size, ()))
+    return k, list(_pair(stride, k)), list(_pair(padding, (0,))), list(_pair(dilation, (1,)))
+
+
 @register(aten.max_pool2d_with_indices.default)
 def lower_max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (),
                      padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple:

@@ -215,8 +215,7 @@ class Planner:
         e.g. the GELU after an addmm runs in the addmm's buffer. Returns the inputs
         whose storage was taken (they must not go back to the free pool)."""
         taken: set[str] = set()
-        protected = {i.name for i in self.g.inputs} | set(self.g.constants) | self._output_bufs
-        aliased = set(self.alias_parent) | {self._root(k) for k in self.alias_parent}
+        protected, aliased = self._not_takeable()
         for i, step in enumerate(self.plan):
             if not isinstance(step, KernelCall):
                 continue
@@ -234,6 +233,12 @@ class Planner:
                         break
         return taken
 
+    def _not_takeable(self) -> tuple[set[str], set[str]]:
+        """Buffers no step may write over: graph inputs, constants and outputs, and
+        buffers some view or aliasing library call shares."""
+        protected = {i.name for i in self.g.inputs} | set(self.g.constants) | self._output_bufs
+        return protected, set(self.alias_parent) | {self._root(k) for k in self.alias_parent}
+
     def _externs_in_place(self) -> set[str]:
         """A library call that copies its first argument and updates the copy
         (`_IN_PLACE_FORMS`) updates that argument itself when it is a buffer of ours dying
@@ -242,8 +247,7 @@ class Planner:
         Done here, not in the FX graph: an in-place op there changed how the backward was
         scheduled. Returns the buffers taken (they must not go back to the free pool)."""
         taken: set[str] = set()
-        protected = {i.name for i in self.g.inputs} | set(self.g.constants) | self._output_bufs
-        aliased = set(self.alias_parent) | {self._root(k) for k in self.alias_parent}
+        protected, aliased = self._not_takeable()
         for i, step in enumerate(self.plan):
             in_place = _IN_PLACE_FORMS.get(step.target) if isinstance(step, ExternCall) else None
             if in_place is None or not isinstance(step.outputs, str) or step.outputs in aliased:
