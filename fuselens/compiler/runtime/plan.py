@@ -30,6 +30,11 @@ def _fresh_outputs(target: Any) -> bool:
 # and the in-place form that updates the argument itself (runtime/plan.py _externs_in_place).
 _IN_PLACE_FORMS = {torch.ops.aten.index_add.default: torch.ops.aten.index_add_.default}
 
+# A kernel is hoisted (_hoist_memory_neutral_kernels) when it frees this share of what it
+# allocates at least (a padded copy is a little larger than what it pads), and allocates this much.
+_HOIST_SLACK = 0.99
+_HOIST_MIN_BYTES = 1 << 20
+
 # Library calls whose result is a fresh contiguous tensor, as their meta functions say.
 _CONTIGUOUS_RESULTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
                        torch.ops.aten.baddbmm.default}
@@ -142,6 +147,7 @@ class Planner:
             else:
                 self._extern(unit)
         outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
+        self._hoist_memory_neutral_kernels(set(_bufs(outputs)))
         in_place = self._mutate_inputs()
         self._insert_frees(outputs)
         taken = self._reuse_dying_inputs() | self._externs_in_place()
@@ -233,6 +239,69 @@ class Planner:
                         break
         return taken
 
+    def _hoist_memory_neutral_kernels(self, outputs: set[str]) -> None:
+        """Run a kernel that frees at least what it allocates right after the steps it
+        reads, not where the schedule put it: from there on it holds its output instead
+        of its inputs, no more memory, and every step it no longer waits for runs with
+        less alive. BERT's backward pads the logits weight's saved bfloat16 cast for
+        cuBLAS; run after the logits gradient and its padded copy (476 MB), both copies of
+        the weight (45 MB each) were alive at the step's peak. Only kernels: library calls
+        keep their order (random number generators, collectives)."""
+        keep = {self._root(o) for o in outputs} | outputs | set(self.g.constants)
+        inputs = {x.name for x in self.g.inputs}
+        released = self._freeable_inputs()
+        freeable = {n for n in self.g.buffers if n not in keep and (n not in inputs or n in released)}
+        producer, touches = self._step_maps()
+        i = 0
+        while i < len(self.plan):
+            step = self.plan[i]
+            to = self._hoist_target(i, step, producer, touches, freeable) if isinstance(step, KernelCall) else None
+            if to is not None:
+                self.plan.insert(to, self.plan.pop(i))
+                producer, touches = self._step_maps()
+            i += 1
+
+    def _step_maps(self) -> tuple[dict[str, int], dict[str, list[int]]]:
+        """Which step makes each buffer, and which steps touch each root buffer."""
+        producer: dict[str, int] = {}
+        touches: dict[str, list[int]] = {}
+        for j, s in enumerate(self.plan):
+            for o in _step_outputs(s):
+                producer[o] = j
+            for b in _step_buffers(s):
+                touches.setdefault(self._root(b), []).append(j)
+        return producer, touches
+
+    def _freeable_inputs(self) -> set[str]:
+        """Graph inputs whose memory the graph's last use releases: a backward's saved
+        activations and incoming gradients (AOTAutograd clears its saved tensors before
+        the call), never parameters (`primals_*`, which the module holds), and none of a
+        forward's or an inference graph's inputs (the caller holds them)."""
+        names = [i.name for i in self.g.inputs]
+        if not any(n.startswith("tangents_") for n in names):
+            return set()
+        return {n for n in names if not n.startswith("primals_")}
+
+    def _hoist_target(self, i: int, step: KernelCall, producer: dict[str, int], touches: dict[str, list[int]],
+                      freeable: set[str]) -> Optional[int]:
+        """Where `step` (at `i`) moves up to, if it frees there at least what it allocates."""
+        alloc = sum(self._nbytes(o) for o in step.outputs)
+        if alloc < _HOIST_MIN_BYTES:
+            return None
+        reads = set(step.buffers) - set(step.outputs)
+        after = 1 + max((producer[b] for b in reads if b in producer), default=-1)
+        if after >= i:
+            return None
+        freed = 0
+        for r in {self._root(b) for b in reads} & freeable:
+            if all(t < after for t in touches.get(r, []) if t != i):
+                freed += self._nbytes(r)
+        return after if freed >= alloc * _HOIST_SLACK else None
+
+    def _nbytes(self, name: str) -> int:
+        spec = self.g.buffers.get(name)
+        return self.g.hint(ir.numel(spec.size)) * spec.dtype.itemsize if spec is not None else 0
+
     def _not_takeable(self) -> tuple[set[str], set[str]]:
         """Buffers no step may write over: graph inputs, constants and outputs, and
         buffers some view or aliasing library call shares."""
@@ -312,6 +381,15 @@ def _compile_slots(se: SymEval) -> Any:
         return [[vals[i] for i in s] if isinstance(s, list) else vals[s] for s in shape]
 
     return evaluate
+
+
+def _step_outputs(step: Any) -> list[str]:
+    """The buffers a plan step makes (a view step makes its view)."""
+    if isinstance(step, KernelCall):
+        return list(step.outputs)
+    if isinstance(step, ExternCall):
+        return [o for o in (step.outputs if isinstance(step.outputs, list) else [step.outputs]) if o is not None]
+    return []
 
 
 def _step_buffers(step: Any) -> list[str]:
