@@ -4,6 +4,7 @@ pointwise nodes that read their inputs at clamped indices (always in bounds)."""
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any, Callable, Sequence
 
@@ -311,7 +312,11 @@ def lower_unbind(ctx: Lowerer, x: TensorValue, dim: int = 0) -> tuple:
     return tuple(outs)
 
 
+@functools.lru_cache(maxsize=4096)
 def _clamp_index(e: Expr, n: Expr) -> Expr:
+    """`e` clamped into [0, n). Cached: sympy's Min and Max compare their arguments
+    pairwise on construction, and a node's body is traced again by every scheduler
+    question and by the code generator (a 6-layer Llama: 494 calls, 13 distinct, 1.6 s)."""
     return sympy.Min(sympy.Max(e, ZERO), n - 1)
 
 
