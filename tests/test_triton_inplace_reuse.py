@@ -15,6 +15,7 @@ import linecache
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from triton_worker import interpreted_worker_records, worker_main
 
@@ -72,13 +73,19 @@ def _embedding_gradient(opts: dict) -> dict:
     return {"equal": torch.equal(mine, emb.weight.grad), "taken": [sorted(t) for t in taken]}
 
 
-def test_an_embedding_gradient_accumulates_into_its_zero_table_in_place(tmp_path: Path) -> None:
-    r = interpreted_worker_records(__file__, tmp_path / "records.json", 600, "in-place worker")["embedding"]
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return interpreted_worker_records(__file__, tmp_path_factory.mktemp("inplace") / "records.json", 600,
+                                      "in-place worker")
+
+
+def test_an_embedding_gradient_accumulates_into_its_zero_table_in_place(records: dict) -> None:
+    r = records["embedding"]
     assert r["equal"] and any(len(t) == 2 for t in r["taken"]), r  # the table and index_add's result
 
 
-def test_a_pointwise_kernel_writes_over_a_dying_input_it_reads_only_at_the_stored_element(tmp_path: Path) -> None:
-    r = interpreted_worker_records(__file__, tmp_path / "records.json", 600, "in-place worker")
+def test_a_pointwise_kernel_writes_over_a_dying_input_it_reads_only_at_the_stored_element(records: dict) -> None:
+    r = records
     assert r["residual"]["equal"] and r["residual"]["in_place"], r["residual"]["wrapper"]
     assert r["flipped"]["equal"] and not r["flipped"]["in_place"], r["flipped"]["wrapper"]
 
