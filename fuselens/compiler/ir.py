@@ -331,6 +331,11 @@ class GraphIR:
     def compute_nodes(self) -> list[ComputeNode]:
         return [s for s in self.steps if isinstance(s, ComputeNode)]
 
+    def nbytes(self, name: str) -> int:
+        """Bytes of buffer `name` at the example inputs' sizes (0 for a name with no buffer)."""
+        spec = self.buffers.get(name)
+        return self.hint(numel(spec.size)) * spec.dtype.itemsize if spec is not None else 0
+
     def hint(self, expr: Expr) -> int:
         """A concrete value for a size expression, from the example inputs."""
         try:

@@ -200,9 +200,8 @@ class Scheduler:
         names = [s.name] + [o for o in (getattr(s, "outputs", None) or []) if o]
         total = 0
         for n in names:
-            spec = self.g.buffers.get(n)
-            if spec is not None:
-                total += self.g.hint(ir.numel(spec.size)) * spec.dtype.itemsize
+            if n in self.g.buffers:
+                total += self.g.nbytes(n)
             elif isinstance(s, ComputeNode) and n == s.name:
                 total += self.g.hint(ir.numel(s.size)) * s.dtype.itemsize
         return total

@@ -599,10 +599,7 @@ class CppKernel(KernelBuilder):
         params += [f"const int64_t {s.name}" for s in syms]
         src = f'extern "C" void {name}({", ".join(params)})\n{{\n' + "\n".join(body) + "\n}\n"
         buffers = [b for b in self.reads if b not in self.writes] + list(self.writes)
-        nbytes = 0
-        for b in buffers:
-            spec = self.graph.buffers[b]
-            nbytes += self.graph.hint(ir.numel(spec.size)) * spec.dtype.itemsize
+        nbytes = sum(self.graph.nbytes(b) for b in buffers)
         return KernelSource(name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms,
                             bytes_accessed=nbytes, language="cpp", inplace=self._inplace_candidates())
 

@@ -708,10 +708,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         lines = lines if not self.demote_fp64 else share_sincos(lines)
         src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
         buffers = reads + list(self.writes)
-        nbytes = 0
-        for b in buffers:
-            spec = self.graph.buffers[b]
-            nbytes += self.graph.hint(ir.numel(spec.size)) * spec.dtype.itemsize
+        nbytes = sum(self.graph.nbytes(b) for b in buffers)
         return TritonKernelSource(
             name=name, source=src, buffers=buffers, outputs=list(self.writes), symbols=syms, bytes_accessed=nbytes,
             language="python", kernel_kind=self.kind, xnumel=self.xnumel, rnumel=self.rnumel, numel_args=head,

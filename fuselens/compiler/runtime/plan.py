@@ -285,7 +285,7 @@ class Planner:
     def _hoist_target(self, i: int, step: KernelCall, producer: dict[str, int], touches: dict[str, list[int]],
                       freeable: set[str]) -> Optional[int]:
         """Where `step` (at `i`) moves up to, if it frees there at least what it allocates."""
-        alloc = sum(self._nbytes(o) for o in step.outputs)
+        alloc = sum(self.g.nbytes(o) for o in step.outputs)
         if alloc < _HOIST_MIN_BYTES:
             return None
         reads = set(step.buffers) - set(step.outputs)
@@ -295,12 +295,8 @@ class Planner:
         freed = 0
         for r in {self._root(b) for b in reads} & freeable:
             if all(t < after for t in touches.get(r, []) if t != i):
-                freed += self._nbytes(r)
+                freed += self.g.nbytes(r)
         return after if freed >= alloc * _HOIST_SLACK else None
-
-    def _nbytes(self, name: str) -> int:
-        spec = self.g.buffers.get(name)
-        return self.g.hint(ir.numel(spec.size)) * spec.dtype.itemsize if spec is not None else 0
 
     def _not_takeable(self) -> tuple[set[str], set[str]]:
         """Buffers no step may write over: graph inputs, constants and outputs, and
@@ -398,8 +394,7 @@ def _step_buffers(step: Any) -> list[str]:
     if isinstance(step, KernelCall):
         return list(step.buffers) + list(step.reuse.values())
     if isinstance(step, ExternCall):
-        outs = step.outputs if isinstance(step.outputs, list) else [step.outputs]
-        return list(_bufs((step.args, step.kwargs))) + [o for o in outs if o is not None]
+        return list(_bufs((step.args, step.kwargs))) + _step_outputs(step)
     return []
 
 
