@@ -3,9 +3,11 @@
     python -m benchmarks.models                               # GPU: 4 models, inference + training
     python -m benchmarks.models --device cpu                  # CPU: small configs, fp32 inference
     python -m benchmarks.models --models gpt2 --modes infer --cuda-graphs --profile
+    python -m benchmarks.models --models held-out             # the models no change was tuned on
 
 Models (benchmarks/real_models.py): Hugging Face GPT-2, Llama, BERT from configs and
-torchvision's ResNet-50, random weights. GPU: inference in bf16 (`model.bfloat16()`,
+torchvision's ResNet-50, random weights; held out: T5, Qwen2, ViT, MobileNetV3,
+EfficientNet-B0, ConvNeXt-T, Swin-T. GPU: inference in bf16 (`model.bfloat16()`,
 no_grad), training is one forward+backward under bf16 autocast; CPU: fp32.
 
 Columns per model and backend: wall ms/step (GPU: `triton.testing.do_bench`
@@ -47,7 +49,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.real_models import MODELS, ModelCase, build  # noqa: E402
+from benchmarks.real_models import HELD_OUT, MODELS, VISION, ModelCase, build  # noqa: E402
 
 
 def _sync(device: str) -> None:
@@ -163,8 +165,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
         module = module.bfloat16()
     module.train(train)
     inputs = case.make_inputs(device)
-    if name == "resnet50" and not train and device == "cuda":
-        inputs = {"x": inputs["x"].bfloat16()}
+    if not train and device == "cuda":  # images in the model's dtype
+        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
     rec: dict[str, Any] = {"model": name, "mode": mode, "label": case.label}
     eager_step = make_step(case, module, inputs, train, device)
     ref = eager_step()
@@ -380,7 +382,9 @@ def table(results: list[dict], backends: list[str]) -> str:
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated, of {','.join(MODELS)} (the suite) and {','.join(HELD_OUT)} (held out: "
+                         "models no change was tuned on); 'held-out' for all of those")
     ap.add_argument("--modes", default="", help="infer,train (default: both on the GPU, infer on the CPU)")
     ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg")
     ap.add_argument("--cuda-graphs", action="store_true", help="add reduce-overhead / cuda_graphs columns")
@@ -402,9 +406,10 @@ def main(argv: Any = None) -> int:
     except ImportError:  # pragma: no cover
         pass
     results = []
-    for m in [m for m in args.models.split(",") if m]:
+    names = [m for m in args.models.replace("held-out", ",".join(HELD_OUT)).split(",") if m]
+    for m in names:
         try:
-            __import__("torchvision" if m == "resnet50" else "transformers")
+            __import__("torchvision" if m in VISION else "transformers")
         except ImportError as e:  # torchvision has no CPU wheel for every torch
             print(f"skip {m}: {e}", flush=True)
             continue

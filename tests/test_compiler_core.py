@@ -253,6 +253,13 @@ def test_cat_and_pad_read_inputs_in_bounds():
     run(lambda x, y: (torch.cat([x, y * 2], 1).exp(), F.pad(x, (1, 2), value=3.0)), torch.randn(4, 5), torch.randn(4, 3))
 
 
+def test_negative_padding_crops_in_the_generated_kernel():
+    # a padding's backward pads by minus the amount: a crop, fused rather than run in ATen
+    events = run(lambda x: (F.pad(x, (-1, 2, 0, -3)) * 2, F.pad(x, (-1, -2)) + 1), torch.randn(3, 7, 9))
+    assert not [e for e in events if isinstance(e, ErrorEntry) and "constant_pad_nd" in e.message]
+    assert len(cpp_kernels(events)) >= 1
+
+
 def test_matmul_with_pointwise_epilogue():
     events = run(lambda x, w, b: F.gelu(x @ w + b), torch.randn(64, 32), torch.randn(32, 48), torch.randn(48))
     kinds = sorted(e.kind for e in events if isinstance(e, Kernel))

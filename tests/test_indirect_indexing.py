@@ -1,4 +1,5 @@
-"""Embedding and gather are generated code (compiler/lowering/indexing.py): an index
+"""Embedding, gather, advanced indexing and index_select are generated code
+(compiler/lowering/indexing.py): an index
 read from a tensor enters the data's index expression (`ir.Indirect`), so a token
 embedding fuses with the position embedding and the layernorm after it, and a
 cross-entropy's gather with the loss. Values and gradients as eager's, no ATen
@@ -27,6 +28,11 @@ def _cases() -> dict:
     target[5] = -100  # an ignored row: its clamped gather is masked out by the loss
     table = torch.randn(2, 30000, generator=g)
     picks = torch.randint(0, 30000, (2, 20000), generator=g)  # rows past PERSISTENT_MAX: a looped reduction
+    bias_table = torch.randn(169, 3, generator=g)  # Swin's relative position bias: a table read at a [49, 49] index
+    rel = torch.randint(0, 169, (49, 49), generator=g)
+    x4 = torch.randn(3, 5, 6, 2, generator=g)
+    rows, cols = torch.tensor([[0], [-1]]), torch.tensor([1, 5, -2])  # broadcast to [2, 3]; negatives from the end
+    feats, pick = torch.randn(4, 7, 3, generator=g), torch.tensor([6, 0, 0, 2])
 
     def embed_norm(wte, wpe, ids, pos, w, b):
         return F.layer_norm(F.embedding(ids, wte) + F.embedding(pos, wpe), (32,), w, b)
@@ -37,8 +43,22 @@ def _cases() -> dict:
     def gathered_sum(table, picks):  # the gathered value feeds a row reduction (looped in Triton)
         return table.gather(1, picks).sum(1)
 
+    def relative_bias(table, rel):
+        return table[rel.view(-1)].view(49, 49, -1).permute(2, 0, 1).contiguous() * 2
+
+    def adjacent(x, rows, cols):  # indexed dims side by side: the broadcast shape takes their place
+        return x[:, rows, cols].exp()
+
+    def apart(x, rows, cols):  # a slice between them: the broadcast shape comes first
+        return x[rows, :, cols] + 1
+
+    def selected(x, pick):
+        return torch.index_select(x, 1, pick).relu()
+
     return {"embed_norm": (embed_norm, (wte, wpe, ids, pos, ln_w, ln_b)), "loss": (loss, (logits, target)),
-            "gathered_sum": (gathered_sum, (table, picks))}
+            "gathered_sum": (gathered_sum, (table, picks)), "relative_bias": (relative_bias, (bias_table, rel)),
+            "adjacent": (adjacent, (x4, rows, cols)), "apart": (apart, (x4, rows, cols)),
+            "index_select": (selected, (feats, pick))}
 
 
 def _mismatches(opts: dict) -> list[str]:
@@ -63,7 +83,8 @@ def _mismatches(opts: dict) -> list[str]:
                 if train and a.is_floating_point():
                     ok = ok and torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-5)
             fell_back = [e.message for e in events if isinstance(e, ErrorEntry)
-                         and any(op in e.message for op in ("aten.embedding.default", "aten.gather.default"))]
+                         and any(f"aten.{op} " in e.message
+                                 for op in ("embedding.default", "gather.default", "index.Tensor", "index_select.default"))]
             if not ok or fell_back:
                 bad.append(f"{name} train={train}" + (f" ({fell_back[0][:120]})" if fell_back else ""))
     return bad

@@ -1,4 +1,5 @@
-"""Reads at indices held in a tensor: embedding and gather, as generated code.
+"""Reads at indices held in a tensor: embedding, gather, advanced indexing
+(`x[idx]`, `x[:, rows, cols]`) and index_select, as generated code.
 
 An element's index along one dim is loaded from the index tensor and handed to the
 data's loader as an `ir.Indirect` symbol (`ops.indirect`, clamped into the dim), so
@@ -8,6 +9,7 @@ kernel, instead of each being an ATen kernel and a buffer of its own.
 
 Eager raises on an index outside the dim; the generated kernel reads the nearest
 row instead (it must not read outside the buffer, and cannot raise mid-kernel).
+Indexing and index_select take negative indices from the end, as eager does.
 """
 
 from __future__ import annotations
@@ -52,5 +54,62 @@ def lower_gather(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue, *, 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         at = ops.indirect(load_as(ops, index, idx, index.dtype, index.size), x.size[d])
         return load_as(ops, x, [*idx[:d], at, *idx[d + 1:]], dt, x.size)
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+def _wrapped_index(ops: Any, t: TensorValue, idx: Sequence[Expr], shape: Sequence[Expr], dim_size: Expr) -> Expr:
+    """Element `idx` of index tensor `t` broadcast to `shape`, a negative one counted
+    from the end of a dim of `dim_size` (eager's x[-1]), as an indirect index."""
+    v = load_as(ops, t, idx, torch.int64, shape)
+    v = ops.where(ops.lt(v, ops.constant(0, torch.int64)), ops.add(v, ops.index_expr(dim_size, torch.int64)), v)
+    return ops.indirect(v, dim_size)
+
+
+@register(aten.index.Tensor)
+def lower_index(ctx: Lowerer, x: TensorValue, indices: Sequence[Any]) -> TensorValue:
+    """Advanced indexing: the index tensors broadcast together to one shape B; the
+    result has B where the indexed dims were when they are adjacent, else B first,
+    and x's other dims in order around it (numpy's rule)."""
+    if not isinstance(x, TensorValue) or not x.size:
+        raise NotLowered("indexing a 0-d tensor")
+    tensors = list(indices)
+    if any(t is not None and (not isinstance(t, TensorValue) or t.dtype not in (torch.int32, torch.int64))
+           for t in tensors):
+        raise NotLowered("indexing with a boolean mask (its result's size depends on the data)")
+    at = [d for d, t in enumerate(tensors) if t is not None]
+    if not at:
+        raise NotLowered("indexing with no index tensor")
+    size = out_size(ctx)
+    nb = len(size) - (len(x.size) - len(at))
+    adjacent = at == list(range(at[0], at[-1] + 1))
+    start = at[0] if adjacent else 0
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        b = list(idx[start:start + nb])
+        b_shape = size[start:start + nb]
+        rest = iter([*idx[:start], *idx[start + nb:]])
+        xi = [_wrapped_index(ops, tensors[d], b, b_shape, x.size[d]) if d < len(tensors) and tensors[d] is not None
+              else next(rest) for d in range(len(x.size))]
+        return load_as(ops, x, xi, dt, x.size)
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+@register(aten.index_select.default)
+def lower_index_select(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
+    """out[..., i, ...] = x[..., index[i], ...] along `dim`."""
+    if not isinstance(x, TensorValue) or not isinstance(index, TensorValue) or not x.size \
+            or index.dtype not in (torch.int32, torch.int64) or len(index.size) > 1:
+        raise NotLowered("index_select of a 0-d tensor or with a 0-d index")
+    size = out_size(ctx)
+    d = dim % len(x.size)
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        i = [idx[d]] if index.size else []
+        row = _wrapped_index(ops, index, i, index.size, x.size[d])
+        return load_as(ops, x, [*idx[:d], row, *idx[d + 1:]], dt, x.size)
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
