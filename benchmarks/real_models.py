@@ -115,6 +115,7 @@ def _vision(name: str, big: bool) -> ModelCase:
         module = (torchvision.models.vit_b_16() if big else
                   torchvision.models.VisionTransformer(image_size=res, patch_size=16, num_layers=2, num_heads=4,
                                                        hidden_dim=256, mlp_dim=1024))
+        torch.nn.init.normal_(module.heads.head.weight, std=0.02)  # torchvision zeroes it: outputs and gradients 0
     else:
         kw = {"stochastic_depth_prob": 0.0} if name in ("efficientnet", "convnext") else {}  # swin_t sets its own: _no_dropout
         module = {"resnet50": torchvision.models.resnet50, "mobilenet_v3": torchvision.models.mobilenet_v3_large,
