@@ -48,6 +48,29 @@ def test_bf16_max_pool_backward_on_cuda_is_generated_and_matches_eager():
     torch.testing.assert_close(xc.grad, xe.grad)
 
 
+def test_convolution_bias_gradient_is_a_generated_sum_not_cudnns_reduction():
+    """A squeeze-excitation 1x1 convolution with a bias, under autocast: the bias gradient
+    is summed by a generated kernel, cuDNN computes only the input and weight gradients."""
+    fuselens.compiler.register()
+    conv = torch.nn.Conv2d(64, 16, 1).cuda()
+
+    def se(x, conv):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return torch.sigmoid(conv(x)).float().square().sum()
+
+    x = torch.randn(8, 64, 7, 7, device="cuda").to(memory_format=torch.channels_last)
+    se(x, conv).backward()
+    want = [p.grad.clone() for p in conv.parameters()]
+    conv.zero_grad()
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        torch.compile(se, backend="fuselens")(x, conv).backward()
+    for got, ref in zip([p.grad for p in conv.parameters()], want):
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    backward = [k for k in events if isinstance(k, Kernel) and "backward" in k.graph_id]
+    assert any("sum" in k.name for k in backward if k.kind == "triton"), [k.name for k in backward]
+
+
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["launches", "cuda-graphs"])
 def test_batchnorm_and_optimizer_input_mutations_on_cuda_match_eager(cuda_graphs):
     """Kernels store BatchNorm's running stats and SGD's parameters and momentum straight

@@ -123,6 +123,15 @@ def test_a_norm_weight_gradient_over_2048_tokens_is_split():
     torch.testing.assert_close(gm(x, g), fn(x, g), rtol=1e-5, atol=1e-4)
 
 
+def test_batchnorm_statistics_of_few_channels_are_split_below_a_million_values():
+    # MobileNetV3's 40 channels at 28x28, batch 32: 1.0M values that one program would read
+    x = (torch.randn(32, 40, 28, 28) * 2 + 1).to(memory_format=torch.channels_last)
+    gm = traced(_batchnorm_stats, x)
+    assert [r.rule for r in split_reductions(gm, SMS)] == ["split-reduction"]
+    for got, want in zip(gm(x), _batchnorm_stats(x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_prime_reduced_dim_is_split_only_where_it_divides():
     x = torch.randn(8191, 300)  # 8191 is prime: no partials of equal size
     gm = traced(lambda x: x.sum(0), x)

@@ -91,7 +91,24 @@ def _decomposition_table() -> dict:
     # does. autograd_consistency checks the rule on every joint graph.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
+    table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
     return table
+
+
+def _convolution_backward_bias_as_sum(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                      bias_sizes: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+                                      output_padding: Any, groups: int, output_mask: Any) -> Any:
+    """On the GPU, a convolution's bias gradient as a sum over the gradient (Inductor's
+    decomposition): cuDNN's backward sums it in an ATen reduction and a cast of its own
+    (MobileNetV3's squeeze-excitation convolutions: 32 such kernels a step), where
+    ours joins the kernel that produces the gradient."""
+    if not output_mask[2] or grad_output.device.type != "cuda":
+        return NotImplemented
+    grad_bias = aten.sum.dim_IntList(grad_output, [0, *range(2, grad_output.dim())])
+    grad_input, grad_weight, _ = aten.convolution_backward.default(
+        grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        [output_mask[0], output_mask[1], False])
+    return grad_input, grad_weight, grad_bias
 
 
 def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
