@@ -66,9 +66,12 @@ def test_convolution_bias_gradient_is_a_generated_sum_not_cudnns_reduction():
     with sink.collect() as events:
         torch.compile(se, backend="fuselens")(x, conv).backward()
     for got, ref in zip([p.grad for p in conv.parameters()], want):
-        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+        # eager rounds the sigmoid's gradient to bf16 op by op, the fused kernel once: elementwise
+        # the weight gradients (values near 5) differ by bf16 steps; as a whole they agree
+        assert ((got - ref).norm() / ref.norm()).item() < 2e-2
     backward = [k for k in events if isinstance(k, Kernel) and "backward" in k.graph_id]
-    assert any("sum" in k.name for k in backward if k.kind == "triton"), [k.name for k in backward]
+    assert any("aten.sum.dim_IntList" in k.ops for k in backward if k.kind == "triton"), \
+        [(k.kind, k.name, k.ops) for k in backward]
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["launches", "cuda-graphs"])
