@@ -102,7 +102,7 @@ def lower_index_select(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValu
     """out[..., i, ...] = x[..., index[i], ...] along `dim`."""
     if not isinstance(x, TensorValue) or not isinstance(index, TensorValue) or not x.size \
             or index.dtype not in (torch.int32, torch.int64) or len(index.size) > 1:
-        raise NotLowered("index_select of a 0-d tensor or with a 0-d index")
+        raise NotLowered("index_select of a 0-d tensor or with an index of more than one dim")
     size = out_size(ctx)
     d = dim % len(x.size)
     dt = ctx.out_meta().dtype
