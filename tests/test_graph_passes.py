@@ -1,7 +1,7 @@
 """Graph rewrites before lowering (compiler/graph_passes.py): each keeps every value
 and every graph output's layout as eager has them.
 
-The matmul padding and index_add rules are for CUDA; here they run on CPU graphs
+The matmul padding, index_add and convolution-bias rules are for CUDA; here they run on CPU graphs
 (`require_cuda=False`), where the same FX rewrite is checked against eager.
 """
 
@@ -15,8 +15,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 from fuselens import sink
 from fuselens.compiler.entry import decompositions
-from fuselens.compiler.graph_passes import (gather_through_pointwise, index_put_accumulate_as_index_add,
-                                            pad_unaligned_matmuls)
+from fuselens.compiler.graph_passes import (convolution_bias_as_add, gather_through_pointwise,
+                                            index_put_accumulate_as_index_add, pad_unaligned_matmuls)
 from fuselens.events import FusionDecision
 
 aten = torch.ops.aten
@@ -234,3 +234,25 @@ def test_a_gradient_feeding_two_matmuls_is_padded_once():
     assert len(g_pads) == 1, [p.args for p in pads]
     for got, want in zip(gm(*args), fn(*args)):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_a_convolution_bias_becomes_an_add_with_eagers_values_and_layout(layout):
+    # ConvNeXt's depthwise convolution: the bias add then fuses with the norm that reads it
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(2, 8, 9, 9, generator=g), torch.randn(8, 1, 7, 7, generator=g), torch.randn(8, generator=g)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    conv = lambda x, w, b: F.conv2d(x, w, b, padding=3, groups=8)  # noqa: E731
+    gm = traced(conv, x, w, b)
+    assert [r.rule for r in convolution_bias_as_add(gm, require_cuda=False)] == ["conv-bias-add"]
+    (c,) = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert c.args[2] is None and aten.add.Tensor in targets(gm)
+    got, want = gm(x, w, b), conv(x, w, b)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
+def test_a_convolution_without_bias_is_left_alone():
+    gm = traced(lambda x, w: F.conv2d(x, w), torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3))
+    assert convolution_bias_as_add(gm, require_cuda=False) == []

@@ -28,6 +28,12 @@ it did as `GraphRewrite` records, which the backend reports as fusion decisions.
 * `index_put_accumulate_as_index_add` (GPU): an embedding's backward accumulates
   rows with index_put, which ATen computes by sorting the indices; index_add
   (atomic adds) is what Inductor's generated scatter does.
+* `convolution_bias_as_add` (GPU): ATen's cuDNN convolution adds its bias in a
+  kernel of its own after the convolution (`output.add_(bias)`); as an add node it
+  joins the kernel of whatever reads the output: ConvNeXt's depthwise convolution
+  and the LayerNorm after it, a squeeze-excitation's activation (Inductor splits
+  the bias the same way). Eager's values: the convolution's output is rounded to
+  its dtype before the bias is added in both.
 """
 
 from __future__ import annotations
@@ -448,6 +454,38 @@ def index_put_accumulate_as_index_add(gm: torch.fx.GraphModule, *, require_cuda:
         gm.graph.erase_node(node)
         done.append(GraphRewrite("index-add", node.name, f"{node.name}: index_put with accumulate=True "
                                  "runs as index_add (atomic adds instead of ATen's sort of the indices)"))
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
+
+
+def convolution_bias_as_add(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:
+    """The rule of the module docstring (`require_cuda=False` lets tests run it on CPU graphs)."""
+    mode = _fake_mode(gm)
+    done: list[GraphRewrite] = []
+    if mode is None:
+        return done
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.convolution.default or node.kwargs \
+                or len(node.args) != 9 or node.args[2] is None:
+            continue
+        out, bias = _val(node), _val(node.args[2])
+        if not (isinstance(out, torch.Tensor) and isinstance(bias, torch.Tensor)) or bias.dim() != 1 \
+                or (require_cuda and not out.is_cuda) or bias.dtype != out.dtype:
+            continue
+        bld = _Builder(gm, node, mode)
+        conv = bld.call(aten.convolution.default, node.args[0], node.args[1], None, *node.args[3:])
+        per_channel = bld.call(aten.view.default, node.args[2], [1, -1] + [1] * (out.dim() - 2))
+        added = bld.call(aten.add.Tensor, conv, per_channel)
+        if _val(added).stride() != out.stride():  # a layout eager's add would not give: leave it whole
+            for n in (added, per_channel, conv):
+                gm.graph.erase_node(n)
+            continue
+        node.replace_all_uses_with(added)
+        gm.graph.erase_node(node)
+        done.append(GraphRewrite("conv-bias-add", node.name, f"{node.name}: the convolution's bias is added by the "
+                                 "kernel that reads its output (cuDNN's path adds it in a kernel of its own)"))
     if done:
         gm.graph.lint()
         gm.recompile()

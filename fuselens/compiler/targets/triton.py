@@ -34,6 +34,7 @@ class TritonTarget(Target):
                 done += layout_passes.channels_last_convolutions(gm, kept_outputs=kept)
         else:
             done += layout_passes.channels_last_convolutions(gm)
+        done += graph_passes.convolution_bias_as_add(gm)
         device = next(x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda)
         # after the layout rules: whether a reduction's kept dim is its contiguous one depends on them
         return done + split_reductions.split_reductions(gm, torch.cuda.get_device_properties(device).multi_processor_count)
