@@ -1,7 +1,7 @@
 """Channels-last convolutions (compiler/layout_passes.py), in inference and training graphs.
 
-The rule is the GPU's (cuDNN computes 16-bit convolutions in NHWC); here the C++
-target runs it on CPU graphs, where ATen's convolutions honour channels-last too,
+The rule is the GPU's (cuDNN computes 16-bit convolutions in NHWC) and the C++ target's
+in inference (oneDNN too); here the C++ target runs it on CPU graphs,
 to check what the GPU run relies on: the forward reports the strides of its saved
 activations, AOTAutograd compiles the backward for them, the backward converts its
 convolution gradients, and every gradient and output matches eager in eager's layout.
@@ -21,7 +21,7 @@ from fuselens import sink
 from fuselens.compiler import layout_passes
 from fuselens.compiler.entry import decompositions
 from fuselens.compiler.targets.cpp import CppTarget
-from fuselens.events import FusionDecision
+from fuselens.events import FusionDecision, Kernel
 
 aten = torch.ops.aten
 
@@ -157,3 +157,27 @@ def test_an_operand_already_channels_last_is_not_copied_again():
     # layout; relu(h + x) is NHWC already (and a 1x1 weight is both layouts)
     assert sorted(str(n.args[0]) for n in clones) == ["convolution_1", "w1_1", "x_1"]
     torch.testing.assert_close(gm(x, w1, w2), fn(x, w1, w2), rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_inference_convolutions_run_channels_last_and_kernels_loop_channels_innermost():
+    """On the C++ target an inference graph's convolutions take NHWC operands (oneDNN's
+    own layout), and the pointwise kernel between two of them loops with the channels
+    innermost: its simd loop walks the NHWC buffers contiguously, not 32 floats apart."""
+    torch.manual_seed(0)
+    conv1, conv2 = nn.Conv2d(16, 32, 3, padding=1), nn.Conv2d(32, 8, 1)
+
+    def fn(x):
+        return conv2(F.hardswish(conv1(x)))
+
+    x = torch.randn(2, 16, 12, 12)
+    torch._dynamo.reset()
+    with torch.no_grad(), sink.collect() as events:
+        out = torch.compile(fn, backend="fuselens")(x)
+        want = fn(x)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    assert out.stride() == want.stride()
+    assert "channels-last" in {e.rule for e in events if isinstance(e, FusionDecision)}
+    (act,) = [k for k in events if isinstance(k, Kernel) and k.kind == "cpp" and "clamp" in k.name]
+    lines = [ln.strip() for ln in act.source.splitlines()]
+    simd = lines.index("#pragma omp simd")
+    assert lines[simd + 1].startswith("for (int64_t g1 = 0; g1 < 32; g1++)"), act.source

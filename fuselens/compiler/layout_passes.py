@@ -78,6 +78,15 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
     return done
 
 
+def channels_last_for_stage(gm: torch.fx.GraphModule, stage: str, *, require_cuda: bool) -> list[GraphRewrite]:
+    """`channels_last_convolutions` for a graph of AOTAutograd's `stage`: a forward's
+    user outputs keep eager's layout, its saved activations need not."""
+    if stage == "aot_forward":
+        kept = forward_user_outputs()
+        return [] if kept is None else channels_last_convolutions(gm, require_cuda=require_cuda, kept_outputs=kept)
+    return channels_last_convolutions(gm, require_cuda=require_cuda)
+
+
 def _convert_operands(gm: torch.fx.GraphModule, mode: Any, conv: torch.fx.Node) -> Optional[GraphRewrite]:
     cl = torch.channels_last
     backward = conv.target is aten.convolution_backward.default

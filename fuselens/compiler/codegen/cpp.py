@@ -287,8 +287,27 @@ class CppKernel(KernelBuilder):
         g = self.g
         nfull = len(g.full)
         if g.rflags is None:
-            return list(range(max(nfull - 1, 0))), [nfull - 1] if nfull else []
+            order = self._stored_order()
+            return order[:-1], order[-1:]
         return [d for d in range(nfull) if not g.rflags[d]], [d for d in range(nfull) if g.rflags[d]]
+
+    def _stored_order(self) -> list[int]:
+        """A pointwise kernel's dims, outer to inner, in the order its first stored buffer is
+        laid out, so that the simd loop walks memory contiguously (channels-last: the channels
+        innermost); the logical order where that buffer's is, or its offset is not linear."""
+        g = self.g
+        logical = list(range(len(g.full)))
+        stored = [c for c in g.nodes if c.name in g.stores]
+        if len(logical) < 2 or not stored:
+            return logical
+        gv = g.gvars()
+        offset = sympy.expand(self.simplify(ir.offset_of(g.own_index(stored[0]), stored[0].stride)))
+        coef = [offset.coeff(v) for v in gv]
+        rest = sympy.expand(offset - sum(c * v for c, v in zip(coef, gv)))
+        if not all(c.is_Integer for c in coef) or rest.free_symbols & set(gv):
+            return logical
+        order = sorted(logical, key=lambda d: (g.full[d] != 1, -int(coef[d])))  # size-1 dims outermost
+        return logical if order[-1] == logical[-1] or int(coef[order[-1]]) != 1 else order
 
     def _open_outer_loops(self, nest: "_LoopNest", outer_dims: Sequence[int]) -> None:
         """The OpenMP-parallel loops (or chunks of a 1-D pointwise space) around the row passes."""

@@ -28,12 +28,7 @@ class TritonTarget(Target):
         # forward's also feed its backward, compiled for eager's layouts
         done = graph_passes.pad_unaligned_matmuls(gm, padded_outputs=stage == "aot_inference")
         done += graph_passes.index_put_accumulate_as_index_add(gm)
-        if stage == "aot_forward":  # the user's outputs keep eager's layout, saved activations need not
-            kept = layout_passes.forward_user_outputs()
-            if kept is not None:
-                done += layout_passes.channels_last_convolutions(gm, kept_outputs=kept)
-        else:
-            done += layout_passes.channels_last_convolutions(gm)
+        done += layout_passes.channels_last_for_stage(gm, stage, require_cuda=True)
         done += graph_passes.convolution_bias_as_add(gm)
         device = next(x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda)
         # after the layout rules: whether a reduction's kept dim is its contiguous one depends on them
