@@ -253,6 +253,23 @@ def test_cat_and_pad_read_inputs_in_bounds():
     run(lambda x, y: (torch.cat([x, y * 2], 1).exp(), F.pad(x, (1, 2), value=3.0)), torch.randn(4, 5), torch.randn(4, 3))
 
 
+@pytest.mark.parametrize("case", ["bias_gradient", "channels_last_mean"])
+def test_a_sum_over_rows_vectorizes_along_the_contiguous_kept_dim(case):
+    # a bias gradient sums [tokens, hidden] over tokens; a squeeze-excitation averages a
+    # channels-last activation over H and W: the simd loop runs along the contiguous kept
+    # dim, one accumulator per column, not along the reduced dims a row apart
+    g = torch.Generator().manual_seed(0)
+    if case == "bias_gradient":
+        fn, x = (lambda t: t.sum(0)), torch.randn(2048, 200, generator=g)
+    else:
+        fn, x = (lambda t: (t * torch.sigmoid(t)).mean((2, 3))), torch.randn(4, 40, 14, 14, generator=g).to(
+            memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    (k,) = cpp_kernels(run(fn, x))
+    lines = [ln.strip() for ln in k.source.splitlines()]
+    assert lines[lines.index("#pragma omp simd") + 1].startswith("for (int64_t g1 = kb;"), k.source
+
+
 def test_negative_padding_crops_in_the_generated_kernel():
     # a padding's backward pads by minus the amount: a crop, fused rather than run in ATen
     events = run(lambda x: (F.pad(x, (-1, 2, 0, -3)) * 2, F.pad(x, (-1, -2)) + 1), torch.randn(3, 7, 9))
