@@ -146,13 +146,21 @@ def hf_model(name: str) -> torch.nn.Module:
                                       intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
                                       attention_probs_dropout_prob=0.0, **small)
         return transformers.BertForMaskedLM(cfg)
+    if name == "t5":  # held out of the GPU suite: encoder-decoder, relative position buckets
+        cfg = transformers.T5Config(num_layers=2, num_decoder_layers=2, d_model=64, d_kv=16, d_ff=128, num_heads=4,
+                                    dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, **small)
+        return transformers.T5ForConditionalGeneration(cfg)
+    if name == "qwen2":  # held out: biased q/k/v projections, grouped-query attention
+        cfg = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=128, max_position_embeddings=64, **small)
+        return transformers.Qwen2ForCausalLM(cfg)
     cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                    intermediate_size=128, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
                                    **small)
     return transformers.LlamaForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "t5", "qwen2"])
 def test_hf_training_step_every_parameter_gradient_equals_eager(name: str, events):
     model = hf_model(name).train()
     ref = copy.deepcopy(model)
