@@ -73,13 +73,13 @@ def build(name: str, size: str = "gpu") -> ModelCase:
                                       embd_pdrop=0.0, attn_pdrop=0.0,
                                       **({} if big else dict(n_embd=256, n_head=4)))
         module = transformers.GPT2LMHeadModel(cfg)
-    elif name == "llama":
+    elif name in ("llama", "qwen2"):  # one decoder shape: Qwen2 adds q/k/v biases
         vocab = 32000 if big else 5003
-        cfg = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=1024 if big else 256,
-                                       num_attention_heads=16 if big else 4, num_key_value_heads=4 if big else 2,
-                                       intermediate_size=2816 if big else 688, vocab_size=vocab,
-                                       max_position_embeddings=2048)
-        module = transformers.LlamaForCausalLM(cfg)
+        config, model = ((transformers.LlamaConfig, transformers.LlamaForCausalLM) if name == "llama"
+                         else (transformers.Qwen2Config, transformers.Qwen2ForCausalLM))
+        module = model(config(num_hidden_layers=layers, hidden_size=1024 if big else 256,
+                              num_attention_heads=16 if big else 4, num_key_value_heads=4 if big else 2,
+                              intermediate_size=2816 if big else 688, vocab_size=vocab, max_position_embeddings=2048))
     elif name == "bert":
         vocab = 30522 if big else 5003
         cfg = transformers.BertConfig(num_hidden_layers=layers, vocab_size=vocab, hidden_dropout_prob=0.0,
@@ -94,13 +94,6 @@ def build(name: str, size: str = "gpu") -> ModelCase:
                                     **(dict(d_model=512, d_kv=64, d_ff=2048, num_heads=8) if big
                                        else dict(d_model=256, d_kv=64, d_ff=1024, num_heads=4)))
         module = transformers.T5ForConditionalGeneration(cfg)
-    elif name == "qwen2":
-        vocab = 32000 if big else 5003
-        cfg = transformers.Qwen2Config(num_hidden_layers=layers, hidden_size=1024 if big else 256,
-                                       num_attention_heads=16 if big else 4, num_key_value_heads=4 if big else 2,
-                                       intermediate_size=2816 if big else 688, vocab_size=vocab,
-                                       max_position_embeddings=2048)
-        module = transformers.Qwen2ForCausalLM(cfg)
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS + HELD_OUT)}")
     return ModelCase(name, _no_dropout(module), _tokens(vocab, batch, seq), _hf_loss,
