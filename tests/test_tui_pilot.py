@@ -291,6 +291,20 @@ async def test_keys_answer_at_once_while_a_profile_runs(tmp_path):
         assert "profiling run 3" in text_of(app.query_one("#status"))
 
 
+async def test_the_progress_timer_firing_after_the_widgets_are_gone_does_not_raise(tmp_path):
+    # at shutdown the 0.25 s progress timer can fire after the status line is unmounted
+    target = program(tmp_path, SLOW_PROGRAM)
+    app = FuselensApp(target, session=WorkerSession(target), reports=recorded(),
+                      options=RunOptions(timeout_s=60), toggles=ToggleState(backend="eager"), sample=False)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_until(pilot, lambda: app._events > 0)
+        await app._main.query_one("#status").remove()
+        await app._main.query_one("#progress").remove()
+        app._tick()  # what the timer does then
+        app.running = False  # and what a run's end does
+        await pilot.pause()
+
+
 CRASH_PROGRAM = """\
 import torch
 

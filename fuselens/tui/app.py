@@ -204,11 +204,15 @@ class FuselensApp(App):
     def watch_sort_reverse(self) -> None:
         self.refresh_views()
 
+    # The progress timer and a run's end can fire while the app shuts down, after its
+    # widgets are gone: they update what is still there instead of raising.
     def watch_running(self, running: bool) -> None:
-        self._main.query_one("#progress").display = running
+        for w in self._main.query("#progress"):
+            w.display = running
 
     def _status(self, text: str) -> None:
-        self._main.query_one("#status", Static).update(text)
+        for w in self._main.query("#status").results(Static):
+            w.update(text)
 
     def _tick(self) -> None:
         if self.running:
