@@ -300,7 +300,6 @@ class CppKernel(KernelBuilder):
             return None
         if any(g.level(n) == "outer" and self.phase[n.name] < 0 for n in g.nodes):
             return None  # a per-row value the loop body would read before the row's pass
-        gv = g.gvars()
         best, coef = -1, None
         for c in g.nodes:
             if g.level(c) == "outer":
@@ -313,16 +312,15 @@ class CppKernel(KernelBuilder):
                 size = self.graph.hint(ir.numel(self.graph.buffers[buf].size))
                 if size <= best:
                     continue
-                e = sympy.expand(self.simplify(sympy.sympify(index).xreplace(sub)))
-                cs = [e.coeff(v) for v in gv]
-                if all(k.is_Integer for k in cs) and not sympy.expand(e - sum(k * v for k, v in zip(cs, gv))).free_symbols & set(gv):
-                    best, coef = size, [int(k) for k in cs]
+                cs = self._strides_in(sympy.sympify(index).xreplace(sub))
+                if cs is not None:
+                    best, coef = size, cs
         if coef is None:
             return None
-        unit = [d for d in range(len(gv)) if coef[d] == 1 and g.full[d] != 1]
+        unit = [d for d in range(len(g.full)) if coef[d] == 1 and g.full[d] != 1]
         if len(unit) != 1 or g.rflags[unit[0]] or not sympy.sympify(g.full[unit[0]]).is_Integer:
             return None
-        reduced = [d for d in range(len(gv)) if g.rflags[d] and g.full[d] != 1]
+        reduced = [d for d in range(len(g.full)) if g.rflags[d] and g.full[d] != 1]
         if not reduced or any(coef[d] <= 1 for d in reduced):
             return None
         return unit[0]
@@ -394,14 +392,21 @@ class CppKernel(KernelBuilder):
         stored = [c for c in g.nodes if c.name in g.stores]
         if len(logical) < 2 or not stored:
             return logical
-        gv = g.gvars()
-        offset = sympy.expand(self.simplify(ir.offset_of(g.own_index(stored[0]), stored[0].stride)))
-        coef = [offset.coeff(v) for v in gv]
-        rest = sympy.expand(offset - sum(c * v for c, v in zip(coef, gv)))
-        if not all(c.is_Integer for c in coef) or rest.free_symbols & set(gv):
+        coef = self._strides_in(ir.offset_of(g.own_index(stored[0]), stored[0].stride))
+        if coef is None:
             return logical
-        order = sorted(logical, key=lambda d: (g.full[d] != 1, -int(coef[d])))  # size-1 dims outermost
-        return logical if order[-1] == logical[-1] or int(coef[order[-1]]) != 1 else order
+        order = sorted(logical, key=lambda d: (g.full[d] != 1, -coef[d]))  # size-1 dims outermost
+        return logical if order[-1] == logical[-1] or coef[order[-1]] != 1 else order
+
+    def _strides_in(self, offset: Expr) -> Optional[list[int]]:
+        """The stride of each of the kernel's loop variables in a buffer offset, or None
+        where the offset is not a constant-stride sum of them (a clamp, a division)."""
+        gv = self.g.gvars()
+        e = sympy.expand(self.simplify(offset))
+        coef = [e.coeff(v) for v in gv]
+        if not all(c.is_Integer for c in coef) or sympy.expand(e - sum(c * v for c, v in zip(coef, gv))).free_symbols & set(gv):
+            return None
+        return [int(c) for c in coef]
 
     def _open_outer_loops(self, nest: "_LoopNest", outer_dims: Sequence[int]) -> None:
         """The OpenMP-parallel loops (or chunks of a 1-D pointwise space) around the row passes."""
