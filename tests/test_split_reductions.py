@@ -138,6 +138,19 @@ def test_a_prime_reduced_dim_is_split_only_where_it_divides():
     assert split_reductions(gm, SMS) == []
 
 
+def test_a_prime_outer_dim_stays_whole_and_the_batch_dim_under_it_is_split():
+    # ViT's q/k/v bias gradient: [197 tokens, 32 images, 2304] summed over tokens and images.
+    # 197 is prime; unsplit, 36 programs read 6304 rows each
+    g = torch.randn(197, 32, 2304).bfloat16()
+    gm = traced(lambda g: g.sum((0, 1)), g)
+    assert [r.rule for r in split_reductions(gm, SMS)] == ["split-reduction"]
+    first = next(n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList)
+    assert first.meta["val"].numel() >= 8 * 2304  # the batch dim gives the partials
+    out = gm(g)
+    assert out.shape == (2304,) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, g.float().sum((0, 1)).bfloat16(), rtol=0, atol=0.5)
+
+
 def test_training_step_with_split_batchnorm_matches_eager_gradients(monkeypatch):
     own = CppTarget.graph_rewrites
 

@@ -158,6 +158,7 @@ def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[torch.fx.Node, l
     if want < 2:
         return None
     outer: list[tuple[int, int]] = []
+    fallback: Optional[tuple[int, int]] = None
     got = 1
     for d in [d for d in by_stride if d in dims]:
         size = int(x.shape[d])
@@ -168,10 +169,16 @@ def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[torch.fx.Node, l
                 break
             continue
         part = _divisor_near(size, math.ceil(want / got))
-        if part > 1:
+        if 2 * got * part >= want:
             outer.append((d, part))
             got *= part
-        break
+            break
+        # a dim with no divisor near the parts wanted (ViT's 197 tokens are prime) stays
+        # whole inside each partial; the partials split a dim further in instead (its batch)
+        if fallback is None and part > 1:
+            fallback = (d, part)
+    if got == 1 and fallback is not None:
+        outer, got = [fallback], fallback[1]
     if got < 2 or got == reduced:
         return None
     return src, dims, outer, got
