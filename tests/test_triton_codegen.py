@@ -158,6 +158,16 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
     case("column_reduction_of_a_cat", cat_heads_bias_grad, tuple(torch.randn(2, 3, 40, 32) for _ in range(3)),
          rtol=1e-4, atol=1e-4)
+    # each part of a cat, a select's backward and a padding is read only where it is taken (masked loads)
+    case("cat_parts_masked", lambda a, b, c: torch.cat([a, b * 2, c], 1) + 1,
+         (torch.randn(5, 3), torch.randn(5, 4), torch.randn(5, 2)))
+
+    def stacked_grads(q, k, v):  # ViT's q, k, v gradients: select_backward of each into zeros, summed
+        z = torch.zeros(3, *q.shape)
+        return torch.select_scatter(z, q, 0, 0) + torch.select_scatter(z, k, 0, 1) + torch.select_scatter(z, v, 0, 2)
+
+    case("select_scatters_masked", stacked_grads, tuple(torch.randn(7, 16) for _ in range(3)))
+    case("pad_masked", lambda x: F.pad(x, (2, 1, 0, 3), value=-1.5) * 2, (torch.randn(4, 6),))
     # looped, few columns: narrow blocks of long row chunks, with the last chunk masked
     case("column_reduction_looped_narrow", lambda x: x.sum(0), (torch.randn(4100, 40),), rtol=1e-4, atol=1e-3)
     case("bf16_gelu", lambda x, b: F.gelu(x + b), (torch.randn(16, 48, dtype=torch.bfloat16),
@@ -557,6 +567,15 @@ def test_a_column_sum_of_a_cat_is_planned_as_a_column_reduction(records: dict) -
     rec = _ok(records, "column_reduction_of_a_cat")
     red = [s for s in rec["sources"] if "reduction" in s.split('"""')[1]]
     assert red and all("(columns: contiguous along x)" in s.split('"""')[1] for s in red), rec["sources"]
+
+
+@pytest.mark.parametrize("name,masked_loads", [("cat_parts_masked", 3), ("select_scatters_masked", 3),
+                                               ("pad_masked", 1)])
+def test_each_branch_of_a_cat_select_scatter_or_pad_is_loaded_only_where_taken(records: dict, name: str,
+                                                                                 masked_loads: int) -> None:
+    src = "".join(_ok(records, name)["sources"])
+    loads = [ln for ln in src.splitlines() if "tl.load(" in ln]
+    assert len(loads) == masked_loads and all(", other=0" in ln for ln in loads), src
 
 
 def test_lone_sin_and_cos_take_the_full_range_reduction_not_libdevice(records: dict) -> None:

@@ -44,7 +44,7 @@ index that offset has in the producer's dense layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import sympy
 
@@ -128,6 +128,9 @@ class _InliningOps(ir.IndexedLoads):
         if p is None:
             return self._ops.load(name, ir.offset_of(index, strides))
         return self._evaluate(p, list(index))
+
+    def masked_where(self, cond: Any, then: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+        return ir.masked_where(self._ops, cond, then, otherwise)  # the branches load through this handler
 
     def _evaluate(self, p: ComputeNode, index: list[Expr]) -> Any:
         v = p.body(self, index)

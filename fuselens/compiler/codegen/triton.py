@@ -35,10 +35,11 @@ int32 unless a buffer or the iteration space needs int64.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import sympy
 import torch
@@ -153,6 +154,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         # element offsets of each buffer's loads and stores (in-place candidates, _inplace_candidates)
         self.load_offsets: dict[str, set[str]] = {}
         self.store_offsets: dict[str, set[str]] = {}
+        self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -296,6 +298,19 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
             lst.append(name)
         return ("out_" if write else "in_") + cname(name)
 
+    @contextlib.contextmanager
+    def masked(self, cond: TVal) -> Iterator[None]:
+        """Loads printed inside read only where `cond` holds (ir.masked_where's branch).
+        Members computed inside are forgotten after: their values are zero where it
+        does not hold, and a reader outside must compute them again."""
+        values = dict(self.scope.values)
+        self.load_conds.append(cond.name)
+        try:
+            yield
+        finally:
+            self.load_conds.pop()
+            self.scope.values = values
+
     def load(self, name: str, index: Expr) -> TVal:
         m = self.members.get(name)
         if m is not None:
@@ -313,6 +328,21 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
             axes |= {"x"} | ({"r"} if any(self.indirect_in_r.get(v.name) for v in indirect) else set())
         self.load_offsets.setdefault(name, set()).add(idx)
         mask = self.mask_for(axes)
+        src = self._load_source(name, idx, mask, axes, spec.dtype)
+        scope = self.scope
+        if self.kind == "looped_reduction" and "r" not in axes:
+            scope = self.top  # row-constant (weights by row, statistics): hoisted out of the r loop
+        if self.load_conds and axes:  # a scalar (no block pointer) takes no block mask, and costs nothing
+            loaded = scope.find_cache(src)  # read unmasked already: every lane has it
+            if loaded is not None and loaded.dtype == spec.dtype:
+                return loaded
+            parts = ([mask] if mask else []) + self.load_conds
+            mask = parts[0] if len(parts) == 1 else self.emit(" & ".join(parts), torch.bool).name
+            # the conditions live in the current scope: not hoisted
+            return self.emit(self._load_source(name, idx, mask, axes, spec.dtype), spec.dtype)
+        return self.emit(src, spec.dtype, scope)
+
+    def _load_source(self, name: str, idx: str, mask: Optional[str], axes: set[str], dtype: torch.dtype) -> str:
         # eviction hints only in Welford kernels (below): measured on the H200 (benchmarks/RESULTS.md),
         # evict_first on the streamed operand made persistent reductions with 1024-wide rows 2x slower
         src = f"tl.load({self.ptr(name)} + ({idx})" + (f", {mask}, other=0" if mask else "")
@@ -321,13 +351,10 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
             # let them go; weights (no x axis) are read by every row and stay
             src += f", eviction_policy='{self.evict if 'x' in axes else 'evict_last'}'"
         src += ")"
-        rep = self.rep_dtype(spec.dtype)
-        if rep != spec.dtype:
+        rep = self.rep_dtype(dtype)
+        if rep != dtype:
             src += f".to({TL_DTYPES[rep]})"
-        scope = self.scope
-        if self.kind == "looped_reduction" and "r" not in axes:
-            scope = self.top  # row-constant (weights by row, statistics): hoisted out of the r loop
-        return self.emit(src, spec.dtype, scope)
+        return src
 
     def indirect(self, value: TVal, size: Expr) -> Expr:
         """ops.indirect: the value clamped into [0, size) as a variable (codegen/__init__.py)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -213,6 +213,14 @@ class TritonOps(PrintingOps[TVal]):
 
     def where(self, c: TVal, a: TVal, b: TVal) -> TVal:
         return self._emit(f"tl.where({c}, {a}, {b})", a.dtype)
+
+    def masked_where(self, c: TVal, then: Callable[[], TVal], otherwise: Callable[[], TVal]) -> TVal:
+        """ir.masked_where: each branch's loads masked by its condition (TritonKernel.masked)."""
+        with self.k.masked(c):
+            a = then()
+        with self.k.masked(self.logical_not(c)):
+            b = otherwise()
+        return self.where(c, a, b)
 
     # -- the math table's functions (erf, fmod and pow are methods: they have special cases)
     def __getattr__(self, op: str) -> Any:

@@ -10,7 +10,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import Expr, TensorValue
+from fuselens.compiler.ir import Expr, TensorValue, masked_where
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, prims, register
 
@@ -219,7 +219,8 @@ def lower_where(ctx: Lowerer, cond: Any, a: Any, b: Any) -> TensorValue:
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         c = load_as(ops, cond, idx, torch.bool, size)
-        return ops.where(c, load_as(ops, a, idx, out_dtype, size), load_as(ops, b, idx, out_dtype, size))
+        return masked_where(ops, c, lambda: load_as(ops, a, idx, out_dtype, size),
+                            lambda: load_as(ops, b, idx, out_dtype, size))
 
     return ctx.add_compute(body, size, out_dtype, stride=ctx.out_stride(size))
 

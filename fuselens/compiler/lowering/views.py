@@ -12,7 +12,7 @@ import sympy
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing, TensorValue
+from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing, TensorValue, masked_where
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
 from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, register
@@ -213,7 +213,8 @@ def lower_slice_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, dim: int
         inner[dim] = _clamp_index(rel, length)
         iv, zero = ops.index_expr(rel, torch.int64), ops.constant(0, torch.int64)
         inside = ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(length, torch.int64)))
-        return ops.where(inside, load_as(ops, src, inner, dt, src.size), load_as(ops, x, idx, dt, size))
+        return masked_where(ops, inside, lambda: load_as(ops, src, inner, dt, src.size),
+                            lambda: load_as(ops, x, idx, dt, size))
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
@@ -336,17 +337,20 @@ def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> Ten
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         pos = idx[dim]
-        result = None
-        for t, off in reversed(list(zip(parts, offsets))):
+        at = ops.index_expr(pos, torch.int64)
+
+        def part(t: TensorValue, off: Expr) -> Callable[[], Any]:
             inner = list(idx)
             inner[dim] = _clamp_index(pos - off, t.size[dim])
-            val = load_as(ops, t, inner, dt, size)
-            if result is None:
-                result = val
-            else:
-                inside = ops.lt(ops.index_expr(pos, torch.int64), ops.index_expr(off + t.size[dim], torch.int64))
-                result = ops.where(inside, val, result)
-        return result
+            return lambda: load_as(ops, t, inner, dt, size)
+
+        # where(pos < end0, part0, where(pos < end1, part1, ... last)): each part read only in its range
+        result = part(parts[-1], offsets[-1])
+        for t, off in reversed(list(zip(parts[:-1], offsets[:-1]))):
+            inside = ops.lt(at, ops.index_expr(off + t.size[dim], torch.int64))
+            result = (lambda inside=inside, then=part(t, off), rest=result:
+                      masked_where(ops, inside, then, rest))
+        return result()
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
@@ -378,13 +382,12 @@ def lower_constant_pad(ctx: Lowerer, x: TensorValue, pad: Sequence[Any], value: 
             iv = ops.index_expr(e, torch.int64)
             conds.append(ops.logical_and(ops.ge(iv, ops.constant(0, torch.int64)),
                                          ops.lt(iv, ops.index_expr(x.size[d], torch.int64))))
-        val = load_as(ops, x, inner, dt, size)
         if not conds:
-            return val
+            return load_as(ops, x, inner, dt, size)
         c = conds[0]
         for other in conds[1:]:
             c = ops.logical_and(c, other)
-        return ops.where(c, val, ops.constant(value, dt))
+        return masked_where(ops, c, lambda: load_as(ops, x, inner, dt, size), lambda: ops.constant(value, dt))
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
