@@ -348,6 +348,8 @@ def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple
     if cuda_graphs and device == "cuda":
         all_ += [("inductor_cg", {"mode": "reduce-overhead"}),
                  ("fuselens_cg", {"backend": "fuselens", "options": {"cuda_graphs": True}})]
+    if "fuselens_autotune" in which:  # how far the launch heuristics are from the measured best
+        all_.append(("fuselens_autotune", {"backend": "fuselens", "options": {"autotune": True}}))
     return [b for b in all_ if not which or b[0] in which or b[0] == "eager"]
 
 
@@ -386,7 +388,8 @@ def main(argv: Any = None) -> int:
                     help=f"comma-separated, of {','.join(MODELS)} (the suite) and {','.join(HELD_OUT)} (held out: "
                          "models no change was tuned on); 'held-out' for all of those")
     ap.add_argument("--modes", default="", help="infer,train (default: both on the GPU, infer on the CPU)")
-    ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg")
+    ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg,"
+                    "fuselens_autotune (launch configurations measured per kernel)")
     ap.add_argument("--cuda-graphs", action="store_true", help="add reduce-overhead / cuda_graphs columns")
     ap.add_argument("--profile", action="store_true", help="record each backend's top kernels and host functions in the JSON")
     ap.add_argument("--top", type=int, default=40, help="kernels per backend --profile records")
