@@ -159,3 +159,28 @@ def test_a_float_copy_of_narrower_inputs_is_recomputed_in_another_kernel_not_sto
         [k.source.split(")")[0] for k in kernels]
     (d,) = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
     assert d.nodes[0] == "sub" and "narrower" in d.reason
+
+
+def test_a_select_backward_read_by_a_clone_and_its_sum_is_computed_in_their_kernel():
+    # nn.MultiheadAttention's packed q, k, v gradient: each selected into zeros and added, then
+    # laid out for the weight gradient (a clone) and summed for the bias gradient, both reading it
+    # transposed; the sum, inlining the clone, is a second reader in a space as large
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    ref = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(3, 5, 32)
+    seen: list = []
+    sink.add_listener(seen.append)
+    try:
+        c = torch.compile(m, backend="fuselens", options={"fallback_on_error": False})
+        c(x, x, x, need_weights=False)[0].square().sum().backward()
+    finally:
+        sink.remove_listener(seen.append)
+    ref(x, x, x, need_weights=False)[0].square().sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    backward = [k for k in generated(seen) if "backward" in k.graph_id]
+    home = [k for k in backward if "aten.where.self" in k.ops]
+    assert len(home) == 1 and "aten.clone.default" in home[0].ops and "aten.sum.dim_IntList" in home[0].ops, \
+        [k.ops for k in backward]

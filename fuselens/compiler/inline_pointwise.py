@@ -24,7 +24,7 @@ where it loaded it, when
 - memory traffic does not grow: with several readers it reads at most one
   buffer not much smaller than itself (each reader then loads that buffer where it loaded the producer;
   otherwise a residual stream x + attention + MLP ... would be recomputed layer
-  after layer).
+  after layer), unless its readers iterate over as many elements each (one kernel).
 A producer that must stay stored (a graph output, or read by a library call) is
 still recomputed by its readers in other spaces when it is trivial (at most
 TRIVIAL_OPS operations: a negation, a constant).
@@ -205,7 +205,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
                 continue
         elif any(ops * _loads_of(p, u) > MAX_OPS for u in compute_users):
             continue
-        elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1:
+        elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
             continue  # each reader would load all of its inputs instead of one buffer: more memory traffic
         for u in compute_users:
             _inline_into(u, p, readers)
@@ -252,6 +252,16 @@ def _inline_into(u: ComputeNode, p: ComputeNode, readers: dict[str, list[Any]]) 
     u.stack_trace = u.stack_trace or p.stack_trace
     for b in p.reads:
         readers.setdefault(b, []).append(u)
+
+
+def _one_space(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
+    """Whether the readers, none in `p`'s own space, iterate over as many elements
+    each: one kernel, as the scheduler fuses a reader with its split or viewed twin
+    (ViT's q, k, v gradient: a clone for the weight gradient's matmul and, split in
+    partials, the bias gradient's sum over it), loads `p`'s inputs once for both."""
+    if any(ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size)) for u in readers):
+        return False  # that reader fuses with p: the others would read p's inputs again
+    return len({graph.hint(ir.numel(_space(u))) for u in readers}) == 1
 
 
 def _large_reads(graph: GraphIR, p: ComputeNode, elements: Optional[int] = None) -> list[str]:
