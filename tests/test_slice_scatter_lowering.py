@@ -1,4 +1,4 @@
-"""slice_scatter with step 1 (a slice's backward: a rotary embedding's halves in a
+"""slice_scatter (a slice's backward: a rotary embedding's halves in a
 Llama training step) is generated code that picks src inside the slice, else the
 input; as ATen it was a copy of the input, a copy of src and a kernel each."""
 
@@ -50,3 +50,50 @@ def test_slice_scatter_bounds_as_aten_normalizes_them(start, end) -> None:
         return torch.slice_scatter(y, src, 1, start, end) * 2
 
     assert torch.equal(_compiled(fn)(y, src), fn(y, src))
+
+
+@pytest.mark.parametrize("start, end, step", [(0, None, 2), (1, None, 2), (1, 8, 3), (-5, None, 2)])
+def test_stepped_slice_scatter_writes_only_its_steps(start, end, step) -> None:
+    torch.manual_seed(2)
+    y = torch.randn(3, 9)
+    src = torch.randn(3, len(range(9)[slice(start, end, step)]))
+
+    def fn(y: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.slice_scatter(y, src, 1, start, end, step) * 2
+
+    with sink.collect() as events:
+        got = _compiled(fn)(y, src)
+    assert torch.equal(got, fn(y, src))
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+
+
+def test_patch_merging_backward_is_generated_code() -> None:
+    # Swin's patch merging: four stepped slices of an image, joined along channels
+    torch.manual_seed(3)
+    x = torch.randn(2, 6, 8, 5, requires_grad=True)
+
+    def merge(x: torch.Tensor) -> torch.Tensor:
+        parts = (x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2])
+        return torch.cat(parts, -1).square().sum()
+
+    with sink.collect() as events:
+        (mine,) = torch.autograd.grad(_compiled(merge)(x), x)
+    (theirs,) = torch.autograd.grad(merge(x), x)
+    torch.testing.assert_close(mine, theirs)
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+
+
+@pytest.mark.parametrize("size, stride, offset", [((2, 6), (6, 1), 0), ((3, 2), (4, 1), 1), ((2, 3), (1, 5), 2),
+                                                  ((4,), (3,), 2)])
+def test_as_strided_scatter_writes_through_the_strided_view(size, stride, offset) -> None:
+    torch.manual_seed(4)
+    y, src = torch.randn(16), torch.randn(size)
+
+    def fn(y: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(y * 1, src, size, stride, offset) + 1
+
+    with sink.collect() as events:
+        got = _compiled(fn)(y, src)
+    assert torch.equal(got, fn(y, src))
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+    assert any("aten.as_strided_scatter.default" in k.ops for k in events if isinstance(k, Kernel) and k.kind == "cpp")

@@ -168,6 +168,10 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
     case("select_scatters_masked", stacked_grads, tuple(torch.randn(7, 16) for _ in range(3)))
     case("pad_masked", lambda x: F.pad(x, (2, 1, 0, 3), value=-1.5) * 2, (torch.randn(4, 6),))
+    case("slice_scatter_stepped_masked", lambda y, s: torch.slice_scatter(y, s, 1, 1, None, 2) * 2,
+         (torch.randn(3, 9), torch.randn(3, 4)))
+    case("as_strided_scatter_masked", lambda y, s: torch.as_strided_scatter(y * 1, s, (2, 3), (1, 5), 2) + 1,
+         (torch.randn(16), torch.randn(2, 3)))
     # looped, few columns: narrow blocks of long row chunks, with the last chunk masked
     case("column_reduction_looped_narrow", lambda x: x.sum(0), (torch.randn(4100, 40),), rtol=1e-4, atol=1e-3)
     case("bf16_gelu", lambda x, b: F.gelu(x + b), (torch.randn(16, 48, dtype=torch.bfloat16),
@@ -570,8 +574,9 @@ def test_a_column_sum_of_a_cat_is_planned_as_a_column_reduction(records: dict) -
 
 
 @pytest.mark.parametrize("name,masked_loads", [("cat_parts_masked", 3), ("select_scatters_masked", 3),
-                                               ("pad_masked", 1)])
-def test_each_branch_of_a_cat_select_scatter_or_pad_is_loaded_only_where_taken(records: dict, name: str,
+                                               ("pad_masked", 1), ("slice_scatter_stepped_masked", 2),
+                                               ("as_strided_scatter_masked", 2)])
+def test_each_branch_of_a_cat_scatter_or_pad_is_loaded_only_where_taken(records: dict, name: str,
                                                                                  masked_loads: int) -> None:
     src = "".join(_ok(records, name)["sources"])
     loads = [ln for ln in src.splitlines() if "tl.load(" in ln]

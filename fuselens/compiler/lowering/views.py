@@ -197,11 +197,14 @@ def _slice_start(start: Any, n: Expr) -> Expr:
 @register(aten.slice_scatter.default)
 def lower_slice_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, dim: int = 0, start: Any = None,
                         end: Any = None, step: int = 1) -> TensorValue:
-    """`x` with `src` written over a step-1 slice of `dim` (a slice's backward, e.g. a
-    rotary embedding's halves): each element picks src inside the slice, else x.
-    As ATen, it would copy x and then src (two kernels and a copy a slice)."""
-    if step != 1 or not isinstance(src, TensorValue):
-        raise NotLowered("slice_scatter with a step")
+    """`x` with `src` written over a slice of `dim` (a slice's backward: a rotary
+    embedding's halves, Swin's patch merging `x[:, 0::2, 1::2]`): each element picks
+    src inside the slice (on its step), else x. As ATen, it would copy x and then src
+    (two kernels and a copy a slice)."""
+    if not isinstance(src, TensorValue):
+        raise NotLowered("slice_scatter of a scalar")
+    if not (isinstance(step, int) and step >= 1):
+        raise NotLowered("slice_scatter with a symbolic step")
     size = out_size(ctx)
     dim = _norm_dim(dim, len(size))
     s, length = _slice_start(start, size[dim]), src.size[dim]
@@ -210,13 +213,67 @@ def lower_slice_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, dim: int
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         rel = idx[dim] - s
         inner = list(idx)
-        inner[dim] = _clamp_index(rel, length)
         iv, zero = ops.index_expr(rel, torch.int64), ops.constant(0, torch.int64)
-        inside = ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(length, torch.int64)))
+        inside = ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(length * step, torch.int64)))
+        if step == 1:
+            inner[dim] = _clamp_index(rel, length)
+        else:
+            within = _clamp_index(rel, length * step)
+            inner[dim] = FloorDiv(within, step)
+            on_step = ops.eq(ops.index_expr(ModularIndexing(within, 1, step), torch.int64), zero)
+            inside = ops.logical_and(inside, on_step)
         return masked_where(ops, inside, lambda: load_as(ops, src, inner, dt, src.size),
                             lambda: load_as(ops, x, idx, dt, size))
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+@register(aten.as_strided_scatter.default)
+def lower_as_strided_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, size: Sequence[Any],
+                             stride: Sequence[Any], storage_offset: Any = None) -> TensorValue:
+    """`x` (contiguous) with `src` written through the strided view (size, stride,
+    offset) of its storage, for views whose dims nest without overlap (each stride
+    at least the extent of the dims inside it): an element at flat position o is in
+    the view when o - offset splits into in-range indices of those strides. The
+    functionalized backward of a view's in-place update (Swin-T: a [2, 768] view of
+    a [1536] gradient)."""
+    meta = _arg_meta(ctx, 0)
+    if meta is None or not meta.is_contiguous() or not isinstance(src, TensorValue):
+        raise NotLowered("as_strided_scatter into a non-contiguous tensor")
+    vsize = [ir.sympify_size(v) for v in size]
+    vstride = [ir.sympify_size(v) for v in stride]
+    off = ir.sympify_size(storage_offset or 0)
+    if not all(v.is_Integer for v in [*vsize, *vstride, off]):
+        raise NotLowered("as_strided_scatter with symbolic strides")
+    dims = sorted((d for d in range(len(vsize)) if int(vsize[d]) > 1), key=lambda d: -int(vstride[d]))
+    for outer, inner in zip(dims, dims[1:]):
+        if int(vstride[outer]) < int(vstride[inner]) * int(vsize[inner]) or int(vstride[inner]) <= 0:
+            raise NotLowered("as_strided_scatter through an overlapping view")
+    out = out_size(ctx)
+    extent = 1 + sum((int(vsize[d]) - 1) * int(vstride[d]) for d in dims)
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        rel = ir.offset_of(idx, ir.contiguous_strides(out)) - off
+        rest = _clamp_index(rel, sympy.Integer(extent))
+        iv = ops.index_expr(rel, torch.int64)
+        hit = ops.logical_and(ops.ge(iv, ops.constant(0, torch.int64)), ops.lt(iv, ops.constant(extent, torch.int64)))
+        at = [ZERO] * len(vsize)
+        for d in dims:  # outer to inner: the index along each stride, and what is left for the inner ones
+            j = FloorDiv(rest, vstride[d])
+            rest = rest - j * vstride[d]
+            hit = ops.logical_and(hit, ops.lt(ops.index_expr(j, torch.int64), ops.constant(int(vsize[d]), torch.int64)))
+            at[d] = _clamp_index(j, vsize[d])
+        if rest != 0:  # the innermost stride is not 1: offsets between its steps are not in the view
+            hit = ops.logical_and(hit, ops.eq(ops.index_expr(rest, torch.int64), ops.constant(0, torch.int64)))
+        return masked_where(ops, hit, lambda: load_as(ops, src, at, dt, src.size), lambda: load_as(ops, x, idx, dt, out))
+
+    return ctx.add_compute(body, out, dt, stride=ctx.out_stride(out))
+
+
+def _arg_meta(ctx: Lowerer, i: int) -> Any:
+    arg = ctx.current.args[i] if len(ctx.current.args) > i else None
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
 
 
 @register(aten.flip.default)
