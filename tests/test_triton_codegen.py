@@ -168,6 +168,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
     case("select_scatters_masked", stacked_grads, tuple(torch.randn(7, 16) for _ in range(3)))
     case("pad_masked", lambda x: F.pad(x, (2, 1, 0, 3), value=-1.5) * 2, (torch.randn(4, 6),))
+    case("where_on_data_unmasked", lambda x, g: torch.where(x > 0, g, 0.0) * 2, (torch.randn(64), torch.randn(64)))
     case("slice_scatter_stepped_masked", lambda y, s: torch.slice_scatter(y, s, 1, 1, None, 2) * 2,
          (torch.randn(3, 9), torch.randn(3, 4)))
     case("as_strided_scatter_masked", lambda y, s: torch.as_strided_scatter(y * 1, s, (2, 3), (1, 5), 2) + 1,
@@ -581,6 +582,12 @@ def test_each_branch_of_a_cat_scatter_or_pad_is_loaded_only_where_taken(records:
     src = "".join(_ok(records, name)["sources"])
     loads = [ln for ln in src.splitlines() if "tl.load(" in ln]
     assert len(loads) == masked_loads and all(", other=0" in ln for ln in loads), src
+
+
+def test_a_where_on_loaded_data_reads_its_branch_unmasked_keeping_vector_loads(records: dict) -> None:
+    src = "".join(_ok(records, "where_on_data_unmasked")["sources"])
+    loads = [ln for ln in src.splitlines() if "tl.load(" in ln]
+    assert len(loads) == 2 and all(", xmask, other=0)" in ln or "other" not in ln for ln in loads), src
 
 
 def test_lone_sin_and_cos_take_the_full_range_reduction_not_libdevice(records: dict) -> None:

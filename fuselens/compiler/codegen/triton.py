@@ -97,6 +97,9 @@ class _Axis:
     index: str  # the variable holding the flat axis index
 
 
+_TMP = re.compile(r"\btmp\d+\b")
+
+
 @dataclass
 class _Scope:
     lines: list[str]
@@ -155,6 +158,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         self.load_offsets: dict[str, set[str]] = {}
         self.store_offsets: dict[str, set[str]] = {}
         self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
+        self.from_data: set[str] = set()  # values computed from a load or a reduction (emit)
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -174,7 +178,14 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         v = TVal(f"tmp{self.counter}", dtype)
         sc.lines.append(f"{'    ' * sc.indent}{v.name} = {expr}")
         sc.cache[expr] = v
+        if "tl.load(" in expr or "acc" in expr or any(t in self.from_data for t in _TMP.findall(expr)):
+            self.from_data.add(v.name)
         return v
+
+    def from_index(self, v: TVal) -> bool:
+        """Whether `v` is computed from indices alone (no load, no reduction): the same
+        across a vector of neighbouring elements where it changes only at a boundary."""
+        return v.name not in self.from_data and not any(t in self.from_data for t in _TMP.findall(v.name))
 
     def line(self, text: str, scope: Optional[_Scope] = None) -> None:
         sc = scope or self.scope
