@@ -35,17 +35,17 @@ int32 unless a buffer or the iteration space needs int64.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import sympy
 import torch
 
 from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
+from fuselens.compiler.codegen.triton_emit import Emission, Scope
 from fuselens.compiler.codegen.triton_one_loop import OneLoopPasses
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
 from fuselens.compiler.codegen.triton_prelude import prelude_header
@@ -97,34 +97,6 @@ class _Axis:
     index: str  # the variable holding the flat axis index
 
 
-_TMP = re.compile(r"\btmp\d+\b")
-
-
-@dataclass
-class _Scope:
-    lines: list[str]
-    indent: int
-    parent: Optional["_Scope"] = None
-    cache: dict[str, TVal] = field(default_factory=dict)
-    values: dict[str, TVal] = field(default_factory=dict)
-
-    def find_cache(self, expr: str) -> Optional[TVal]:
-        return self._find("cache", expr)
-
-    def find_value(self, name: str) -> Optional[TVal]:
-        return self._find("values", name)
-
-    def _find(self, table: str, key: str) -> Optional[TVal]:
-        """`key` in this scope's `table` or the nearest enclosing scope's."""
-        s: Optional[_Scope] = self
-        while s is not None:
-            found = getattr(s, table).get(key)
-            if found is not None:
-                return found
-            s = s.parent
-        return None
-
-
 _RED_IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
 
 
@@ -137,7 +109,7 @@ def _identity(kind: str, dtype: torch.dtype) -> str:
     return str(info.min if kind == "max" else info.max)
 
 
-class TritonKernel(OneLoopPasses, KernelBuilder):
+class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
     """Generates the Triton source of one KernelGroup."""
 
     def __init__(self, group: KernelGroup, graph: GraphIR, options: Any) -> None:
@@ -145,7 +117,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         self.gv = group.gvars()
         self.math = MathMode(interpret=os.environ.get("TRITON_INTERPRET") == "1")
         self.ops = TritonOps(self)
-        self.top = _Scope([], 1)
+        self.top = Scope([], 1)
         self.scope = self.top
         self.rscope = self.top  # where r/y axis variables live (the loop body when looped)
         self.demote_fp64 = True
@@ -169,28 +141,6 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         return dtype
 
     # -- emission -------------------------------------------------------------
-    def emit(self, expr: str, dtype: torch.dtype, scope: Optional[_Scope] = None) -> TVal:
-        sc = scope or self.scope
-        hit = sc.find_cache(expr)
-        if hit is not None and hit.dtype == dtype:
-            return hit
-        self.counter += 1
-        v = TVal(f"tmp{self.counter}", dtype)
-        sc.lines.append(f"{'    ' * sc.indent}{v.name} = {expr}")
-        sc.cache[expr] = v
-        if "tl.load(" in expr or "acc" in expr or any(t in self.from_data for t in _TMP.findall(expr)):
-            self.from_data.add(v.name)
-        return v
-
-    def from_index(self, v: TVal) -> bool:
-        """Whether `v` is computed from indices alone (no load, no reduction): the same
-        across a vector of neighbouring elements where it changes only at a boundary."""
-        return v.name not in self.from_data and not any(t in self.from_data for t in _TMP.findall(v.name))
-
-    def line(self, text: str, scope: Optional[_Scope] = None) -> None:
-        sc = scope or self.scope
-        sc.lines.append(f"{'    ' * sc.indent}{text}")
-
     def note_symbols(self, e: Any) -> None:
         self.symbols |= {s for s in sympy.sympify(e).free_symbols if s in self.graph.symbols or s in self.graph.size_hints}
 
@@ -308,19 +258,6 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         if name not in lst:
             lst.append(name)
         return ("out_" if write else "in_") + cname(name)
-
-    @contextlib.contextmanager
-    def masked(self, cond: TVal) -> Iterator[None]:
-        """Loads printed inside read only where `cond` holds (ir.masked_where's branch).
-        Members computed inside are forgotten after: their values are zero where it
-        does not hold, and a reader outside must compute them again."""
-        values = dict(self.scope.values)
-        self.load_conds.append(cond.name)
-        try:
-            yield
-        finally:
-            self.load_conds.pop()
-            self.scope.values = values
 
     def load(self, name: str, index: Expr) -> TVal:
         m = self.members.get(name)
@@ -690,10 +627,10 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
         vm = self.emit(self._masked(v, ident), r.acc_dtype)
         self._finish_red(r, red.format(v=vm) + "[:, None]", rep)
 
-    def _open_loop(self) -> _Scope:
+    def _open_loop(self) -> Scope:
         """A loop over the row in RBLOCK chunks. Its lines are kept apart and
         placed after whatever gets hoisted to the top scope meanwhile."""
-        loop = _Scope([], self.top.indent + 1, parent=self.top)
+        loop = Scope([], self.top.indent + 1, parent=self.top)
         self.scope = self.rscope = loop
         self.line("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
         rstatic = self.rnumel.is_Integer and int(self.rnumel) % MAX_RBLOCK_LOOPED == 0
@@ -704,7 +641,7 @@ class TritonKernel(OneLoopPasses, KernelBuilder):
             self.masks["r"] = "rmask"
         return loop
 
-    def _close_loop(self, loop: _Scope, tail: Sequence[str] = ()) -> None:
+    def _close_loop(self, loop: Scope, tail: Sequence[str] = ()) -> None:
         self.scope = self.rscope = self.top
         self.line("for roffset in range(0, rnumel, RBLOCK):")
         self.top.lines.extend(loop.lines)

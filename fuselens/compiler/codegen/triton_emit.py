@@ -1,0 +1,91 @@
+"""How a Triton kernel's source is printed: values into nested scopes (the kernel body,
+an r loop) with common subexpressions shared (`Scope`), and the `Emission` mixin of
+TritonKernel that prints one value, tracks which values come from data rather than
+indices, and masks the loads of a branch taken only where a condition holds."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+
+from fuselens.compiler.codegen.triton_ops import TVal
+
+TMP = re.compile(r"\btmp\d+\b")
+
+
+@dataclass
+class Scope:
+    """Lines at one indent, the expressions already printed there (`cache`) and the
+    compute nodes' values (`values`); lookups go out to enclosing scopes."""
+
+    lines: list[str]
+    indent: int
+    parent: Optional["Scope"] = None
+    cache: dict[str, TVal] = field(default_factory=dict)
+    values: dict[str, TVal] = field(default_factory=dict)
+
+    def find_cache(self, expr: str) -> Optional[TVal]:
+        return self._find("cache", expr)
+
+    def find_value(self, name: str) -> Optional[TVal]:
+        return self._find("values", name)
+
+    def _find(self, table: str, key: str) -> Optional[TVal]:
+        """`key` in this scope's `table` or the nearest enclosing scope's."""
+        s: Optional[Scope] = self
+        while s is not None:
+            found = getattr(s, table).get(key)
+            if found is not None:
+                return found
+            s = s.parent
+        return None
+
+
+class Emission:
+    """TritonKernel's printing of values. The kernel sets `scope` (where values go now),
+    `counter`, `from_data` (names of values computed from a load or a reduction) and
+    `load_conds` (the conditions the loads being printed are masked by)."""
+
+    scope: Scope
+    counter: int
+    from_data: set[str]
+    load_conds: list[str]
+
+    def emit(self, expr: str, dtype: torch.dtype, scope: Optional[Scope] = None) -> TVal:
+        sc = scope or self.scope
+        hit = sc.find_cache(expr)
+        if hit is not None and hit.dtype == dtype:
+            return hit
+        self.counter += 1
+        v = TVal(f"tmp{self.counter}", dtype)
+        sc.lines.append(f"{'    ' * sc.indent}{v.name} = {expr}")
+        sc.cache[expr] = v
+        if "tl.load(" in expr or "acc" in expr or any(t in self.from_data for t in TMP.findall(expr)):
+            self.from_data.add(v.name)
+        return v
+
+    def from_index(self, v: TVal) -> bool:
+        """Whether `v` is computed from indices alone (no load, no reduction): the same
+        across a vector of neighbouring elements where it changes only at a boundary."""
+        return v.name not in self.from_data and not any(t in self.from_data for t in TMP.findall(v.name))
+
+    def line(self, text: str, scope: Optional[Scope] = None) -> None:
+        sc = scope or self.scope
+        sc.lines.append(f"{'    ' * sc.indent}{text}")
+
+    @contextlib.contextmanager
+    def masked(self, cond: TVal) -> Iterator[None]:
+        """Loads printed inside read only where `cond` holds (ir.masked_where's branch).
+        Members computed inside are forgotten after: their values are zero where it
+        does not hold, and a reader outside must compute them again."""
+        values = dict(self.scope.values)
+        self.load_conds.append(cond.name)
+        try:
+            yield
+        finally:
+            self.load_conds.pop()
+            self.scope.values = values
