@@ -97,3 +97,4 @@ def test_as_strided_scatter_writes_through_the_strided_view(size, stride, offset
     assert torch.equal(got, fn(y, src))
     assert not [e.message for e in events if isinstance(e, ErrorEntry)]
     assert any("aten.as_strided_scatter.default" in k.ops for k in events if isinstance(k, Kernel) and k.kind == "cpp")
+

@@ -246,9 +246,9 @@ def lower_as_strided_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, siz
     if not all(v.is_Integer for v in [*vsize, *vstride, off]):
         raise NotLowered("as_strided_scatter with symbolic strides")
     dims = sorted((d for d in range(len(vsize)) if int(vsize[d]) > 1), key=lambda d: -int(vstride[d]))
-    for outer, inner in zip(dims, dims[1:]):
-        if int(vstride[outer]) < int(vstride[inner]) * int(vsize[inner]) or int(vstride[inner]) <= 0:
-            raise NotLowered("as_strided_scatter through an overlapping view")
+    if any(int(vstride[d]) <= 0 for d in dims) or any(
+            int(vstride[outer]) < int(vstride[inner]) * int(vsize[inner]) for outer, inner in zip(dims, dims[1:])):
+        raise NotLowered("as_strided_scatter through an overlapping view")
     out = out_size(ctx)
     extent = 1 + sum((int(vsize[d]) - 1) * int(vstride[d]) for d in dims)
     dt = ctx.out_meta().dtype
