@@ -190,7 +190,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
         kept = p.name in output_sources or len(compute_users) < len(users)
         if not compute_users or not ir.dense_layout(p.size, p.stride, graph.size_hints):
             continue
-        if all(ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size)) for u in compute_users):
+        if all(_in_space_of(p, u) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
         if after_reduction[p.name]:
             continue  # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
@@ -200,7 +200,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
             continue  # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
         if kept:
             # stored anyway: only readers in another iteration space gain (no kernel to wait for)
-            compute_users = [u for u in compute_users if not ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size))]
+            compute_users = [u for u in compute_users if not _in_space_of(p, u)]
             if ops > TRIVIAL_OPS:
                 continue
         elif any(ops * _loads_of(p, u) > MAX_OPS for u in compute_users):
@@ -254,12 +254,17 @@ def _inline_into(u: ComputeNode, p: ComputeNode, readers: dict[str, list[Any]]) 
         readers.setdefault(b, []).append(u)
 
 
+def _in_space_of(p: ComputeNode, reader: ComputeNode) -> bool:
+    """Whether `reader` iterates over `p`'s own space (the scheduler fuses them)."""
+    return ir.same_sizes(ir.squeeze(_space(reader)), ir.squeeze(p.size))
+
+
 def _one_space(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
     """Whether the readers, none in `p`'s own space, iterate over as many elements
     each: one kernel, as the scheduler fuses a reader with its split or viewed twin
     (ViT's q, k, v gradient: a clone for the weight gradient's matmul and, split in
     partials, the bias gradient's sum over it), loads `p`'s inputs once for both."""
-    if any(ir.same_sizes(ir.squeeze(_space(u)), ir.squeeze(p.size)) for u in readers):
+    if any(_in_space_of(p, u) for u in readers):
         return False  # that reader fuses with p: the others would read p's inputs again
     return len({graph.hint(ir.numel(_space(u))) for u in readers}) == 1
 

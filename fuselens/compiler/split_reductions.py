@@ -158,7 +158,7 @@ def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[torch.fx.Node, l
     if want < 2:
         return None
     outer: list[tuple[int, int]] = []
-    fallback: Optional[tuple[int, int]] = None
+    fallback: Optional[tuple[list[tuple[int, int]], int]] = None  # (outer, got) of the first poor split
     got = 1
     for d in [d for d in by_stride if d in dims]:
         size = int(x.shape[d])
@@ -174,11 +174,12 @@ def _plan(node: torch.fx.Node, sm_count: int) -> Optional[tuple[torch.fx.Node, l
             got *= part
             break
         # a dim with no divisor near the parts wanted (ViT's 197 tokens are prime) stays
-        # whole inside each partial; the partials split a dim further in instead (its batch)
+        # whole inside each partial; the partials split a dim further in instead (its batch),
+        # unless that gives fewer than splitting this one poorly
         if fallback is None and part > 1:
-            fallback = (d, part)
-    if got == 1 and fallback is not None:
-        outer, got = [fallback], fallback[1]
+            fallback = (outer + [(d, part)], got * part)
+    if fallback is not None and fallback[1] > got:
+        outer, got = fallback
     if got < 2 or got == reduced:
         return None
     return src, dims, outer, got

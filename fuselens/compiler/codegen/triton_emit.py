@@ -71,7 +71,7 @@ class Emission:
     def from_index(self, v: TVal) -> bool:
         """Whether `v` is computed from indices alone (no load, no reduction): the same
         across a vector of neighbouring elements where it changes only at a boundary."""
-        return v.name not in self.from_data and not any(t in self.from_data for t in TMP.findall(v.name))
+        return v.name not in self.from_data
 
     def line(self, text: str, scope: Optional[Scope] = None) -> None:
         sc = scope or self.scope

@@ -56,6 +56,11 @@ class Lowerer:
     def out_meta(self) -> Any:
         return _meta(self.current)
 
+    def arg_meta(self, i: int) -> Any:
+        """The fake tensor (or value) of the current node's i-th argument, None if it has none."""
+        args = self.current.args if self.current is not None else ()
+        return _meta(args[i]) if len(args) > i and isinstance(args[i], torch.fx.Node) else None
+
     def fresh(self, suffix: str) -> str:
         self._counter += 1
         return f"{self.current.name}_{suffix}{self._counter}"

@@ -264,7 +264,7 @@ def _identity_pw(ctx: Lowerer, x: Any) -> TensorValue:
 @register(aten._to_copy.default)
 def lower_to_copy(ctx: Lowerer, x: Any, **kw: Any) -> TensorValue:
     dev = kw.get("device")
-    src = ctx.current.args[0].meta.get("val") if ctx.current is not None and ctx.current.args else None
+    src = ctx.arg_meta(0)
     out = ctx.out_meta()
     if dev is not None and not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)
                                 and src.device == out.device):

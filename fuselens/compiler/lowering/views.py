@@ -213,8 +213,8 @@ def lower_slice_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, dim: int
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         rel = idx[dim] - s
         inner = list(idx)
-        iv, zero = ops.index_expr(rel, torch.int64), ops.constant(0, torch.int64)
-        inside = ops.logical_and(ops.ge(iv, zero), ops.lt(iv, ops.index_expr(length * step, torch.int64)))
+        zero = ops.constant(0, torch.int64)
+        inside = _inside(ops, rel, length * step, zero)
         if step == 1:
             inner[dim] = _clamp_index(rel, length)
         else:
@@ -237,7 +237,7 @@ def lower_as_strided_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, siz
     the view when o - offset splits into in-range indices of those strides. The
     functionalized backward of a view's in-place update (Swin-T: a [2, 768] view of
     a [1536] gradient)."""
-    meta = _arg_meta(ctx, 0)
+    meta = ctx.arg_meta(0)
     if meta is None or not meta.is_contiguous() or not isinstance(src, TensorValue):
         raise NotLowered("as_strided_scatter into a non-contiguous tensor")
     vsize = [ir.sympify_size(v) for v in size]
@@ -256,8 +256,8 @@ def lower_as_strided_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, siz
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         rel = ir.offset_of(idx, ir.contiguous_strides(out)) - off
         rest = _clamp_index(rel, sympy.Integer(extent))
-        iv = ops.index_expr(rel, torch.int64)
-        hit = ops.logical_and(ops.ge(iv, ops.constant(0, torch.int64)), ops.lt(iv, ops.constant(extent, torch.int64)))
+        zero = ops.constant(0, torch.int64)
+        hit = _inside(ops, rel, sympy.Integer(extent), zero)
         at = [ZERO] * len(vsize)
         for d in dims:  # outer to inner: the index along each stride, and what is left for the inner ones
             j = FloorDiv(rest, vstride[d])
@@ -265,15 +265,10 @@ def lower_as_strided_scatter(ctx: Lowerer, x: TensorValue, src: TensorValue, siz
             hit = ops.logical_and(hit, ops.lt(ops.index_expr(j, torch.int64), ops.constant(int(vsize[d]), torch.int64)))
             at[d] = _clamp_index(j, vsize[d])
         if rest != 0:  # the innermost stride is not 1: offsets between its steps are not in the view
-            hit = ops.logical_and(hit, ops.eq(ops.index_expr(rest, torch.int64), ops.constant(0, torch.int64)))
+            hit = ops.logical_and(hit, ops.eq(ops.index_expr(rest, torch.int64), zero))
         return masked_where(ops, hit, lambda: load_as(ops, src, at, dt, src.size), lambda: load_as(ops, x, idx, dt, out))
 
     return ctx.add_compute(body, out, dt, stride=ctx.out_stride(out))
-
-
-def _arg_meta(ctx: Lowerer, i: int) -> Any:
-    arg = ctx.current.args[i] if len(ctx.current.args) > i else None
-    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
 
 
 @register(aten.flip.default)
@@ -415,18 +410,21 @@ def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> Ten
         pos = idx[dim]
         at = ops.index_expr(pos, torch.int64)
 
-        def part(t: TensorValue, off: Expr) -> Callable[[], Any]:
+        def part(i: int) -> Any:
             inner = list(idx)
-            inner[dim] = _clamp_index(pos - off, t.size[dim])
-            return lambda: load_as(ops, t, inner, dt, size)
+            inner[dim] = _clamp_index(pos - offsets[i], parts[i].size[dim])
+            return load_as(ops, parts[i], inner, dt, size)
 
-        # where(pos < end0, part0, where(pos < end1, part1, ... last)): each part read only in its range
-        result = part(parts[-1], offsets[-1])
-        for t, off in reversed(list(zip(parts[:-1], offsets[:-1]))):
-            inside = ops.lt(at, ops.index_expr(off + t.size[dim], torch.int64))
-            result = (lambda inside=inside, then=part(t, off), rest=result:
-                      masked_where(ops, inside, then, rest))
-        return result()
+        ends = {i: ops.lt(at, ops.index_expr(offsets[i] + parts[i].size[dim], torch.int64))
+                for i in reversed(range(len(parts) - 1))}
+
+        def pick(i: int) -> Any:
+            """where(pos < end_i, part_i, pick(i + 1)): each part read only in its range."""
+            if i == len(parts) - 1:
+                return part(i)
+            return masked_where(ops, ends[i], lambda: part(i), lambda: pick(i + 1))
+
+        return pick(0)
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
 
@@ -455,9 +453,7 @@ def lower_constant_pad(ctx: Lowerer, x: TensorValue, pad: Sequence[Any], value: 
                 inner[d] = e
                 continue
             inner[d] = _clamp_index(e, x.size[d])
-            iv = ops.index_expr(e, torch.int64)
-            conds.append(ops.logical_and(ops.ge(iv, ops.constant(0, torch.int64)),
-                                         ops.lt(iv, ops.index_expr(x.size[d], torch.int64))))
+            conds.append(_inside(ops, e, x.size[d], ops.constant(0, torch.int64)))
         if not conds:
             return load_as(ops, x, inner, dt, size)
         c = conds[0]
