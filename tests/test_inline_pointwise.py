@@ -184,3 +184,53 @@ def test_a_select_backward_read_by_a_clone_and_its_sum_is_computed_in_their_kern
     home = [k for k in backward if "aten.where.self" in k.ops]
     assert len(home) == 1 and "aten.clone.default" in home[0].ops and "aten.sum.dim_IntList" in home[0].ops, \
         [k.ops for k in backward]
+
+
+def shifted_windows(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    """Swin's window partition: layer norm, cyclic shift, windows of 7x7 tokens."""
+    b, h, w, c = x.shape
+    x = torch.roll(norm(x), shifts=(-3, -3), dims=(1, 2))
+    x = x.view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b * (h // 7) * (w // 7), 49, c) * 2
+
+
+def test_a_roll_of_a_layer_norm_is_read_by_the_window_copy_not_stored_twice():
+    # the rolls move the normalized values only: the window copy loads them where they
+    # come from, instead of two roll kernels each storing the whole tensor
+    norm = torch.nn.LayerNorm(32)
+    x = torch.randn(2, 28, 28, 32)
+    with torch.no_grad():
+        out, events = compiled_events(shifted_windows, x, norm)
+        torch.testing.assert_close(out, shifted_windows(x, norm))
+    kernels = generated(events)
+    assert len(kernels) == 2, [k.name for k in kernels]
+    assert any("index_select" in k.name and "clone" in k.name for k in kernels)
+
+
+def test_arithmetic_after_a_row_statistic_is_not_moved_out_of_its_kernel():
+    # a layer norm's output read transposed: computing it there would read x, the mean
+    # and the variance again; only value-moving producers leave the statistic's kernel
+    norm = torch.nn.LayerNorm(32)
+
+    def fn(x):
+        return norm(x).transpose(1, 2).contiguous() * 2
+
+    x = torch.randn(4, 40, 32)
+    with torch.no_grad():
+        out, events = compiled_events(fn, x)
+        torch.testing.assert_close(out, fn(x))
+    moved = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline"
+             and any(n.startswith(("add", "mul", "sub")) for n in d.nodes[:1])]
+    assert not moved, [d.reason for d in moved]
+
+
+def test_shifted_window_gradients_through_the_moved_rolls_equal_eager():
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(32)
+    x = torch.randn(2, 14, 14, 32, requires_grad=True)
+    g = torch.randn(8, 49, 32)
+    out, _ = compiled_events(shifted_windows, x, norm)
+    grads = torch.autograd.grad(out, [x, norm.weight, norm.bias], g)
+    expected = torch.autograd.grad(shifted_windows(x, norm), [x, norm.weight, norm.bias], g)
+    for got, want in zip(grads, expected):  # the weight gradients sum 392 rows in another order
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -294,10 +294,12 @@ def _rewrite_decisions(rewrites: list, inlined: list, sched: Any, graph_id: str)
 def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequence[Any], stage: str) -> list:
     """The graph rewrites of graph_passes.py for every target, then the target's own."""
     from fuselens.compiler import graph_passes
+    from fuselens.compiler.constant_folding import fold_constants
 
     with _python_regenerated_once(gm):
         layout_passes.adopt_input_layouts(gm, example_inputs)
-        done = graph_passes.gather_through_pointwise(gm)
+        done = fold_constants(gm)
+        done += graph_passes.gather_through_pointwise(gm)
         done += graph_passes.reshapes_before_pointwise(gm)
         return done + target.graph_rewrites(gm, example_inputs, stage)
 

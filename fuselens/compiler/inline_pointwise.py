@@ -16,7 +16,10 @@ where it loaded it, when
   scheduler fuses, and says why when it does not);
 - all its readers are compute nodes and it is not a graph output;
 - it does not derive from a reduction (a row statistic's epilogue such as
-  rsqrt(var + eps) stays once per row in the row's kernel);
+  rsqrt(var + eps) stays once per row in the row's kernel), unless it only moves
+  values to one reader, at most once each: Swin's cyclic shift rolls a layer norm's
+  output twice before a copy partitions it into windows, and the copy now loads the
+  normalized values where the rolls took them from (three kernels fewer a block);
 - it is cheap: each reader element recomputes at most MAX_OPS operations (the
   producer's, times how often the reader loads it); on a target where a
   transcendental function costs more than a load (C++), a producer calling one
@@ -95,6 +98,39 @@ class _CountingOps:
             return "v"
 
         return op
+
+
+class _Value:
+    """A value in `_moves_data`'s evaluation: the op that made it."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+
+class _ValueOps:
+    """An ops handler whose values say which op made them; an index computed from
+    loaded values (a gather's) becomes a symbol, as in a kernel."""
+
+    def load(self, name: str, index: Expr) -> _Value:
+        return _Value("load")
+
+    def load_at(self, name: str, index: Sequence[Expr], strides: Sequence[Expr]) -> _Value:
+        return _Value("load")
+
+    def indirect(self, value: Any, size: Expr) -> Expr:
+        return ir.Indirect("indirect", integer=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: _Value(name)
+
+
+def _moves_data(node: ComputeNode) -> bool:
+    """Whether `node` only moves values (a roll, a gather, a permuted copy): its value
+    is a load, at whatever index it computes."""
+    out = node.body(_ValueOps(), [ir.index_var("d", i) for i in range(len(node.size))])
+    return isinstance(out, _Value) and out.op == "load"
 
 
 def _counted(node: ComputeNode) -> _CountingOps:
@@ -192,7 +228,8 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
             continue
         if all(_in_space_of(p, u) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
-        if after_reduction[p.name]:
+        if after_reduction[p.name] and not (len(compute_users) == 1 and _moves_data(p)
+                                            and not _amplified(graph, p, compute_users)):
             continue  # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
         counted = _counted(p)
         ops = counted.count

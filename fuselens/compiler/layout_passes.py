@@ -47,8 +47,6 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
     """The rule of the module docstring, for graphs with static shapes. The first
     `kept_outputs` graph outputs keep eager's strides (None: all of them); the others
     may come out channels-last and their strides must be reported to AOTAutograd."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     mode = _fake_mode(gm)
     convs = [n for n in _convolutions(gm) if _eligible(n, require_cuda)]
     if mode is None or not convs:
@@ -65,8 +63,7 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
     done = [r for conv in convs if (r := _convert_operands(gm, mode, conv)) is not None]
     if not done:
         return []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
+    _propagate_fake_values(gm, mode)
     _drop_needless_conversions(gm)
     for n, strides in before.items():
         if _same_layout(_val(n), strides):
@@ -144,8 +141,6 @@ def adopt_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any])
     saved activations to the strides its forward reported, in the example inputs
     only: the graph's own values still have eager's, and its gradients must keep
     them (autograd would copy a gradient of another layout into the parameter's)."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     mode = _fake_mode(gm)
     if len(placeholders) != len(example_inputs) or mode is None:
@@ -163,13 +158,30 @@ def adopt_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any])
         return False
     out = next(n for n in gm.graph.nodes if n.op == "output")
     traced = {n: _val(n).stride() for n in out.all_input_nodes if isinstance(_val(n), torch.Tensor)}
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
+    _propagate_fake_values(gm, mode)
     for n, strides in traced.items():
         fmt = _memory_format(_val(n), strides)
         if not _same_layout(_val(n), strides) and fmt is not None:
             out.replace_input_with(n, _Builder(gm, out, mode).call(aten.clone.default, n, memory_format=fmt))
     gm.recompile()
     return True
+
+
+def _propagate_fake_values(gm: torch.fx.GraphModule, mode: Any) -> None:
+    """Every node's fake value again, from the placeholders' (their strides may have
+    changed). A constant the graph holds (a literal, a folded constant) is read as a
+    fake tensor of itself: the mode refuses real tensors anywhere but in `lift_fresh_copy`."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    class Prop(FakeTensorProp):
+        def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+            val = super().get_attr(target, args, kwargs)
+            if isinstance(val, torch.Tensor) and not isinstance(val, torch._subclasses.FakeTensor):
+                return self._mode.from_tensor(val, static_shapes=True)
+            return val
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    Prop(gm, mode).propagate_dont_convert_inputs(*[_val(p) for p in placeholders])
 
 
 def _same_layout(v: torch.Tensor, strides: Sequence[int]) -> bool:
