@@ -85,6 +85,22 @@ def test_max_fusion_size_splits_long_chains():
     assert any(d.option == "max_fusion_size" for d in of(events, FusionDecision))
 
 
+def test_ops_recomputed_inside_a_kernel_do_not_count_against_max_fusion_size():
+    # T5's relative position bias: index arithmetic and a table lookup recomputed in the
+    # softmax that adds it; counted as ops, the softmax split into two kernels on the GPU
+    def biased_softmax(scores, table):
+        s = scores.shape[-1]
+        rel = torch.arange(s)[None, :] - torch.arange(s)[:, None]
+        bucket = (rel > 0).long() * 8 + torch.clamp(rel.abs(), max=7)
+        bias = table[bucket].permute(2, 0, 1)
+        return torch.softmax(scores + bias, dim=-1)
+
+    scores, table = torch.randn(2, 4, 32, 32), torch.randn(16, 4)
+    events = compile_events(biased_softmax, scores, table, options={"max_fusion_size": 8})
+    (kernel,) = [k for k in of(events, Kernel) if k.kind == "cpp"]
+    assert "amax" in kernel.name and "arange" in kernel.name
+
+
 def test_options_changed_between_compiles_take_effect():
     f = lambda x: x.sin() * 2 + 1  # noqa: E731
     x = torch.randn(64)

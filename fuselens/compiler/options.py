@@ -53,7 +53,8 @@ class CompilerOptions:
     """Fuse ops into kernels at all. False: one kernel per lowered op."""
     max_fusion_size: int = option(64, "max fusion size", "most nodes in one fused kernel",
                                   choices=(64, 32, 16, 8, 4, 2), minimum=1)
-    """Most FX nodes in one fused kernel (Inductor uses 64 too)."""
+    """Most nodes in one fused kernel: the ops the scheduler places, not those a node
+    recomputes inside it (Inductor counts the same way, and uses 64 too)."""
     reduction_fusion: bool = option(True, "reduction fusion", "fuse pointwise producers into reductions",
                                     choices=(True, False))
     """Fuse pointwise producers into reductions (prologue) and several reductions
