@@ -18,6 +18,8 @@ not fused" is never reconstructed after the fact.
 
 from __future__ import annotations
 
+import heapq
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Sequence
 
@@ -217,8 +219,8 @@ class Scheduler:
         return None
 
     def rule_size(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
-        # scheduled nodes, as Inductor counts: the ops a node recomputes inline (inline_pointwise)
-        # are not counted, or T5's position bias (30 ops, in every attention's softmax) splits it
+        # the nodes the kernel places, as Inductor counts: the ops a node recomputes inline
+        # (inline_pointwise) are part of that node
         n = len(g.nodes) + len(new)
         if n > self.opt.max_fusion_size:
             return Refusal("max-fusion-size", f"the kernel would hold {n} nodes, more than max_fusion_size="
@@ -416,15 +418,21 @@ class Scheduler:
         inside = {self.index[n.name] for n in merged.nodes}
         lo = min(inside)
         joining: set[int] = set()
-        frontier = sorted({c for j in inside for c in self.users[j] if c > after})
+        frontier = list({c for j in inside for c in self.users[j] if c > after})
+        heapq.heapify(frontier)  # in step order: a step's producers are decided before it
+        seen: set[int] = set()
         while frontier:
-            c = frontier.pop(0)
+            c = heapq.heappop(frontier)
+            if c in seen:
+                continue
+            seen.add(c)
             step = self.steps[c]
-            if c in joining or not isinstance(step, ComputeNode) or not ir.same_sizes(_space(step)[0], merged.full):
+            if not isinstance(step, ComputeNode) or not ir.same_sizes(_space(step)[0], merged.full):
                 continue
             if all(d in inside or d in joining or d < lo for d in self.deps[c]):
                 joining.add(c)
-                frontier = sorted(set(frontier) | {u for u in self.users[c] if u > c})
+                for u in self.users[c]:
+                    heapq.heappush(frontier, u)
         return joining
 
     def _op_by_op_liveness(self) -> tuple[list[int], int]:
