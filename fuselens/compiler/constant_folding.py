@@ -3,9 +3,9 @@ at compile time, and the graph reads the result as a constant.
 
 Swin's shifted-window attention builds its attention mask in every forward from
 Python numbers (`attn_mask[h0:h1, w0:w1] = count`, nine slices a block): each
-assignment lifts a 0-d CPU tensor into the graph, copied to the GPU at every call,
-and the mask took 79 of a step's 298 launches and 45 host-to-device copies.
-Inductor folds the same subgraph.
+assignment lifts a 0-d CPU tensor into the graph, copied to the GPU at every call:
+45 kernels and 45 host-to-device copies a step (Swin-T inference on the H200, 1.2 of
+its 10.9 ms of host time). Inductor recomputes the masks inside each softmax's kernel.
 
 What is folded: a node is constant when it is a pure ATen op (no mutation, no
 random numbers, no uninitialized memory) of static shape whose tensor inputs are
