@@ -30,9 +30,15 @@ def _flipped(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return a * 2 + a.flip(0) + z
 
 
+def _mlp_gelu(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    # ConvNeXt's MLP: the Linear computes over [N, C] rows, the GELU reads them as [B, H, W, C]
+    h = torch.nn.functional.linear(x.view(-1, 8), w.t()).view(2, 2, 4, 32)
+    return torch.nn.functional.gelu(h) + z.view(2, 2, 4, 32)
+
+
 def _records(opts: dict) -> dict:
     out = {}
-    for name, f in (("residual", _residual), ("flipped", _flipped)):
+    for name, f in (("residual", _residual), ("flipped", _flipped), ("viewed", _mlp_gelu)):
         torch._dynamo.reset()
         torch.manual_seed(0)
         x, w, z = torch.randn(16, 8), torch.randn(8, 32), torch.randn(16, 32)
@@ -41,7 +47,8 @@ def _records(opts: dict) -> dict:
         (wrapper,) = [k for k in linecache.cache if k.startswith("<fuselens-wrapper") and k not in before]
         src = "".join(linecache.cache[wrapper][2])
         out[name] = {"equal": torch.allclose(got, f(x, w, z), atol=1e-5, rtol=1e-5),
-                     "in_place": bool(re.search(r"^\s*b_\w+ = b_mm\s*$", src, re.M)), "wrapper": src}
+                     "in_place": bool(re.search(r"^\s*b_\w+ = b_mm\s*$", src, re.M)),
+                     "restrided": bool(re.search(r"^\s*b_\w+ = b_mm\.as_strided\(", src, re.M)), "wrapper": src}
     return out
 
 
@@ -81,6 +88,12 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_an_embedding_gradient_accumulates_into_its_zero_table_in_place(records: dict) -> None:
     r = records["embedding"]
     assert r["equal"] and any(len(t) == 2 for t in r["taken"]), r  # the table and index_add's result
+
+
+def test_a_pointwise_kernel_writes_over_a_dying_input_viewed_with_other_sizes(records: dict) -> None:
+    # the GELU after a Linear whose output it reads as 4-D takes the Linear's memory
+    r = records["viewed"]
+    assert r["equal"] and r["restrided"], r["wrapper"]
 
 
 def test_a_pointwise_kernel_writes_over_a_dying_input_it_reads_only_at_the_stored_element(records: dict) -> None:

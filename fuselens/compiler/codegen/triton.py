@@ -699,7 +699,10 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         feed the stored value (dead loads are dropped), so each element is read before
         the same program overwrites it, whatever the compiler assumes about the two
         pointers: Inductor's `in_out_ptr`. ResNet-50 inference held a third 49 MB
-        activation at its peak where a residual add+ReLU could take its input's memory."""
+        activation at its peak where a residual add+ReLU could take its input's memory.
+        The input may be a view of other sizes over the same memory (runtime/plan.py then
+        restrides it): ConvNeXt's GELU reads its Linear's [N, 384] output as [32, 56, 56, 384]
+        and held a second 73.5 MB buffer at the step's peak."""
         if self.kind != "pointwise" or len(self.writes) != 1:
             return {}
         o = self.writes[0]
@@ -712,8 +715,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             if b in self.writes or self.load_offsets.get(b) != offs:
                 continue
             sb = self.graph.buffers[b]
-            if (sb.dtype == so.dtype and ir.same_sizes(sb.size, so.size) and ir.same_sizes(sb.stride, so.stride)
-                    and ir.same_expr(sb.offset, so.offset)):
+            if sb.dtype == so.dtype and ir.same_expr(sb.offset, so.offset) and _same_memory(sb, so, self.graph.size_hints):
                 cands.append(b)
         return {o: cands} if cands else {}
 
@@ -726,6 +728,15 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         if self.int64:
             out.append("int64 indexing")
         return out
+
+
+def _same_memory(a: Any, b: Any, hints: dict) -> bool:
+    """Whether two buffer specs span the same memory: equal sizes and strides, or both
+    dense over as many elements (a [N, 384] matmul output and its [32, 56, 56, 384] view)."""
+    if ir.same_sizes(a.size, b.size) and ir.same_sizes(a.stride, b.stride):
+        return True
+    return (ir.same_expr(ir.numel(a.size), ir.numel(b.size)) and ir.dense_layout(a.size, a.stride, hints)
+            and ir.dense_layout(b.size, b.stride, hints))
 
 
 _LONG_MATH = re.compile(r"\b_fl_(?:sincos|sin|cos)\(")

@@ -85,6 +85,7 @@ class KernelCall:
     alloc: list[tuple[str, int, int, torch.dtype]]  # name, sizes slot, strides slot, dtype
     symbols: list[str]
     reuse: dict[str, str] = field(default_factory=dict)  # output -> dying input whose storage it takes
+    restride: set[str] = field(default_factory=set)  # reused outputs viewed with their own sizes and strides
     takes_tensors: bool = False  # Triton launchers take tensors, not data pointers
 
 
@@ -167,7 +168,7 @@ class GraphRunner:
         for name, sz, st, dtype in step.alloc:
             src = step.reuse.get(name) if step.reuse else None
             if src is not None:  # in place: the input dies here (plan.py checked it)
-                env[name] = env[src]
+                env[name] = env[src].as_strided(slots[sz], slots[st]) if name in step.restride else env[src]
             else:
                 env[name] = _alloc(pool, slots[sz], slots[st], dtype, self.device)
         if step.takes_tensors or getattr(step.fn, "takes_tensors", False):  # Triton launchers take tensors

@@ -256,7 +256,9 @@ class _Printer:
         for name, sz, st, dtype in step.alloc:
             src = step.reuse.get(name) if step.reuse else None
             var = self.local(name)
-            if src is not None:  # in place: the input dies at this call (plan.py checked it)
+            if src is not None and name in step.restride:  # in place, through a view of the output's shape
+                self.emit(f"{var} = {self.names[src]}.as_strided({self.tuple_slot(sz)}, {self.tuple_slot(st)})")
+            elif src is not None:  # in place: the input dies at this call (plan.py checked it)
                 self.emit(f"{var} = {self.names[src]}")
             elif self.host_pool and self.static is None:
                 self.emit(f"{var} = _alloc(pool, {self.slot(sz)}, {self.slot(st)}, {self.glob(dtype, 'dt')})")
