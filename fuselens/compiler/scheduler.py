@@ -398,8 +398,10 @@ class Scheduler:
             return Refusal("peak-memory", f"{_label(self.steps[max(b)])} comes {hi - lo} ops after "
                            f"{_label(self.steps[min(a)])}; fusing across that many ops could keep buffers alive "
                            "much longer than eager")
-        before = self._peak(lo, hi, [a, b])
-        after = self._peak(lo, hi, [a | b], self._joining_later(g, new, max(b)))
+        joining = {c for c in self._joining_later(g, new, max(b)) if c - lo <= self.PEAK_WINDOW}
+        end = max(joining | {hi})
+        before = self._peak(lo, end, [a, b])
+        after = self._peak(lo, end, [a | b | joining])
         if after > before + self.PEAK_SLACK and after + self._live_before[lo] > self.graph_peak:
             return Refusal("peak-memory", f"fusing would raise peak memory from {_mb(before)} to {_mb(after)}: "
                            f"{_label(self.steps[max(b)])} would run together with {_label(self.steps[min(a)])}, "
@@ -409,11 +411,12 @@ class Scheduler:
     def _joining_later(self, g: KernelGroup, new: Sequence[ComputeNode], after: int) -> set[int]:
         """Steps after `after` that compute in the fused kernel's space from nothing but
         its members, each other and values made before it: the scheduler meets them next
-        and fuses them too, so a member they read is not stored for them. Judged without
-        them, a softmax's `x - max` raised the peak by the scores it would compute early,
-        while the scores (also read by the later test for all -inf rows) counted as
-        stored: T5's softmaxes split in two kernels. A reader that also waits for a later
-        step (the next layer's matmul) does not join."""
+        and fuses them too, so the peak is judged with them in the kernel (what they store
+        is then made early too). Judged without them, a softmax's `x - max` raised the
+        peak by the values it would compute early, while the scores (also read by the
+        later test for all -inf rows) counted as stored: T5's softmaxes split in two
+        kernels. A reader that also waits for a later step (the next layer's matmul)
+        does not join."""
         merged = self._merged(g, new)
         inside = {self.index[n.name] for n in merged.nodes}
         lo = min(inside)
@@ -453,10 +456,9 @@ class Scheduler:
             peak = max(peak, live)
         return before, peak
 
-    def _peak(self, lo: int, hi: int, sets: Sequence[set[int]], joining: frozenset | set = frozenset()) -> int:
+    def _peak(self, lo: int, hi: int, sets: Sequence[set[int]]) -> int:
         """Peak live bytes over steps lo..hi when each set in `sets` runs as one kernel
-        (placed as early as its inputs allow, like `_order`), other steps alone; steps in
-        `joining` will join the kernel of the members they read."""
+        (placed as early as its inputs allow, like `_order`), other steps alone."""
         unit_of: dict[int, tuple] = {}
         for k, st in enumerate(sets):
             for j in st:
@@ -468,7 +470,7 @@ class Scheduler:
         if order is None:
             return 0  # a cycle (rule_no_cycle reports it)
         pos = {j: t for t, u in enumerate(order) for j in members[u]}
-        return self._peak_of_order(lo, hi, unit_of, pos, len(order), joining)
+        return self._peak_of_order(lo, hi, unit_of, pos, len(order))
 
     def _unit_order(self, lo: int, hi: int, unit_of: dict[int, tuple],
                     members: dict[Any, list[int]]) -> Optional[list[Any]]:
@@ -496,8 +498,7 @@ class Scheduler:
                 return None
         return order
 
-    def _peak_of_order(self, lo: int, hi: int, unit_of: dict[int, tuple], pos: dict[int, int], end: int,
-                       joining: frozenset | set = frozenset()) -> int:
+    def _peak_of_order(self, lo: int, hi: int, unit_of: dict[int, tuple], pos: dict[int, int], end: int) -> int:
         """Peak live bytes when step j of the window runs at position pos[j] (of `end`)."""
         born: list[int] = [0] * (end + 1)
         dies: list[int] = [0] * (end + 2)
@@ -513,7 +514,7 @@ class Scheduler:
             u = unit_of.get(j, ("s", j))
             users = self.users[j]
             if isinstance(self.steps[j], ComputeNode) and u[0] == "k" and users and j not in self.out_steps and all(
-                    unit_of.get(c) == u or c in joining for c in users):
+                    unit_of.get(c) == u for c in users):
                 continue  # stays inside the kernel: never materialized
             last = max((pos[c] for c in users if c <= hi), default=pos[j])
             if j in self.out_steps or any(c > hi for c in users):
