@@ -57,7 +57,7 @@ def fold_constants(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
         return []
     values: dict[torch.fx.Node, Any] = {}
     rewrites: list[GraphRewrite] = []
-    folded: dict[torch.fx.Node, torch.fx.Node] = {}
+    folded: set[torch.fx.Node] = set()  # replaced by a constant
     frontier = [n for n in gm.graph.nodes if n in const and any(u not in const for u in n.users)]
     with unset_fake_temporarily():  # AOTAutograd calls the backend under its fake mode: these values are real
         for n in frontier:
@@ -106,7 +106,7 @@ def _is_view(n: torch.fx.Node) -> bool:
     return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
 
 
-def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dict, folded: dict,
+def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dict, folded: set,
              rewrites: list[GraphRewrite]) -> None:
     """Fold `n`, or where folding it costs more than it saves, the constants it reads."""
     if n.op != "call_function" or n in folded:
@@ -138,7 +138,7 @@ def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dic
         if key in n.meta:
             node.meta[key] = n.meta[key]
     n.replace_all_uses_with(node)
-    folded[n] = node
+    folded.add(n)
     ops = _count_ops(n, const)
     shape = "x".join(str(s) for s in val.shape) or "0-d"
     rewrites.append(GraphRewrite(
@@ -181,30 +181,25 @@ def _uniform(t: torch.Tensor) -> bool:
     return torch.equal(flat, flat[:1].expand_as(flat))
 
 
-def _reads_literal(n: torch.fx.Node, const: set) -> bool:
-    """Whether a `get_attr` tensor is among the constants `n` is computed from."""
+def _constant_sources(n: torch.fx.Node, const: set) -> set[torch.fx.Node]:
+    """`n` and the constants it is computed from, transitively."""
     seen: set[torch.fx.Node] = set()
     stack = [n]
     while stack:
         m = stack.pop()
-        if m.op == "get_attr":
-            return True
         if m not in seen:
             seen.add(m)
             stack.extend(i for i in _data_inputs(m) if i in const)
-    return False
+    return seen
+
+
+def _reads_literal(n: torch.fx.Node, const: set) -> bool:
+    """Whether a `get_attr` tensor is among the constants `n` is computed from."""
+    return any(m.op == "get_attr" for m in _constant_sources(n, const))
 
 
 def _count_ops(n: torch.fx.Node, const: set) -> int:
-    seen: set[torch.fx.Node] = set()
-    stack = [n]
-    while stack:
-        m = stack.pop()
-        if m in seen or m.op != "call_function":
-            continue
-        seen.add(m)
-        stack.extend(i for i in _data_inputs(m) if i in const)
-    return len(seen)
+    return sum(m.op == "call_function" for m in _constant_sources(n, const))
 
 
 def _free_name(gm: torch.fx.GraphModule) -> str:

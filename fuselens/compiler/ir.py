@@ -188,6 +188,20 @@ def dense_layout(size: Sequence[Expr], stride: Sequence[Expr], hints: dict) -> b
     return True
 
 
+def same_layout(a: "BufferSpec", b: "BufferSpec") -> bool:
+    """Whether two buffers have the same sizes and strides."""
+    return same_sizes(a.size, b.size) and same_sizes(a.stride, b.stride)
+
+
+def same_memory(a: "BufferSpec", b: "BufferSpec", hints: dict) -> bool:
+    """Whether two buffers span the same memory: the same layout, or both dense over as
+    many elements (a [N, 384] matmul output and its [32, 56, 56, 384] view)."""
+    if same_layout(a, b):
+        return True
+    return (same_expr(numel(a.size), numel(b.size)) and dense_layout(a.size, a.stride, hints)
+            and dense_layout(b.size, b.stride, hints))
+
+
 def offset_of(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.Integer(0)) -> Expr:
     """The storage offset of a logical index (size-1 dims contribute nothing)."""
     out = offset

@@ -742,8 +742,7 @@ class CppKernel(KernelBuilder):
                 if b in self.writes or self.load_offsets.get(b) != offs or (o, b) in self.load_after_store:
                     continue
                 sb = self.graph.buffers[b]
-                if (sb.dtype == so.dtype and ir.same_sizes(sb.size, so.size) and ir.same_sizes(sb.stride, so.stride)
-                        and ir.same_expr(sb.offset, so.offset)):
+                if sb.dtype == so.dtype and ir.same_layout(sb, so) and ir.same_expr(sb.offset, so.offset):
                     cands.append(b)
             if cands:
                 out[o] = cands

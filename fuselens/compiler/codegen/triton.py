@@ -715,7 +715,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             if b in self.writes or self.load_offsets.get(b) != offs:
                 continue
             sb = self.graph.buffers[b]
-            if sb.dtype == so.dtype and ir.same_expr(sb.offset, so.offset) and _same_memory(sb, so, self.graph.size_hints):
+            if sb.dtype == so.dtype and ir.same_expr(sb.offset, so.offset) and ir.same_memory(sb, so, self.graph.size_hints):
                 cands.append(b)
         return {o: cands} if cands else {}
 
@@ -728,15 +728,6 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         if self.int64:
             out.append("int64 indexing")
         return out
-
-
-def _same_memory(a: Any, b: Any, hints: dict) -> bool:
-    """Whether two buffer specs span the same memory: equal sizes and strides, or both
-    dense over as many elements (a [N, 384] matmul output and its [32, 56, 56, 384] view)."""
-    if ir.same_sizes(a.size, b.size) and ir.same_sizes(a.stride, b.stride):
-        return True
-    return (ir.same_expr(ir.numel(a.size), ir.numel(b.size)) and ir.dense_layout(a.size, a.stride, hints)
-            and ir.dense_layout(b.size, b.stride, hints))
 
 
 _LONG_MATH = re.compile(r"\b_fl_(?:sincos|sin|cos)\(")

@@ -236,8 +236,7 @@ class Planner:
                     if c in dying and c not in protected and c not in aliased and c not in taken:
                         step.reuse[out] = c
                         taken.add(c)
-                        a, b = self.g.buffers[out], self.g.buffers[c]
-                        if not (ir.same_sizes(a.size, b.size) and ir.same_sizes(a.stride, b.stride)):
+                        if not ir.same_layout(self.g.buffers[out], self.g.buffers[c]):
                             step.restride.add(out)  # the same memory under other sizes (codegen checked)
                         break
         return taken
