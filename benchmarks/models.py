@@ -186,7 +186,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             step = make_step(case, compiled, inputs, train, device)
             _sync(device)
             from fuselens import sink
-            from fuselens.events import ErrorEntry, Kernel
+            from fuselens.events import ErrorEntry, Kernel, PhaseTime
 
             torch._dynamo.utils.compilation_time_metrics.clear()
             if device == "cuda":
@@ -207,6 +207,10 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                     if isinstance(e, Kernel):
                         kinds[e.kind] = kinds.get(e.kind, 0) + 1
                 r["kernels_by_kind"] = kinds
+                # what the first call waited for the compile workers (not one of torch's timers)
+                waits = [e.seconds for e in events if isinstance(e, PhaseTime) and e.phase == "triton_compile_wait"]
+                if waits and "compile_phases" in r:
+                    r["compile_phases"]["fuselens.triton_compile_wait"] = round(sum(waits), 3)
                 r["errors"] = sorted({f"{e.kind}: {e.message[:200]}" for e in events if isinstance(e, ErrorEntry)})[:30]
                 r["tracebacks"] = [e.traceback[-2500:] for e in events
                                    if isinstance(e, ErrorEntry) and e.kind == "internal"][:3]

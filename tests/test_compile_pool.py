@@ -9,9 +9,11 @@ driver must not leak into other tests.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,43 @@ def test_automatic_worker_count_leaves_small_machines_without_workers(monkeypatc
     for cpus, n in ((2, 0), (3, 0), (4, 1), (16, 4), (128, 4)):
         monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)
         assert compile_pool.auto_workers() == n
+
+
+SLOW_READER = r'''
+import json, sys, time
+print(json.dumps({"ready": True}), flush=True)
+time.sleep(3)  # compiling: the next job stays in the pipe
+for line in sys.stdin:
+    job = json.loads(line)
+    print(json.dumps({"id": job["id"], "ok": True}), flush=True)
+'''
+
+
+def test_submitting_more_jobs_than_the_pipe_holds_does_not_wait_for_a_busy_worker() -> None:
+    from fuselens.compiler.runtime.compile_pool import CompilePool
+
+    pool = CompilePool(1, [sys.executable, "-c", SLOW_READER])
+    try:
+        assert pool.wait_ready(60) < 60 and pool.ready_count() == 1
+        spec = "x" * 4096  # 100 jobs: 400 KB, six times a Linux pipe's buffer
+        t = time.perf_counter()
+        futs = [pool.submit("m.py", "k", spec, "/tmp") for _ in range(100)]
+        submitted = time.perf_counter() - t
+        assert all(f is not None for f in futs)
+        assert submitted < 1.0, f"submit waited {submitted:.1f} s for the worker to read"
+        assert all(f.result(timeout=60)["ok"] for f in futs)
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="process priorities are POSIX")
+def test_workers_compile_below_the_parents_priority_so_its_next_graph_is_not_slowed() -> None:
+    from fuselens.compiler.runtime.compile_pool import WORKER_ARGV, CompilePool
+
+    pool = CompilePool(1, WORKER_ARGV + ["--target", "cuda:90:32"])
+    try:
+        w = pool.workers[0]
+        assert pool.wait_ready(120) < 120 and pool.ready_count() == 1, "worker not ready"
+        assert os.getpriority(os.PRIO_PROCESS, w.proc.pid) > os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        pool.close()

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import os
 import threading
 import time
 import traceback
@@ -350,7 +351,10 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     compile_id = _compile_id()
     function, location = _user_location(gm)
     start = time.perf_counter()
-    if opts.extern_epilogue_fusion and _target_of(opts, example_inputs) == "triton":
+    triton = _target_of(opts, example_inputs) == "triton"
+    if triton:
+        _start_compile_workers(opts)
+    if opts.extern_epilogue_fusion and triton:
         from fuselens.compiler.library_epilogues import use_library_epilogues
 
         use_library_epilogues(gm, example_inputs)
@@ -431,6 +435,21 @@ def _report_pairings(kept_whole: list[OpPairing], one_direction: list[OpPairing]
             said.add((p.forward_op, p.backward_op))
             sink.emit(ErrorEntry(kind="fallback", location=p.location, compile_id=compile_id,
                                  message=text.format(f=p.forward_op, b=p.backward_op)))
+
+
+def _start_compile_workers(opts: Any) -> None:
+    """Start the Triton compile workers for a graph that will run on CUDA, before
+    AOTAutograd: they come up in seconds, and started at the first kernel compile
+    they missed the process's first graph (ResNet-50 training's forward compiled its
+    kernels in threads of this process)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return
+    try:
+        from fuselens.compiler.runtime.triton_precompile import start_workers
+
+        start_workers(opts)
+    except Exception:  # noqa: BLE001 - no workers: kernels compile in this process, as before
+        pass
 
 
 def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:

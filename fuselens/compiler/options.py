@@ -100,8 +100,9 @@ class CompilerOptions:
     """Triton on CUDA: processes that compile a graph's kernels in parallel, in the
     background, each kernel's first launch waiting for its own (compile_pool.py).
     -1 picks a quarter of the CPUs, at most 4 (none below 4 CPUs); 0 compiles in
-    threads of this process before the first call. Graphs compiled before the
-    workers are up (~8 s after the first compile) compile in threads."""
+    threads of this process before the first call. The workers start as the first
+    CUDA graph enters the backend; graphs compiled before they are up (~7 s)
+    compile in threads."""
     lower: bool = option(True, "lower", "lower ATen ops to our IR (off: every op runs through ATen)")
     """Lower ATen ops to our IR. False: every op runs through ATen (debugging aid)."""
     fallback_on_error: bool = option(True, "fallback on error", "on a compile error run the graph eagerly")

@@ -20,8 +20,18 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-import triton
-import triton.language as tl
+# A worker runs below the parent's priority, from its imports on: the parent goes on
+# with the next graph's passes while workers compile (and while they start, with its
+# first graph), and its passes are the compile's critical path. Only as a worker:
+# the parent imports this module too.
+if __name__ == "__main__" and hasattr(os, "nice"):
+    try:
+        os.nice(10)
+    except OSError:  # pragma: no cover - not allowed here: same priority as before
+        pass
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 @triton.jit

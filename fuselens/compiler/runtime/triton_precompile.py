@@ -72,17 +72,27 @@ def precompile(lib: Any, options: Any, compile_id: str = "") -> int:
     return len(jobs)
 
 
+def start_workers(options: Any) -> Any:
+    """The process's compile workers, started now if they are not (they take seconds
+    to import torch and Triton): None when the option turns them off. Called as a
+    CUDA graph enters the backend too, so that the workers come up while AOTAutograd
+    traces and our passes run, and the process's first graph compiles in them."""
+    from fuselens.compiler.runtime import compile_pool
+
+    workers = getattr(options, "compile_workers", -1)
+    workers = compile_pool.auto_workers() if workers < 0 else workers
+    if workers == 0:
+        return None
+    return compile_pool.get_pool(workers)
+
+
 def _send_to_workers(lib: Any, jobs: list, options: Any, compile_id: str) -> bool:
     """Hand every job to the compile workers (all or none: a graph whose kernels
     compile partly here would wait for the slowest twice). False when the pool is
     off or not ready yet; it is started here for the next graph."""
     from fuselens.compiler.runtime import compile_pool
 
-    workers = getattr(options, "compile_workers", -1)
-    workers = compile_pool.auto_workers() if workers < 0 else workers
-    if workers == 0:
-        return False
-    pool = compile_pool.get_pool(workers)
+    pool = start_workers(options)
     if pool is None or pool.ready_count() == 0:
         return False
     specs = []
