@@ -679,3 +679,16 @@ def test_two_kernels_reading_one_input_at_the_same_elements_read_it_once():
 
     others = [torch.randn(k + 2, 3) for k in range(10)]
     assert len(cpp_kernels(run(far_apart, p, g, others))) == 11
+
+
+def test_substituting_loop_variables_equals_xreplace_and_builds_each_clamp_once():
+    from fuselens.compiler import ir
+
+    d0, d1 = ir.index_var("d", 0), ir.index_var("d", 1)
+    clamp = sympy.Min(sympy.Max(d0 - 21, 0, evaluate=False), 35, evaluate=False) * 56 + d1
+    sub = {d0: 3 * d1 + 7, d1: d0}
+    ir._min_max.cache_clear()
+    for _ in range(3):  # the same clamp in three loop spaces
+        assert ir.substitute(clamp, sub) == sympy.sympify(clamp).xreplace(sub)
+    info = ir._min_max.cache_info()
+    assert (info.misses, info.hits) == (2, 4)

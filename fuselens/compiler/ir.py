@@ -448,6 +448,33 @@ def _less(a: Expr, b: Expr) -> bool:
     return bool(d.is_positive) or (d.is_number and d > 0)
 
 
+def substitute(e: Any, sub: dict) -> Expr:
+    """`sympify(e).xreplace(sub)`, with each Min and Max of the result built once per
+    process: sympy evaluates them through its assumptions system (a clamped index's
+    `Max(d0 - 21, 0)`: ~2 ms), and the scheduler and code generators place the same
+    clamps in loop after loop (ResNet-50 training: 240 built, 14 distinct)."""
+    return _substitute(sympy.sympify(e), sub)
+
+
+def _substitute(e: Expr, sub: dict) -> Expr:
+    got = sub.get(e)
+    if got is not None:
+        return got
+    if not e.args:
+        return e
+    args = tuple(_substitute(a, sub) for a in e.args)
+    if args == e.args:
+        return e
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return _min_max(e.func, args)
+    return e.func(*args)
+
+
+@functools.lru_cache(maxsize=4096)
+def _min_max(func: Any, args: tuple) -> Expr:
+    return func(*args)
+
+
 def simplify_index(e: Expr, ranges: dict) -> Expr:
     """Remove FloorDiv/ModularIndexing that the ranges of the loop variables make
     trivial (reshape index maps read back at the iteration index)."""

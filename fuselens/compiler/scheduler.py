@@ -303,7 +303,7 @@ class Scheduler:
             body_size = c.full_size if c.is_reduction else c.size
             cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
             sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-            return [(buf, ir.simplify_index(sympy.sympify(index).xreplace(sub), ranges)) for buf, index in self._loads(c)]
+            return [(buf, ir.simplify_index(ir.substitute(index, sub), ranges)) for buf, index in self._loads(c)]
 
         return [(b, e) for b, e in self._cached(c, m, "loads", in_loop) if of is None or b in of]
 

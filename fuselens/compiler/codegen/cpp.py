@@ -312,7 +312,7 @@ class CppKernel(KernelBuilder):
                 size = self.graph.hint(ir.numel(self.graph.buffers[buf].size))
                 if size <= best:
                     continue
-                cs = self._strides_in(sympy.sympify(index).xreplace(sub))
+                cs = self._strides_in(ir.substitute(index, sub))
                 if cs is not None:
                     best, coef = size, cs
         if coef is None:

@@ -349,7 +349,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             for buf, index in ir.record_loads(c):
                 if buf in self.members or buf not in self.graph.buffers:
                     continue
-                e = self.simplify(sympy.sympify(index).xreplace(sub))
+                e = self.simplify(ir.substitute(index, sub))
                 out.append((buf, self.linear(e)[0], False))
             if c.name in g.stores:
                 e = self.simplify(ir.offset_of(g.own_index(c), c.stride))
