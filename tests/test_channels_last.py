@@ -181,3 +181,41 @@ def test_cpu_inference_convolutions_run_channels_last_and_kernels_loop_channels_
     lines = [ln.strip() for ln in act.source.splitlines()]
     simd = lines.index("#pragma omp simd")
     assert lines[simd + 1].startswith("for (int64_t g1 = 0; g1 < 32; g1++)"), act.source
+
+
+def test_values_propagated_from_the_changed_nodes_alone_equal_a_whole_graph_propagation(
+        backward_convolutions: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    partial = layout_passes._propagate_fake_values
+    runs = {"partial": 0, "whole": 0}
+    checked: list[int] = []
+    counting = {"now": "partial"}
+    run_node = FakeTensorProp.run_node
+
+    def counted(self, n):
+        runs[counting["now"]] += 1
+        return run_node(self, n)
+
+    def both(gm, mode, changed=None):
+        partial(gm, mode, changed)
+        if changed is None:
+            return
+        got = {n: n.meta.get("val") for n in gm.graph.nodes if n.op != "output"}
+        counting["now"] = "whole"
+        partial(gm, mode, None)
+        counting["now"] = "partial"
+        for n, v in got.items():
+            assert layout_passes._same_fake(v, n.meta.get("val")), n.format_node()
+        checked.append(len(got))
+
+    monkeypatch.setattr(FakeTensorProp, "run_node", counted)
+    monkeypatch.setattr(layout_passes, "_propagate_fake_values", both)
+    torch.manual_seed(0)
+    model = _Block()
+    torch._dynamo.reset()
+    _step(torch.compile(model, backend="fuselens", options={"fallback_on_error": False}),
+          torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,)))
+    torch._dynamo.reset()
+    assert len(checked) >= 2  # the forward's conversions, the backward's saved activations and conversions
+    assert runs["partial"] < runs["whole"]
