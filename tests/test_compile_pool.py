@@ -135,7 +135,7 @@ def test_compile_workers_zero_never_starts_a_worker() -> None:
 def test_automatic_worker_count_leaves_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     from fuselens.compiler.runtime import compile_pool
 
-    for cpus, n in ((2, 0), (3, 0), (4, 1), (16, 4), (128, 4)):
+    for cpus, n in ((2, 0), (3, 0), (4, 2), (16, 8), (128, 8)):
         monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)
         assert compile_pool.auto_workers() == n
 

@@ -99,7 +99,7 @@ class CompilerOptions:
                                   auto=-1)
     """Triton on CUDA: processes that compile a graph's kernels in parallel, in the
     background, each kernel's first launch waiting for its own (compile_pool.py).
-    -1 picks a quarter of the CPUs, at most 4 (none below 4 CPUs); 0 compiles in
+    -1 picks half the CPUs, at most 8 (none below 4 CPUs); 0 compiles in
     threads of this process before the first call. The workers start as the first
     CUDA graph enters the backend; graphs compiled before they are up (~7 s)
     compile in threads."""

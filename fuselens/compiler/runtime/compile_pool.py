@@ -43,11 +43,12 @@ _hook_lock = threading.Lock()
 
 
 def auto_workers() -> int:
-    """Workers when the option says -1: a quarter of the CPUs, at most 4 (each holds
-    torch and Triton, ~0.4 GB). Eight on the H200's 16 CPUs, with their ptxas
-    processes, slowed the parent's own passes on the next graph up to 5x (ResNet-50
-    training's lowering 0.3 -> 1.5 s) for no shorter wait at the first call."""
-    return min(4, (os.cpu_count() or 1) // 4)
+    """Workers when the option says -1: half the CPUs, at most 8 (each holds torch and
+    Triton, ~0.4 GB), none below 4 CPUs. Real models' graphs send hundreds of kernels
+    (MobileNetV3 training: ~550); with 4 workers on the H200's 16 CPUs its first call
+    waited 7.9 s for them, with 8 3.5 s (Inductor's pool has a process per CPU)."""
+    cpus = os.cpu_count() or 1
+    return 0 if cpus < 4 else min(8, cpus // 2)
 
 
 WORKER_ARGV = [sys.executable, "-m", "fuselens.compiler.runtime.compile_worker"]
