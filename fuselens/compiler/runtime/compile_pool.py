@@ -12,11 +12,13 @@ the parent's own compile at the first launch then finds it there (a few ms).
 The parent learns what to send by letting Triton specialize the kernel as the first
 launch will (`JITFunction.warmup` with the launch's argument types and constexprs)
 and taking the serialized specialization from `knobs.runtime.jit_cache_hook`,
-which skips the compile. Workers are started at the first Triton compile on CUDA
-and take jobs once ready (imported, one tiny compile done); until then, and where
-anything is missing (Triton < 3.4, no CUDA), kernels compile in-process as before.
+which skips the compile. Workers are started when the first CUDA graph enters the
+backend (`entry._start_compile_workers`, before AOTAutograd) and take jobs once ready
+(imported, one tiny compile done); until then, and where anything is missing
+(Triton < 3.4, no CUDA), kernels compile in-process as before. Jobs are written by a
+thread per worker, so handing a graph's kernels over never waits for a busy worker.
 Workers are plain subprocesses (not multiprocessing), so a user's script is never
-re-imported in them.
+re-imported in them, and run below the parent's priority.
 
 A worker keys each binary as the parent will look it up: with the parent's TRITON_*
 variables and the parent's backend hash (`compile_worker._use_backend_hash`). It
