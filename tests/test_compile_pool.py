@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -140,30 +139,38 @@ def test_automatic_worker_count_leaves_small_machines_without_workers(monkeypatc
         assert compile_pool.auto_workers() == n
 
 
-SLOW_READER = r'''
-import json, sys, time
+BUSY_WORKER = r'''
+import json, os, sys, time
 print(json.dumps({"ready": True}), flush=True)
-time.sleep(3)  # compiling: the next job stays in the pipe
+while not os.path.exists(sys.argv[1]):  # compiling: the jobs sent meanwhile stay in the pipe
+    time.sleep(0.05)
 for line in sys.stdin:
     job = json.loads(line)
     print(json.dumps({"id": job["id"], "ok": True}), flush=True)
 '''
 
 
-def test_submitting_more_jobs_than_the_pipe_holds_does_not_wait_for_a_busy_worker() -> None:
+def test_submitting_more_jobs_than_the_pipe_holds_does_not_wait_for_a_busy_worker(tmp_path: Path) -> None:
+    import threading
+
     from fuselens.compiler.runtime.compile_pool import CompilePool
 
-    pool = CompilePool(1, [sys.executable, "-c", SLOW_READER])
+    done = tmp_path / "done-compiling"
+    pool = CompilePool(1, [sys.executable, "-c", BUSY_WORKER, str(done)])
     try:
         assert pool.wait_ready(60) < 60 and pool.ready_count() == 1
         spec = "x" * 4096  # 100 jobs: 400 KB, six times a Linux pipe's buffer
-        t = time.perf_counter()
-        futs = [pool.submit("m.py", "k", spec, "/tmp") for _ in range(100)]
-        submitted = time.perf_counter() - t
-        assert all(f is not None for f in futs)
-        assert submitted < 1.0, f"submit waited {submitted:.1f} s for the worker to read"
+        futs: list = []
+        submitting = threading.Thread(target=lambda: futs.extend(pool.submit("m.py", "k", spec, "/tmp")
+                                                                  for _ in range(100)), daemon=True)
+        submitting.start()
+        submitting.join(timeout=60)
+        assert not submitting.is_alive(), "submit waited for the busy worker to read its jobs"
+        assert len(futs) == 100 and all(f is not None for f in futs)
+        done.touch()
         assert all(f.result(timeout=60)["ok"] for f in futs)
     finally:
+        done.touch()
         pool.close()
 
 
