@@ -30,7 +30,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fuselens.compiler.graph_passes import GraphRewrite
+from fuselens.compiler.graph_passes import GraphRewrite, _static
 
 aten = torch.ops.aten
 
@@ -90,7 +90,7 @@ def _pure(n: torch.fx.Node) -> bool:
 
 
 def _static_tensor(val: Any) -> bool:
-    return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in (*val.shape, *val.stride()))
+    return isinstance(val, torch.Tensor) and _static(*val.shape, *val.stride())
 
 
 def _data_inputs(n: torch.fx.Node) -> list[torch.fx.Node]:

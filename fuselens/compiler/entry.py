@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import os
 import threading
 import time
 import traceback
@@ -442,12 +441,11 @@ def _start_compile_workers(opts: Any) -> None:
     AOTAutograd: they come up in seconds, and started at the first kernel compile
     they missed the process's first graph (ResNet-50 training's forward compiled its
     kernels in threads of this process)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        return
     try:
-        from fuselens.compiler.runtime.triton_precompile import start_workers
+        from fuselens.compiler.runtime.triton_precompile import compiles_for_cuda, start_workers
 
-        start_workers(opts)
+        if compiles_for_cuda():
+            start_workers(opts)
     except Exception:  # noqa: BLE001 - no workers: kernels compile in this process, as before
         pass
 

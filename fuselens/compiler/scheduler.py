@@ -19,7 +19,6 @@ not fused" is never reconstructed after the fact.
 from __future__ import annotations
 
 import heapq
-
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Sequence
 

@@ -213,12 +213,12 @@ class Planner:
                 for o in s.outputs:
                     computed_at.setdefault(o, i)
         for node, dst in self.g.input_mutations.items():
-            at = computed_at[node]
+            at, root = computed_at[node], self._root(dst)
             group = self.sched.group_of[node]
             member = next(m for m in group.nodes if m.name == node)
-            if last.get(self._root(dst), -1) <= at and _reads_only_overwritten_element(group, member, dst, self.g):
+            if last.get(root, -1) <= at and _reads_only_overwritten_element(group, member, dst, self.g):
                 self.plan[at].reuse[node] = dst
-                last[self._root(dst)] = max(last.get(self._root(dst), -1), at)
+                last[root] = at  # nothing later touched it
                 in_place.add(node)
             else:
                 self.plan.append(ExternCall(f"{node}_into_input", torch.ops.aten.copy_.default,

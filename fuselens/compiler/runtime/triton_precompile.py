@@ -22,6 +22,12 @@ from fuselens.compiler.runtime.static_launch import launcher_api
 _log = logging.getLogger("fuselens.compiler")
 
 
+def compiles_for_cuda() -> bool:
+    """Whether Triton kernels compile for a CUDA device in this process (not the
+    interpreter): what precompiling and the compile workers are for."""
+    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+
+
 def precompile(lib: Any, options: Any, compile_id: str = "") -> int:
     """Compile the static-shape kernels of a graph before their first launch, with
     the heuristic configuration that launch will pick (kernels with size arguments
@@ -30,9 +36,7 @@ def precompile(lib: Any, options: Any, compile_id: str = "") -> int:
     waiting for its own kernel at its first launch; else now, in parallel threads
     (ptxas runs as a subprocess, so threads overlap). Returns the number of
     kernels sent or compiled."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or getattr(options, "autotune", False):
-        return 0
-    if not torch.cuda.is_available():
+    if getattr(options, "autotune", False) or not compiles_for_cuda():
         return 0
     jobs = []
     seen: set[tuple] = set()
