@@ -157,7 +157,7 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int,
-              top: int = 40) -> dict:
+              top: int = 40, turns: int = 0) -> dict:
     train = mode == "train"
     case = build(name, "gpu" if device == "cuda" else "cpu")
     module = case.module.to(device)
@@ -175,7 +175,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     torch._dynamo.reset()
     make_step(case, torch.compile(copy.deepcopy(module), backend="aot_eager"), inputs, train, device)()
     rec["dynamo_s"] = dynamo_tracing_s(case, module, inputs, train, device)
-    cpu_steps: dict[str, Callable] = {}
+    steps: dict[str, Callable] = {}  # timed again in turns at the end
     for label, kw in backends:
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
@@ -224,8 +224,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 r["step_peaks_mb"] = step_peaks_mb(step)
                 torch.cuda.reset_peak_memory_stats()
                 r["ms"] = time_step(step, device, reps)
-            else:
-                cpu_steps[label] = step
+            if device != "cuda" or turns:
+                steps[label] = step
             if device == "cuda":
                 r["peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
                 # what the backend holds from the allocator, pools included: CUDA graphs' outputs
@@ -248,8 +248,11 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             print(tb, flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
-    for label, ms in interleaved_times(cpu_steps, reps).items():
-        rec[label]["ms"] = ms
+    for label, (wall, host) in interleaved_times(steps, reps if device != "cuda" else turns, device).items():
+        if device != "cuda":
+            rec[label]["ms"] = wall
+        else:
+            rec[label]["turn_wall_ms"], rec[label]["turn_host_ms"] = wall, host
     return rec
 
 
@@ -302,23 +305,30 @@ def dynamo_tracing_s(case: ModelCase, module: torch.nn.Module, inputs: dict, tra
     return time.perf_counter() - t0
 
 
-def interleaved_times(steps: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
-    """ms per step (median) of each backend, timed in turns. A shared CPU's speed drifts
-    over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25 minutes apart), so backends
-    timed one after the other compare different machines; in turns, each round sees the same."""
+def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, tuple[float, float]]:
+    """(wall ms, host ms) per step, medians, of each backend timed in turns. A shared
+    machine's speed drifts over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25 minutes
+    apart on the CPU; on the GPU machines eager's host time a step moved 2-4x between runs),
+    so backends timed one after the other compare different machines; in turns, each round
+    sees the same. Host ms is the time until the step returns, its kernels queued but not
+    waited for (on the CPU, the wall time); wall ms waits for them too."""
     if not steps:
         return {}
     torch._dynamo.reset()  # each backend's compiled code was dropped when the next compiled: back, warm
     for step in steps.values():
-        step()
-        step()
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(reps):
+        for _ in range(3):  # CUDA graphs capture in the first steps
+            step()
+    _sync(device)
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in steps}
+    for _ in range(rounds):
         for k, step in steps.items():
             t0 = time.perf_counter()
             step()
-            times[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            t1 = time.perf_counter()
+            _sync(device)
+            times[k].append((time.perf_counter() - t0, t1 - t0))
+    return {k: (1e3 * statistics.median(w for w, _ in v), 1e3 * statistics.median(h for _, h in v))
+            for k, v in times.items()}
 
 
 def _annotate_top(r: dict, events: list) -> None:
@@ -359,8 +369,12 @@ def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple
 
 def table(results: list[dict], backends: list[str]) -> str:
     cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "reserved_mb", "err"]
-    rows = ["| model | mode | backend | wall ms | vs Inductor | kernel ms | launches | host ms | compile s | "
-            "peak MB | reserved MB | max err |", "|---" * 12 + "|"]
+    heads = ["wall ms", "vs Inductor", "kernel ms", "launches", "host ms", "compile s", "peak MB", "reserved MB",
+             "max err"]
+    if any("turn_wall_ms" in r for rec in results for r in rec.values() if isinstance(r, dict)):
+        cols += ["turn_wall_ms", "turn_host_ms"]
+        heads += ["wall ms in turns", "host ms in turns"]
+    rows = ["| model | mode | backend | " + " | ".join(heads) + " |", "|---" * (len(heads) + 3) + "|"]
     ratios = []
     for rec in results:
         ind = rec.get("inductor", {}).get("ms")
@@ -398,6 +412,10 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--profile", action="store_true", help="record each backend's top kernels and host functions in the JSON")
     ap.add_argument("--top", type=int, default=40, help="kernels per backend --profile records")
     ap.add_argument("--reps", type=int, default=10, help="timed steps on the CPU")
+    ap.add_argument("--turns", type=int, default=0,
+                    help="GPU: also time every backend in turns, this many rounds of one step each, after all "
+                         "compiled (a warm recompile each): wall and host ms a step that a drifting host "
+                         "cannot skew (turn_wall_ms, turn_host_ms)")
     ap.add_argument("--out", default="", help="write models_bench.json here")
     args = ap.parse_args(argv)
     modes = [m for m in (args.modes or ("infer,train" if args.device == "cuda" else "infer")).split(",") if m]
@@ -421,7 +439,7 @@ def main(argv: Any = None) -> int:
             print(f"skip {m}: {e}", flush=True)
             continue
         for mode in modes:
-            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps, args.top))
+            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps, args.top, args.turns))
             if args.out:  # after each model: a run cut short keeps what it measured
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / "models_bench.json").write_text(json.dumps({"info": info, "results": results},
