@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
 import statistics
@@ -159,6 +160,12 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
 def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int,
               top: int = 40, turns: int = 0) -> dict:
     train = mode == "train"
+    if device == "cuda":
+        # what earlier models left allocated (CUDA graphs' pools and their outputs) counts in
+        # every peak below: it must be nothing, or the peaks compare different starting points
+        gc.collect()
+        torch.cuda.empty_cache()
+        left_mb = torch.cuda.memory_allocated() / 2**20
     case = build(name, "gpu" if device == "cuda" else "cpu")
     module = case.module.to(device)
     if device == "cuda" and not train:
@@ -168,6 +175,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     if not train and device == "cuda":  # images in the model's dtype
         inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
     rec: dict[str, Any] = {"model": name, "mode": mode, "label": case.label}
+    if device == "cuda":
+        rec["allocated_before_mb"] = round(left_mb, 1)
     eager_step = make_step(case, module, inputs, train, device)
     ref = eager_step()
     ref_out = _grads(module) if train else _output_tensor(ref).clone()
@@ -191,6 +200,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             torch._dynamo.utils.compilation_time_metrics.clear()
             if device == "cuda":
                 torch.cuda.synchronize()
+                gc.collect()  # the backend before this one, once unreachable
                 torch.cuda.empty_cache()
                 reserved_before = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
             with sink.collect() as events:
