@@ -32,6 +32,9 @@ class _Graph:
 
 
 class _Stream:
+    def __init__(self, device: Any = None) -> None:
+        pass
+
     def wait_stream(self, other: Any) -> None:
         pass
 
@@ -56,6 +59,8 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})
 
 
 def _at_address(t: torch.Tensor) -> torch.Tensor:
@@ -196,3 +201,25 @@ def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_re
     del held, g2
     g3 = r([torch.full((4,), 3.0), w, 0.0])[0]
     assert torch.equal(g3, torch.full((4,), 6.0)) and g3.data_ptr() == pool  # nothing held: nothing moved
+
+
+def test_dynamo_reset_drops_every_captured_graph_and_what_it_held(simulated_cuda: None) -> None:
+    """`torch._dynamo.reset()` reaches the backend's `reset`: a runner Dynamo's stale
+    globals still reach lets go of its static inputs (a model's parameters) and outputs,
+    and captures again if it is ever called again."""
+    import fuselens.compiler
+
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    torch.compile(lambda t: t + 1, backend="fuselens")(torch.ones(2))  # the backend Dynamo will reset
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
+    out = r([torch.ones(4), w, 1.0])
+    held = [weakref.ref(w), weakref.ref(out[0])]
+    del w, out
+    assert all(ref() is not None for ref in held)  # the graph holds both
+    torch._dynamo.reset()
+    assert r.graphs == {} and r.outputs == set()
+    assert all(ref() is None for ref in held)
+    again = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 3.0)), 1.0])
+    assert torch.equal(again[0], torch.full((4,), 4.0)) and len(r.graphs) == 1

@@ -376,6 +376,17 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     return _aot_compile(gm, example_inputs, make, partition, compile_id)
 
 
+def _reset() -> None:
+    """Dynamo calls a backend's `reset` from `torch._dynamo.reset()`: what our compiled
+    graphs hold on the device goes with it (their CUDA graphs' pools and static inputs)."""
+    from fuselens.compiler.runtime.cuda_graphs import release_all
+
+    release_all()
+
+
+fuselens_backend.reset = _reset  # type: ignore[attr-defined]
+
+
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: Callable[[str], Callable],
                  partition: Callable, compile_id: str) -> Callable:
     """AOTAutograd with our decompositions; an op whose decomposed forward its
