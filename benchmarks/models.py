@@ -163,6 +163,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     if device == "cuda":
         # what earlier models left allocated (CUDA graphs' pools and their outputs) counts in
         # every peak below: it must be nothing, or the peaks compare different starting points
+        torch._dynamo.reset()  # the last model's compiled code, warm from its turns
         gc.collect()
         torch.cuda.empty_cache()
         left_mb = torch.cuda.memory_allocated() / 2**20

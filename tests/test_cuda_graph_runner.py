@@ -223,3 +223,28 @@ def test_dynamo_reset_drops_every_captured_graph_and_what_it_held(simulated_cuda
     assert all(ref() is None for ref in held)
     again = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 3.0)), 1.0])
     assert torch.equal(again[0], torch.full((4,), 4.0)) and len(r.graphs) == 1
+
+
+def test_replaying_the_last_signature_hashes_no_signature(simulated_cuda: None) -> None:
+    """A signature is a tuple per input, which Python hashes anew at every dict lookup:
+    with ResNet-50's 321 inputs, three lookups a replay were 40-60 us of host time. The
+    replay of the last signature keeps what it needs from the last call instead."""
+    class Counting(dict):
+        lookups = 0
+
+        def __getitem__(self, k: Any) -> Any:
+            Counting.lookups += 1
+            return super().__getitem__(k)
+
+        def get(self, k: Any, default: Any = None) -> Any:
+            Counting.lookups += 1
+            return super().get(k, default)
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
+    r.graphs, r._plans, r.handed = Counting(), Counting(), Counting()
+    r([torch.ones(4), w, 1.0])
+    Counting.lookups = 0
+    for v in (5.0, 7.0):
+        assert torch.equal(r([torch.full((4,), v), w, 1.0])[0], torch.full((4,), 2 * v + 1))
+    assert Counting.lookups == 0
