@@ -248,3 +248,28 @@ def test_replaying_the_last_signature_hashes_no_signature(simulated_cuda: None) 
     for v in (5.0, 7.0):
         assert torch.equal(r([torch.full((4,), v), w, 1.0])[0], torch.full((4,), 2 * v + 1))
     assert Counting.lookups == 0
+
+
+def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_finding(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What capture_check.py did not foresee: CUDA refuses the capture (an op that waits for
+    the device). The call still returns its result, later calls run the graph as compiled,
+    and the finding says so once."""
+    from fuselens import sink
+    from fuselens.events import ErrorEntry
+
+    @contextlib.contextmanager
+    def refusing(g: _Graph, **_: Any):
+        yield
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "graph", refusing)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
+    with sink.collect() as events:
+        outs = [r([torch.full((4,), v), w, 1.0])[0] for v in (1.0, 5.0, 7.0)]
+    assert [o.tolist() for o in outs] == [[3.0] * 4, [11.0] * 4, [15.0] * 4]
+    assert r.graphs == {} and "not permitted" in r.failed
+    (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
+    assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs: its capture failed" in \
+        finding.message

@@ -252,8 +252,25 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     events = build_events(gm, graph, sched, library.kernels, ident.graph_id, ident.compile_id, ident.stage,
                           ident.function, ident.location)
     events += _rewrite_decisions(rewrites, inlined, sched, ident.graph_id)
+    opts, blocked = _cuda_graphs_for(gm, example_inputs, opts, ident)
     runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, example_inputs, timer)
-    return runner, events + extra_events
+    return runner, events + blocked + extra_events
+
+
+def _cuda_graphs_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any,
+                     ident: GraphIdentity) -> tuple[Any, list]:
+    """The options this graph runs with: `cuda_graphs` off, with a finding at the line
+    that keeps it off, for a graph a replay could not repeat (runtime/capture_check.py)."""
+    if not opts.cuda_graphs or not any(isinstance(a, torch.Tensor) and a.is_cuda for a in example_inputs):
+        return opts, []
+    from fuselens.compiler.runtime.capture_check import capture_blocker
+
+    blocker = capture_blocker(gm, example_inputs)
+    if blocker is None:
+        return opts, []
+    return dataclasses.replace(opts, cuda_graphs=False), [ErrorEntry(
+        kind="fallback", message=f"graph {ident.graph_id} runs without CUDA graphs: {blocker.reason}",
+        location=_location_of(blocker.stack_trace), compile_id=ident.compile_id)]
 
 
 def _kernel_timer(opts: Any, graph_id: str, example_inputs: Sequence[Any]) -> Optional[KernelTimer]:

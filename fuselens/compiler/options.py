@@ -94,7 +94,9 @@ class CompilerOptions:
                                choices=(False, True))
     """Triton on CUDA: capture the whole compiled graph as one CUDA graph and replay
     it; inputs are copied into static buffers first (reported as the kernel
-    `cudagraph_input_copies`), and outputs are overwritten by the next call."""
+    `cudagraph_input_copies`), and outputs are overwritten by the next call. A graph
+    a replay could not repeat (a CPU tensor, a value read on the host, a size set by
+    the data) runs with plain launches, with a finding that says why and where."""
     compile_workers: int = option(-1, "compile workers", "Triton on CUDA: kernel compile processes (-1: auto)",
                                   auto=-1)
     """Triton on CUDA: processes that compile a graph's kernels in parallel, in the

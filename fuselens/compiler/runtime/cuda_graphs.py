@@ -14,6 +14,9 @@ so that autograd's AccumulateGrad takes them as `.grad` instead of cloning each
 of benchmarks.models, 0.25-0.5 ms). A `.grad` still holding one when its graph replays
 again (gradient accumulation) is first moved out of the pool: its storage gets a
 copy of the values, the graph keeps the pool memory.
+
+`torch._dynamo.reset()` drops every captured graph (through the backend's `reset`), with
+the parameters and pools it held, as it resets Inductor's CUDA graph trees.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class CudaGraphRunner:
         # lookups a replay were 40-60 us of its host time)
         self._last_hit: Optional[tuple] = None
         self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
+        self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         CudaGraphRunner._live.add(self)
 
     @staticmethod
@@ -81,6 +85,8 @@ class CudaGraphRunner:
                      for a in args)
 
     def __call__(self, args: list) -> Any:
+        if self.failed:
+            return self.runner(args)
         hit = self._last_hit
         if hit is not None and self._same_call(hit, args):
             return self._replay(hit, args)
@@ -113,7 +119,14 @@ class CudaGraphRunner:
         self._forget(key)
         inputs = list(args)
         args.clear()
-        self.graphs[key] = self._capture(key, inputs)
+        try:
+            self.graphs[key] = self._capture(key, inputs)
+        except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
+            self._plans.pop(key, None)
+            self.handed.pop(key, None)
+            self.failed = f"{type(e).__name__}: {str(e)[:300]}"
+            _report_failed_capture(self.graph_id, self.failed)
+            return self.runner(inputs)
         return self._replay(self._remember(key), inputs)
 
     def _remember(self, key: tuple) -> tuple:
@@ -310,6 +323,15 @@ class CudaGraphRunner:
         sink.emit(Kernel(name="cudagraph_replay", kind="extern", graph_id=self.graph_id, ops=["cudaGraphLaunch"],
                          source="one replay of the captured CUDA graph: every kernel and library call of "
                                 "this graph in one launch", language="", device="cuda"))
+
+
+def _report_failed_capture(graph_id: str, error: str) -> None:
+    """A finding for a capture CUDA refused (what runtime/capture_check.py did not foresee)."""
+    from fuselens import sink
+    from fuselens.events import ErrorEntry
+
+    sink.emit(ErrorEntry(kind="fallback", message=f"graph {graph_id} runs without CUDA graphs: its capture failed "
+                         f"({error})"))
 
 
 _warm_up_streams: dict[int, Any] = {}
