@@ -17,6 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fuselens.compiler import entry, options as options_mod
 from fuselens.compiler.runtime.capture_check import capture_blocker
+from fuselens.events import SourceLocation
 
 
 def _aot_forward(fn: Any, *args: Any) -> tuple[torch.fx.GraphModule, list]:
@@ -81,7 +82,8 @@ def test_cuda_graphs_off_for_a_graph_that_reads_a_cpu_tensor_with_a_finding() ->
         p = torch.empty(16, device="cuda")
     step = torch.tensor(3.0)
     gm = make_fx(lambda p, step: p * (1 - 0.9 ** step.to(p.device)), tracing_mode="fake")(p, step)
-    ident = entry.GraphIdentity("0/0:aot_inference", "0/0", "aot_inference", "step", None)
+    where = SourceLocation(file="train.py", line=12, function="step")
+    ident = entry.GraphIdentity("0/0:aot_inference", "0/0", "aot_inference", "step", where)
     opts = options_mod.resolve({"cuda_graphs": True})
     kept, findings = entry._cuda_graphs_for(gm, [p, step], opts, ident)
     clean, none = entry._cuda_graphs_for(gm, [p, p], opts, ident)
@@ -89,3 +91,4 @@ def test_cuda_graphs_off_for_a_graph_that_reads_a_cpu_tensor_with_a_finding() ->
     (finding,) = findings
     assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs" in finding.message
     assert "input 1 of the graph ([], float32) is a cpu tensor" in finding.message
+    assert finding.location == where  # an input has no line of its own: the compiled function's

@@ -270,7 +270,8 @@ def _cuda_graphs_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
         return opts, []
     return dataclasses.replace(opts, cuda_graphs=False), [ErrorEntry(
         kind="fallback", message=f"graph {ident.graph_id} runs without CUDA graphs: {blocker.reason}",
-        location=_location_of(blocker.stack_trace), compile_id=ident.compile_id)]
+        location=_location_of(blocker.stack_trace) or ident.location,  # an input: the compiled function's line
+        compile_id=ident.compile_id)]
 
 
 def _kernel_timer(opts: Any, graph_id: str, example_inputs: Sequence[Any]) -> Optional[KernelTimer]:
