@@ -211,3 +211,20 @@ def test_dynamo_reset_frees_the_memory_cuda_graphs_held():
     before = left_after_reset()
     train_and_drop()
     assert left_after_reset() - before < 2**20
+
+
+def test_cuda_graphs_leave_a_graph_reading_a_cpu_tensor_uncaptured_and_say_why():
+    """A step count kept on the CPU (a compiled Adam with `capturable=False`): captured, every
+    replay would use the first call's count. The graph runs with plain launches, every
+    call's value is right, and a finding says which input kept it from capture."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    p = torch.randn(64, device="cuda")
+    bias_corrected = torch.compile(lambda p, step: p / (1 - 0.9 ** step), backend="fuselens",
+                                   options={"cuda_graphs": True, "fallback_on_error": False})
+    with sink.collect() as events:
+        for s in (1.0, 2.0, 3.0, 4.0):
+            step = torch.tensor(s)
+            torch.testing.assert_close(bias_corrected(p, step), p / (1 - 0.9 ** s))
+    findings = [e.message for e in events if isinstance(e, ErrorEntry) and "runs without CUDA graphs" in e.message]
+    assert findings and "is a cpu tensor" in findings[0], findings
