@@ -36,7 +36,7 @@ import torch
 import torch.fx
 
 from fuselens import sink
-from fuselens.compiler import layout_passes, options as options_mod
+from fuselens.compiler import compile_gc, layout_passes, options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
@@ -193,7 +193,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     if aot_start is not None:
         phases.add("aot", time.perf_counter() - aot_start)
     try:
-        runner, events = _compile_pipeline(gm, example_inputs, opts, ident, phases)
+        with compile_gc.old_objects_frozen():  # a backward compiled at its first call
+            runner, events = _compile_pipeline(gm, example_inputs, opts, ident, phases)
     except RESTARTS:
         raise
     except KernelCompileError as e:
@@ -391,7 +392,8 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     from torch._dynamo.utils import counters
 
     counters["aot_autograd"]["total"] += 1
-    return _aot_compile(gm, example_inputs, make, partition, compile_id)
+    with compile_gc.old_objects_frozen():
+        return _aot_compile(gm, example_inputs, make, partition, compile_id)
 
 
 def _reset() -> None:
