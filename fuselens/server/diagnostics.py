@@ -188,7 +188,7 @@ _ERROR_TITLES = {
     "timeout": "The program timed out",
     "killed": "The program was killed",
     "compile": "A compiled graph fell back to eager",
-    "fallback": "Fallback to eager",
+    "fallback": "Fallback",  # an op in ATen, a graph without CUDA graphs: not eager
     "internal": "fuselens failed (please report)",
     "divergence": "The ranks diverged (the job can deadlock)",
 }
