@@ -40,6 +40,7 @@ from fuselens.compiler import compile_gc, layout_passes, options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
+from fuselens.compiler.targets.base import runs_on_cuda
 from fuselens.events import ErrorEntry, FusionDecision, SourceLocation
 from fuselens.kernel_timing import KernelTimer, clock_for
 
@@ -262,7 +263,7 @@ def _cuda_graphs_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
                      ident: GraphIdentity) -> tuple[Any, list]:
     """The options this graph runs with: `cuda_graphs` off, with a finding at the line
     that keeps it off, for a graph a replay could not repeat (runtime/capture_check.py)."""
-    if not opts.cuda_graphs or not any(isinstance(a, torch.Tensor) and a.is_cuda for a in example_inputs):
+    if not opts.cuda_graphs or not runs_on_cuda(example_inputs):
         return opts, []
     from fuselens.compiler.runtime.capture_check import capture_blocker
 
@@ -280,8 +281,7 @@ def _kernel_timer(opts: Any, graph_id: str, example_inputs: Sequence[Any]) -> Op
     on the GPU, else the host clock."""
     if not opts.time_kernels:
         return None
-    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in example_inputs)
-    return KernelTimer(graph_id, clock_for("cuda" if on_cuda else "cpu"))
+    return KernelTimer(graph_id, clock_for("cuda" if runs_on_cuda(example_inputs) else "cpu"))
 
 
 def _output_sources(graph: Any, outputs: Any) -> set[str]:

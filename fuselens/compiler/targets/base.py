@@ -10,6 +10,11 @@ from fuselens.compiler.codegen import GeneratedLibrary, generate_library
 from fuselens.kernel_timing import KernelTimer
 
 
+def runs_on_cuda(example_inputs: Sequence[Any]) -> bool:
+    """Whether a graph with these inputs runs on a CUDA device (any input a CUDA tensor)."""
+    return any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in example_inputs)
+
+
 class Target:
     """One code-generation target. The driver runs, in order: `graph_rewrites`,
     (lowering and scheduling with `kernel_prefix`), `generate`, `build`, the plan,

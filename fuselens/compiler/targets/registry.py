@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
-from fuselens.compiler.targets.base import Target
+from fuselens.compiler.targets.base import Target, runs_on_cuda
 from fuselens.compiler.targets.cpp import CppTarget
 from fuselens.compiler.targets.triton import TritonTarget
 
@@ -28,7 +26,7 @@ def resolve_target(target: str, example_inputs: Any) -> str:
     """Option `target` for these inputs: "auto" is "triton" when the inputs are
     CUDA tensors and "cpp" otherwise; "triton" on CPU tensors only runs under
     TRITON_INTERPRET=1 (tests), else it raises (the graph then runs eagerly)."""
-    on_cuda = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in example_inputs)
+    on_cuda = runs_on_cuda(example_inputs)
     if target == "auto":
         return "triton" if on_cuda else "cpp"
     if target == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":

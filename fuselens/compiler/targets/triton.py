@@ -11,7 +11,7 @@ import torch.fx
 
 from fuselens.compiler import graph_passes, layout_passes, split_reductions
 from fuselens.compiler.codegen import GeneratedLibrary
-from fuselens.compiler.targets.base import Target
+from fuselens.compiler.targets.base import Target, runs_on_cuda
 from fuselens.kernel_timing import KernelTimer
 
 
@@ -22,7 +22,7 @@ class TritonTarget(Target):
     host_timing = False  # the launchers time kernels with the graph's KernelTimer instead (finalize)
 
     def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
-        if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        if not runs_on_cuda(example_inputs):
             return []
         # an inference graph's outputs are only the user's: a padded row stride is fine there; a
         # forward's also feed its backward, compiled for eager's layouts
