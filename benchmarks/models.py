@@ -160,10 +160,10 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
 def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int,
               top: int = 40, turns: int = 0) -> dict:
     train = mode == "train"
+    torch._dynamo.reset()  # the last model's compiled code, warm from its turns
     if device == "cuda":
         # what earlier models left allocated (CUDA graphs' pools and their outputs) counts in
         # every peak below: it must be nothing, or the peaks compare different starting points
-        torch._dynamo.reset()  # the last model's compiled code, warm from its turns
         gc.collect()
         torch.cuda.empty_cache()
         left_mb = torch.cuda.memory_allocated() / 2**20
@@ -182,7 +182,6 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     ref = eager_step()
     ref_out = _grads(module) if train else _output_tensor(ref).clone()
     # what tracing this model costs only the first time in a process: paid by no backend
-    torch._dynamo.reset()
     make_step(case, torch.compile(copy.deepcopy(module), backend="aot_eager"), inputs, train, device)()
     rec["dynamo_s"] = dynamo_tracing_s(case, module, inputs, train, device)
     steps: dict[str, Callable] = {}  # timed again in turns at the end

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 aten = torch.ops.aten
 
@@ -77,10 +78,6 @@ def _tensors(val: Any) -> list[torch.Tensor]:
 
 
 def _data_dependent_size(val: Any) -> bool:
-    try:
-        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return False
     try:
         return bool(free_unbacked_symbols(val))
     except Exception:  # noqa: BLE001 - a value it cannot walk is not a data-dependent size
