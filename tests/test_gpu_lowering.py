@@ -228,3 +228,39 @@ def test_cuda_graphs_leave_a_graph_reading_a_cpu_tensor_uncaptured_and_say_why()
             torch.testing.assert_close(bias_corrected(p, step), p / (1 - 0.9 ** s))
     findings = [e.message for e in events if isinstance(e, ErrorEntry) and "runs without CUDA graphs" in e.message]
     assert findings and "is a cpu tensor" in findings[0], findings
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw"])
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["launches", "cuda-graphs"])
+def test_compiled_optimizer_step_on_cuda_matches_eager_parameters_after_five_steps(name, cuda_graphs):
+    """`torch.compile(opt.step)` on CUDA parameters: Adam keeps its step count on the CPU
+    (`capturable=False`), and AOTAutograd puts it before the parameters; the outputs were
+    allocated on the first input's device, the CPU. Under `cuda_graphs` the step graph runs
+    uncaptured (the CPU count), with a finding."""
+    import sys
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    fuselens.compiler.register()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_training_gradients import OPTIMIZERS, small_net
+
+    torch._dynamo.reset()
+    eager_net, compiled_net = small_net().cuda(), small_net().cuda()
+    eager_opt, compiled_opt = OPTIMIZERS[name](eager_net.parameters()), OPTIMIZERS[name](compiled_net.parameters())
+    step = torch.compile(compiled_opt.step, backend="fuselens",
+                         options={"cuda_graphs": cuda_graphs, "fallback_on_error": False})
+    x, y = torch.randn(8, 16, device="cuda"), torch.randn(8, 4, device="cuda")
+    with sink.collect() as events:
+        for _ in range(5):
+            for net, opt, do_step in ((eager_net, eager_opt, eager_opt.step), (compiled_net, compiled_opt, step)):
+                opt.zero_grad()
+                F.mse_loss(net(x), y).backward()
+                do_step()
+    for p, q in zip(compiled_net.parameters(), eager_net.parameters()):
+        assert p.device == q.device
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    assert any(k.kind == "triton" for k in events if isinstance(k, Kernel)), "the step compiled no kernel"
+    uncaptured = [e.message for e in events if isinstance(e, ErrorEntry) and "runs without CUDA graphs" in e.message]
+    assert bool(uncaptured) == (cuda_graphs and name != "sgd_momentum"), uncaptured

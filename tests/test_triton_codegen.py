@@ -529,6 +529,50 @@ def test_target_auto_picks_cpp_for_cpu_and_refuses_triton_without_interpreter(mo
     assert resolve_target("triton", [torch.zeros(2)]) == "triton"
 
 
+def test_a_graph_whose_first_input_is_a_cpu_step_count_runs_on_its_cuda_inputs_device() -> None:
+    """AOTAutograd put a compiled bias correction's CPU step count before the CUDA parameter;
+    taking the first tensor's device allocated the outputs on the CPU (found on the H200)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fuselens.compiler.targets.base import cuda_device, runs_on_cuda
+    from fuselens.compiler.targets.registry import resolve_target
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        p = torch.empty(64, device="cuda:0")
+    inputs = [torch.tensor(3.0), p]
+    assert cuda_device(inputs) == torch.device("cuda:0") and runs_on_cuda(inputs)
+    assert resolve_target("auto", inputs) == "triton"
+    assert cuda_device([torch.tensor(3.0), torch.zeros(2)]) is None
+
+
+def test_cpu_work_in_a_cuda_graph_runs_in_aten_and_its_cuda_work_in_kernels() -> None:
+    """An optimizer's CPU step count, updated in place and read by the parameters' update:
+    a Triton kernel cannot write host memory (its CPU arguments are copied to the device),
+    so the count's update and everything computed from it on the CPU stay ATen's."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fuselens.compiler import options as options_mod
+    from fuselens.compiler.ir import ComputeNode, ExternNode
+    from fuselens.compiler.lowering import lower
+
+    def bias_corrected(p, step):
+        new = step + 1
+        step.copy_(new)
+        return p * (1 - 0.9 ** new)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        p = torch.empty(16, device="cuda")
+    gm = make_fx(bias_corrected, tracing_mode="fake")(p, torch.tensor(3.0))
+    g, _ = lower(gm, options_mod.resolve({"target": "triton"}))
+    on_cpu = {s.name: s.kind for s in g.steps if isinstance(s, ExternNode)}
+    assert on_cpu == dict.fromkeys(["add", "copy_", "pow_1", "rsub"], "extern")
+    assert [s.name for s in g.steps if isinstance(s, ComputeNode)] == ["mul"]
+    assert g.input_mutations == {}
+
+
 def test_launch_heuristics_fit_the_kernel_kind() -> None:
     from types import SimpleNamespace
 

@@ -51,6 +51,10 @@ class Lowerer:
         self.graph = GraphIR()
         self.current: Optional[torch.fx.Node] = None
         self._counter = 0
+        # a graph with CUDA inputs gets Triton kernels, which cannot write host memory: its CPU
+        # work (an optimizer's step count kept on the CPU) runs in ATen
+        self.on_cuda = any(_is_tensor(v) and v.device.type == "cuda"
+                           for v in (_meta(n) for n in gm.graph.nodes if n.op == "placeholder"))
 
     # -- helpers used by the op tables ------------------------------------
     def out_meta(self) -> Any:
@@ -140,6 +144,9 @@ class Lowerer:
                     # size arithmetic (operator.mul on SymInts, sym_size): a sympy expression
                     g.values[node.name] = _scalar_expr(val)
                     continue
+                if self.on_cuda and self._computes_on_cpu(node, val):
+                    self._extern(node, "extern", "computes on the CPU, in a graph on CUDA")
+                    continue
                 fn = LOWERINGS.get(node.target) if self.options.lower else None
                 reason = self._unsupported_dtype(node)
                 if fn is None and not reason:
@@ -202,6 +209,15 @@ class Lowerer:
         or option target="triton", which the interpreter tests use on CPU tensors)."""
         on_cuda = getattr(v, "device", torch.device("cpu")).type == "cuda"
         return on_cuda or getattr(self.options, "target", "cpp") == "triton"
+
+    @staticmethod
+    def _computes_on_cpu(node: torch.fx.Node, val: Any) -> bool:
+        """Whether a node computes CPU tensors from CPU tensors (a copy from the device is
+        the copy rule's: ATen's, with a finding)."""
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        ins = [_meta(a) for a in node.all_input_nodes]
+        return any(_is_tensor(v) and v.device.type == "cpu" for v in vals) \
+            and not any(_is_tensor(v) and v.device.type != "cpu" for v in ins)
 
     def _unsupported_dtype(self, node: torch.fx.Node) -> str:
         vals = [_meta(a) for a in node.all_input_nodes] + [_meta(node)]

@@ -26,6 +26,7 @@ from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, gradient_outp
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
 from fuselens.compiler.runtime import wrapper_codegen
+from fuselens.compiler.targets.base import cuda_device
 from fuselens.kernel_timing import KernelTimer
 from fuselens.private_dirs import check_private_file
 
@@ -81,10 +82,9 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
     """Attach the Triton parts to a compiled graph's runner: the device outputs
     are allocated on, the graph's kernel timer (its launchers', or the CUDA graph's
     replays), and the optional CUDA-graph wrapper. Returns (callable, extra events)."""
-    device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor)), None)
-    runner.device = device if device is not None and device.type == "cuda" else None
+    runner.device = cuda_device(example_inputs)
     mutated = list(getattr(runner, "mutated_inputs", ()))
-    on_cuda = device is not None and device.type == "cuda"
+    on_cuda = runner.device is not None
     if lib is not None and not (on_cuda and options.cuda_graphs):
         for la in lib.launchers.values():
             la.kernel_timer = timer

@@ -10,9 +10,15 @@ from fuselens.compiler.codegen import GeneratedLibrary, generate_library
 from fuselens.kernel_timing import KernelTimer
 
 
+def cuda_device(example_inputs: Sequence[Any]) -> Optional[torch.device]:
+    """The CUDA device a graph with these inputs runs on: its first CUDA tensor's, not its first
+    tensor's (a 0-d CPU tensor, such as an optimizer's step count, may come first); None if none."""
+    return next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+
+
 def runs_on_cuda(example_inputs: Sequence[Any]) -> bool:
     """Whether a graph with these inputs runs on a CUDA device (any input a CUDA tensor)."""
-    return any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in example_inputs)
+    return cuda_device(example_inputs) is not None
 
 
 class Target:

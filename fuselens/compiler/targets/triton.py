@@ -11,7 +11,7 @@ import torch.fx
 
 from fuselens.compiler import graph_passes, layout_passes, split_reductions
 from fuselens.compiler.codegen import GeneratedLibrary
-from fuselens.compiler.targets.base import Target, runs_on_cuda
+from fuselens.compiler.targets.base import Target, cuda_device, runs_on_cuda
 from fuselens.kernel_timing import KernelTimer
 
 
@@ -30,7 +30,7 @@ class TritonTarget(Target):
         done += graph_passes.index_put_accumulate_as_index_add(gm)
         done += layout_passes.channels_last_for_stage(gm, stage, require_cuda=True)
         done += graph_passes.convolution_bias_as_add(gm)
-        device = next(x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda)
+        device = cuda_device(example_inputs)
         # after the layout rules: whether a reduction's kept dim is its contiguous one depends on them
         return done + split_reductions.split_reductions(gm, torch.cuda.get_device_properties(device).multi_processor_count)
 
