@@ -40,10 +40,13 @@ class _Stream:
 
 
 _capturing: list[_Graph] = []
+# the allocator's pool calls, in order: ("begin" | "end" | "release" | "capture", pool, ...)
+_pool_calls: list[tuple] = []
 
 
 @contextlib.contextmanager
-def _graph(g: _Graph, **_: Any):
+def _graph(g: _Graph, pool: Any = None, stream: Any = None, **_: Any):
+    _pool_calls.append(("capture", pool, stream))
     _capturing.append(g)
     try:
         yield
@@ -61,6 +64,14 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})
+    handles = iter(range(1, 1 << 20))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
+    monkeypatch.setattr(cuda_graphs, "_POOL_CALLS", True)
+    for name, what in (("_cuda_beginAllocateCurrentThreadToPool", "begin"), ("_cuda_endAllocateToPool", "end"),
+                       ("_cuda_releasePool", "release")):
+        monkeypatch.setattr(torch._C, name, lambda device, pool, what=what: _pool_calls.append((what, pool)),
+                            raising=False)
+    _pool_calls.clear()
 
 
 def _at_address(t: torch.Tensor) -> torch.Tensor:
@@ -131,6 +142,26 @@ def test_a_capture_holds_neither_the_warm_ups_outputs_nor_the_graph_it_replaces(
     out = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 5.0)), 1.0])  # a parameter moved: captured again
     assert run.alive_at_capture == [0, 0] and torch.equal(out[0], torch.full((4,), 6.0))
     assert len(r.graphs) == 1
+
+
+def test_the_warm_up_allocates_from_the_pool_the_capture_then_uses_on_the_same_stream(simulated_cuda: None) -> None:
+    """The warm-up's memory, freed when its outputs die, is what the capture allocates again,
+    as with reduce-overhead, whose warm-ups use its pool: outside it, the warm-up's blocks
+    stayed cached beside the pool. One pool per capture, held by the runner only until the
+    capture holds it."""
+    class Recording(Runner):
+        def __call__(self, args: list) -> list:
+            _pool_calls.append(("run",))
+            return super().__call__(args)
+
+    r = CudaGraphRunner(Recording(), "0/0:aot_forward", None)
+    r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 2.0)), 1.0])
+    r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 5.0)), 1.0])  # a parameter moved: another capture, another pool
+    first, second = (0, 1), (0, 2)
+    stream = cuda_graphs._warm_up_streams[0]
+    assert _pool_calls == [("begin", first), ("run",), ("end", first), ("capture", first, stream), ("run",),
+                        ("release", first), ("begin", second), ("run",), ("end", second), ("capture", second, stream),
+                        ("run",), ("release", second)], _pool_calls
 
 
 def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_graph(simulated_cuda: None) -> None:
@@ -270,6 +301,7 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
         outs = [r([torch.full((4,), v), w, 1.0])[0] for v in (1.0, 5.0, 7.0)]
     assert [o.tolist() for o in outs] == [[3.0] * 4, [11.0] * 4, [15.0] * 4]
     assert r.graphs == {} and "not permitted" in r.failed
+    assert [c[0] for c in _pool_calls] == ["begin", "end", "release"]  # the pool is freeable again
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
     assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs: its capture failed" in \
         finding.message
