@@ -238,6 +238,16 @@ _EXTERN = [
     *overloads(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"),
     *overloads(aten, "_scaled_dot_product_efficient_attention"),
     *overloads(aten, "_scaled_dot_product_attention_math"),
+    # the CUDA attention kernels SDPA dispatches to, and their backwards: torch 2.11 picks cuDNN's
+    # on the H100/H200 for GPT-2 and Llama, which was reported as an op "not lowered"
+    *overloads(aten, "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+               "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention",
+               "_scaled_dot_product_cudnn_attention_backward", "_scaled_dot_product_fused_attention_overrideable",
+               "_scaled_dot_product_fused_attention_overrideable_backward", "_flash_attention_forward",
+               "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward"),
+    # ATen's atomic accumulation: what graph_passes' `index_put_accumulate_as_index_add` chooses for
+    # an embedding's gradient on the GPU (every Hugging Face model's training backward)
+    *overloads(aten.index_add, "default"),
 ]
 _EXTERN.append(torch.ops.fuselens.conv2d_bias_relu.default)
 EXTERN_OPS = set()
