@@ -74,6 +74,10 @@ class FixAdvice:
     verify_note: str = ""  # what the verification run showed, one line
 
 
+ORIGIN_DDP_WRAPPER = "ddp-wrapper"
+ORIGIN_OPTIMIZER_STEP = "optimizer-step"
+
+
 @dataclass
 class GraphBreak:
     """Graph breaks at the same location with the same reason are one entry
@@ -89,9 +93,9 @@ class GraphBreak:
     count: int = 1
     user_stack: list[SourceLocation] = field(default_factory=list)  # outermost first
     ranks: list[int] = field(default_factory=list)  # distributed runs: the ranks that hit it
-    # "" for the user's own code; "ddp-wrapper" when it happened inside
-    # DistributedDataParallel.forward, which Dynamo skips by design before
-    # compiling the wrapped module: nothing for the user to fix.
+    # "" for the user's own code; otherwise a break torch makes on purpose in its own
+    # code, nothing for the user to fix (capture/break_origin.py): ORIGIN_DDP_WRAPPER
+    # inside DistributedDataParallel.forward, ORIGIN_OPTIMIZER_STEP around an optimizer's step.
     origin: str = ""
     fixes: list[FixAdvice] = field(default_factory=list)  # from the fix catalogue, best first
     # The user's own explanation when torch's misleads (optimizer.step()

@@ -11,9 +11,10 @@ value computed inside the compiled function).
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
-from fuselens.events import FixAdvice, GraphBreak
+from fuselens.events import ORIGIN_OPTIMIZER_STEP, FixAdvice, GraphBreak
 
 def _dynamic_true(cause: str = "input-size") -> FixAdvice:
     """A new object each time: the report marks fixes verified in place."""
@@ -66,6 +67,17 @@ def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: b
     if kind == "rank":
         return [FixAdvice("rank", f"keep the number of dims of {name} fixed (reshape before the call)",
                           "each rank is a separate compile")]
+    hyper = re.fullmatch(r"self\.param_groups\[\d+\](?:\.|\[')(\w+)'?\]?", name) if kind == "value" else None
+    if hyper:
+        # an optimizer's hyperparameter (an LR schedule changes `lr` every step): the optimizer's
+        # own code reads it, so nothing can be passed at a call site; a tensor value set once is
+        # updated in place by the scheduler and read as an input
+        h = hyper.group(1)
+        return [FixAdvice("optimizer-hyperparameter", f"create the optimizer with a tensor {h}: e.g. "
+                          f"torch.optim.AdamW(params, {h}=torch.tensor(1e-3))",
+                          f"a Python float {h} is baked into the compiled step, and each new value (an LR "
+                          "scheduler's) compiles it again; a tensor is read as an input (PyTorch's 'Running "
+                          "the compiled optimizer with an LR scheduler' recipe)")]
     if kind == "value":
         return [FixAdvice("python-scalar", f"pass {name} as a tensor (torch.tensor({name}))",
                           "a Python number is baked into the code: each new value compiles again; a tensor "
@@ -102,14 +114,15 @@ def graph_break_fixes(gb: GraphBreak) -> tuple[str, list[FixAdvice]]:
     fixes) for one graph break."""
     text = f"{gb.reason} {gb.gb_type} {gb.explanation}".lower()
     code = (gb.location.code or "").replace(" ", "")
-    if ".step(" in code and ("graph_break()" in text or "marked as skipped" in text or "optim" in text):
-        return (
-            "optimizer.step() inside a compiled function: torch's optimizers break the graph at their step "
-            "on purpose (this is not a graph_break() you wrote)",
-            [FixAdvice("optimizer-step", "compile the optimizer step separately, outside this function",
-                       "e.g. @torch.compile def opt_step(): opt.step(); call it after the compiled forward/backward "
-                       "(see the PyTorch 'Compiling the optimizer' recipe)")],
-        )
+    if gb.origin == ORIGIN_OPTIMIZER_STEP:
+        # by design (capture/break_origin.py): no edit removes it, so no fix. "Compile the step
+        # separately" was offered here, and a step compiled alone, as PyTorch's recipe does it,
+        # breaks the same way
+        if "marked as skipped" in text:
+            return ("opt.step() as an LR scheduler wraps it: Dynamo does not trace the scheduler's wrapper, "
+                    "and compiles the optimizer's step inside it as its own graph (by design, nothing to fix)", [])
+        return ("torch's optimizers break the graph around their step on purpose, so that the update compiles "
+                "as a graph without gradients (by design, nothing to fix; not a graph_break() you wrote)", [])
     if ".zero_grad(" in code and ("skipped" in text or "graph_break" in text):
         return ("optimizer.zero_grad() inside a compiled function is run by Python between graphs",
                 [FixAdvice("optimizer-step", "call opt.zero_grad() outside the compiled function", "")])

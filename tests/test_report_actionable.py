@@ -16,7 +16,8 @@ import pytest
 from fuselens.capture import RunOptions, Target, analyze
 from fuselens.capture import callsite, guardtext
 from fuselens.capture.assemble import assemble
-from fuselens.events import ErrorEntry, GraphBreak, Report, RunInfo, SourceLocation
+from fuselens.capture.break_origin import break_origin
+from fuselens.events import ORIGIN_OPTIMIZER_STEP, ErrorEntry, GraphBreak, Report, RunInfo, SourceLocation
 from fuselens import fixcatalog
 from fuselens.report import common
 from fuselens.report.cli import render
@@ -44,11 +45,32 @@ def test_each_recompile_keeps_only_the_latest_cache_entrys_failure():
     assert guardtext.latest_entry(raws) == ["0/2: x == 2"]
 
 
-def test_optimizer_step_is_not_explained_as_a_user_graph_break():
-    gb = GraphBreak(SourceLocation("t.py", 14, "train_step", "opt.step()"), "Call to `torch._dynamo.graph_break()`")
+def test_optimizer_step_breaks_are_by_design_with_no_fix_to_offer():
+    """torch.optim breaks the graph around a step on purpose, also where the step is compiled
+    alone as PyTorch's recipe does: "compile the step separately" was offered, and applied it
+    removed nothing."""
+    optim = os.path.join("site-packages", "torch", "optim")
+    user = ("/home/u/train.py", 13, "opt_step")
+    assert break_origin([user, (os.path.join(optim, "optimizer.py"), 79, "_use_grad")]) == ORIGIN_OPTIMIZER_STEP
+    skipped = ("Dynamo developers have intentionally marked that the function `Adam.step` in file "
+               f"`/venv/lib/{optim}/lr_scheduler.py` should not be traced.")
+    assert break_origin([user], skipped) == ORIGIN_OPTIMIZER_STEP
+    assert break_origin([(os.path.join(optim, "optimizer.py"), 500, "step"), user]) == ""  # a closure the step calls
+    assert break_origin([user]) == ""
+    gb = GraphBreak(SourceLocation("t.py", 14, "train_step", "opt.step()"), "Call to `torch._dynamo.graph_break()`",
+                    origin=ORIGIN_OPTIMIZER_STEP)
     explained, fixes = fixcatalog.graph_break_fixes(gb)
-    assert "optimizer.step()" in explained and "not a graph_break() you wrote" in explained
-    assert fixes[0].cause == "optimizer-step"
+    assert "by design" in explained and "not a graph_break() you wrote" in explained and fixes == []
+    report = assemble([gb], RunInfo(target="t.py"))
+    assert common.counts(report).graph_breaks == 0
+    assert "Optimizer step" in render(report, "terminal") and "graph-break" not in render(report, "terminal")
+    assert not [r for r in json.loads(render(report, "sarif"))["runs"][0]["results"] if r["ruleId"] == "graph-break"]
+
+
+def test_a_recompile_on_an_optimizers_learning_rate_offers_a_tensor_learning_rate():
+    (fix,) = fixcatalog.recompile_fixes("value", "self.param_groups[0].lr", None)
+    assert "torch.optim.AdamW(params, lr=torch.tensor(1e-3))" in fix.title
+    assert fixcatalog.recompile_fixes("value", "scale", None)[0].title == "pass scale as a tensor (torch.tensor(scale))"
 
 
 def test_nonzero_graph_break_offers_capture_dynamic_output_shape_ops():
@@ -93,7 +115,8 @@ def test_the_workers_cache_mode_reaches_the_report_header():
 
 
 # -- real programs -----------------------------------------------------------------
-CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switch.py", "train_step.py"]
+CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switch.py", "train_step.py",
+           "compiled_optimizer.py"]
 
 
 @pytest.mark.slow
@@ -184,6 +207,28 @@ def test_each_preferred_fix_applied_runs_and_removes_its_finding():
         os.unlink(copy)
     assert not common.failures(after)
     assert not [r for r in after.recompiles if r.function == rc.function and r.cause == rc.cause]
+
+
+@pytest.mark.slow
+def test_a_compiled_optimizer_step_has_no_graph_break_finding_and_its_lr_fix_removes_the_recompile():
+    """PyTorch's recipe, the step compiled alone, with an LR schedule: its graph breaks are
+    torch's own (no finding, no fix); the schedule's new learning rates recompile the step, and
+    the advice, a tensor learning rate, applied, runs and removes the recompile."""
+    report = analyze(Target.from_cli(["compiled_optimizer.py"], cwd=REAL), RunOptions(timeout_s=120))
+    assert report.graph_breaks and all(gb.origin == "optimizer-step" and not gb.fixes for gb in report.graph_breaks)
+    assert common.counts(report).graph_breaks == 0 and not common.failures(report)
+    (rc,) = report.recompiles
+    assert "lr=torch.tensor(1e-3)" in rc.fixes[0].title
+    with open(os.path.join(REAL, "compiled_optimizer.py"), encoding="utf-8") as f:
+        source = f.read()
+    copy = os.path.join(REAL, ".fixed_compiled_optimizer.py")
+    with open(copy, "w", encoding="utf-8") as f:
+        f.write(source.replace("lr=0.01", "lr=torch.tensor(0.01)"))
+    try:
+        after = analyze(Target.from_cli([copy], cwd=REAL), RunOptions(timeout_s=120))
+    finally:
+        os.unlink(copy)
+    assert after.run.exit_code == 0 and not common.failures(after) and after.recompiles == []
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ instead of guessing from the graphs.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from fuselens.capture import frames as fr
@@ -27,28 +26,6 @@ OPTION = (
     "torch._dynamo.config.optimize_ddp = False compiles one graph, at the cost of overlapping "
     "gradient all-reduce with the backward"
 )
-
-
-# DistributedDataParallel's own module: a break with a frame here happened in
-# DDP's forward wrapper (its logger, `_inside_ddp_forward`), which Dynamo
-# deliberately does not trace.
-_DDP_WRAPPER_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
-
-
-def break_origin(frames: Any, explanation: str = "") -> str:
-    """GraphBreak.origin of a break whose traceback is `frames`
-    ((file, line, function) tuples, outermost first) and whose Dynamo
-    explanation is `explanation`."""
-    if "`DistributedDataParallel._" in explanation:
-        # DDP's private helpers (`_inside_ddp_forward`) are skipped by Dynamo
-        # on purpose; the traceback then ends at the user's call of the module.
-        return "ddp-wrapper"
-    frames = list(frames or ())
-    # Only the innermost frame counts: a user model called *through* DDP has
-    # DDP's frames further out, and its breaks are the user's.
-    if frames and str(frames[-1][0]).endswith(_DDP_WRAPPER_FILE):
-        return "ddp-wrapper"
-    return ""
 
 
 def install(capture: Any) -> bool:

@@ -26,7 +26,7 @@ from fuselens import fixcatalog
 from fuselens.capture import callsite, fsdp, guardtext
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
-from fuselens.capture.ddp import break_origin
+from fuselens.capture.break_origin import break_origin
 from fuselens.capture.torchlog import TorchLogReader
 from fuselens.events import ErrorEntry, FixAdvice, GraphBreak, PhaseTime, Recompile, ShapeChange, SourceLocation
 

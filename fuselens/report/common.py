@@ -320,9 +320,18 @@ def group_fixes(group: list[Recompile]) -> list[FixAdvice]:
     return sorted(fixes, key=lambda f: not f.preferred)
 
 
+def program_breaks(report: Report) -> list[GraphBreak]:
+    """The program's graph breaks: the findings. Those torch makes on purpose in its own code
+    (GraphBreak.origin: DDP's forward wrapper, an optimizer's step) are not."""
+    return [gb for gb in report.graph_breaks if not gb.origin]
+
+
+def by_design_breaks(report: Report, origin: str) -> list[GraphBreak]:
+    return [gb for gb in report.graph_breaks if gb.origin == origin]
+
+
 def counts(report: Report) -> Counts:
-    # Breaks inside DDP's own forward wrapper (GraphBreak.origin) are by design, not findings.
-    breaks = [gb for gb in report.graph_breaks if not gb.origin]
+    breaks = program_breaks(report)
     return Counts(
         graph_breaks=len(breaks),
         graph_break_hits=sum(max(gb.count, 1) for gb in breaks),

@@ -168,10 +168,11 @@ def fix_notes(fixes: list[FixAdvice]) -> list[tuple[str, str]]:
 
 
 def _graph_breaks(report: Report, root: Optional[str]) -> str:
-    if not report.graph_breaks:
+    breaks = common.program_breaks(report)
+    if not breaks:
         return ""
     items = []
-    for gb in sorted(report.graph_breaks, key=lambda g: -g.count):
+    for gb in sorted(breaks, key=lambda g: -g.count):
         count = f'<span class="count">×{gb.count}</span>' if gb.count > 1 else ""
         rid = (f'<a class="tag" href="{escape(common.gb_doc_url(gb))}">{escape(gb.registry_id)}</a>'
                if gb.registry_id else "")
@@ -192,8 +193,8 @@ def _graph_breaks(report: Report, root: Optional[str]) -> str:
             )
             + "</article>"
         )
-    hits = sum(max(g.count, 1) for g in report.graph_breaks)
-    return section("graph-breaks", f"Graph breaks ({len(report.graph_breaks)})", "\n".join(items),
+    hits = sum(max(g.count, 1) for g in breaks)
+    return section("graph-breaks", f"Graph breaks ({len(breaks)})", "\n".join(items),
                    common.plural(hits, "hit"))
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 from fuselens import present
-from fuselens.events import DDPSplit, GraphBreak, RankInfo, Report
+from fuselens.events import ORIGIN_DDP_WRAPPER, DDPSplit, GraphBreak, RankInfo, Report
 from fuselens.report import common
 
-DDP_WRAPPER = "ddp-wrapper"
+DDP_WRAPPER = ORIGIN_DDP_WRAPPER
 
 
 def ranks_label(ranks: list[int]) -> str:
@@ -31,13 +31,8 @@ def ranks_label(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
 
 
-def user_breaks(report: Report) -> list[GraphBreak]:
-    """Graph breaks in the program's own code (not inside DDP's wrapper)."""
-    return [gb for gb in report.graph_breaks if gb.origin != DDP_WRAPPER]
-
-
 def ddp_wrapper_breaks(report: Report) -> list[GraphBreak]:
-    return [gb for gb in report.graph_breaks if gb.origin == DDP_WRAPPER]
+    return common.by_design_breaks(report, DDP_WRAPPER)
 
 
 def slowest(report: Report) -> Optional[RankInfo]:

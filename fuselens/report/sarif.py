@@ -157,7 +157,7 @@ class _Builder:
         self.results.append(result)
 
     def graph_breaks(self) -> None:
-        for gb in self.report.graph_breaks:
+        for gb in common.program_breaks(self.report):
             times = f" (hit {gb.count} times)" if gb.count > 1 else ""
             parts = [(0, f"Graph break{times}: {gb.explained or gb.reason}.")]
             if gb.explanation:

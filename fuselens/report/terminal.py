@@ -18,7 +18,8 @@ from rich.text import Text
 
 from fuselens import present
 from fuselens.events import (
-    CompiledGraph, ErrorEntry, FixAdvice, FusionDecision, GraphBreak, Kernel, Recompile, Report, SourceLocation,
+    ORIGIN_OPTIMIZER_STEP, CompiledGraph, ErrorEntry, FixAdvice, FusionDecision, GraphBreak, Kernel, Recompile, Report,
+    SourceLocation,
 )
 from fuselens.report import charts, common, ranks_view
 
@@ -59,8 +60,9 @@ def render_terminal(
     v.ranks(report)
     v.errors(common.failures(report))
     v.notes(common.notes(report))
-    v.graph_breaks(ranks_view.user_breaks(report))
+    v.graph_breaks(common.program_breaks(report))
     v.recompiles(report.recompiles)
+    v.optimizer_breaks(common.by_design_breaks(report, ORIGIN_OPTIMIZER_STEP))
     v.ddp(report)
     if not quiet:
         v.graphs(report)
@@ -268,6 +270,17 @@ class _View:
         slowest = ranks_view.slowest_line(report)
         if slowest:
             self.c.print(Text(f"  {slowest}", style="bold"))
+
+    def optimizer_breaks(self, breaks: list[GraphBreak]) -> None:
+        """torch.optim's graph breaks around a step: by design, listed so none looks missing."""
+        if not breaks:
+            return
+        hits = sum(max(gb.count, 1) for gb in breaks)
+        self.section("Optimizer step", f"{common.plural(hits, 'graph break')} by design, not findings")
+        for gb in sorted(breaks, key=lambda g: (g.location.file, g.location.line)):
+            count = f" ×{gb.count}" if gb.count > 1 else ""
+            self.headline(self.where(gb.location), f"by-design{count}", "bold cyan", gb.explained or gb.reason)
+        self.c.print()
 
     def ddp(self, report: Report) -> None:
         """Dynamo's DDP graph splits and DDP-wrapper breaks: not the program's graph breaks."""
