@@ -36,6 +36,22 @@ def _config(name: str, value: str, cause: str, why: str) -> FixAdvice:
                      args=[f"torch._dynamo.config.{name}", value])
 
 
+def _optimizer_hyperparameter(name: str) -> Optional[FixAdvice]:
+    """The fix for a guard on an optimizer's hyperparameter (`self.param_groups[0].lr`, which an
+    LR schedule changes every step), None for another name. The optimizer's own code reads it,
+    so nothing can be passed at a call site; a tensor set once is updated in place by the
+    scheduler and read as an input."""
+    m = re.fullmatch(r"self\.param_groups\[\d+\](?:\.|\[')(\w+)'?\]?", name)
+    if m is None:
+        return None
+    h = m.group(1)
+    return FixAdvice("optimizer-hyperparameter", f"create the optimizer with a tensor {h}: e.g. "
+                     f"torch.optim.AdamW(params, {h}=torch.tensor(1e-3))",
+                     f"a Python float {h} is baked into the compiled step, and each new value (an LR "
+                     "scheduler's) compiles it again; a tensor is read as an input (PyTorch's 'Running "
+                     "the compiled optimizer with an LR scheduler' recipe)")
+
+
 def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: bool = False,
                     input_name: str = "") -> list[FixAdvice]:
     """Fixes for one failed guard. `kind` is tracetext.GuardFailure.kind;
@@ -67,17 +83,8 @@ def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: b
     if kind == "rank":
         return [FixAdvice("rank", f"keep the number of dims of {name} fixed (reshape before the call)",
                           "each rank is a separate compile")]
-    hyper = re.fullmatch(r"self\.param_groups\[\d+\](?:\.|\[')(\w+)'?\]?", name) if kind == "value" else None
-    if hyper:
-        # an optimizer's hyperparameter (an LR schedule changes `lr` every step): the optimizer's
-        # own code reads it, so nothing can be passed at a call site; a tensor value set once is
-        # updated in place by the scheduler and read as an input
-        h = hyper.group(1)
-        return [FixAdvice("optimizer-hyperparameter", f"create the optimizer with a tensor {h}: e.g. "
-                          f"torch.optim.AdamW(params, {h}=torch.tensor(1e-3))",
-                          f"a Python float {h} is baked into the compiled step, and each new value (an LR "
-                          "scheduler's) compiles it again; a tensor is read as an input (PyTorch's 'Running "
-                          "the compiled optimizer with an LR scheduler' recipe)")]
+    if kind == "value" and (hyper := _optimizer_hyperparameter(name)) is not None:
+        return [hyper]
     if kind == "value":
         return [FixAdvice("python-scalar", f"pass {name} as a tensor (torch.tensor({name}))",
                           "a Python number is baked into the code: each new value compiles again; a tensor "
