@@ -204,7 +204,9 @@ def test_compiled_optimizer_step_matches_eager_parameters_after_five_steps(name:
             do_step()
     for p, q in zip(compiled_net.parameters(), eager_net.parameters()):
         torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL)
-    assert not [e.message for e in events if isinstance(e, ErrorEntry) and e.kind == "internal"]
+    # nothing in ATen: torch 2.13's Dynamo turns Adam's addcmul_/addcdiv_ into Inductor's prims::fma,
+    # which ran in ATen between kernels (an AdamW step 0.47 -> 0.14-0.21 ms once lowered)
+    assert not [e.message for e in events if isinstance(e, ErrorEntry) and e.kind in ("internal", "fallback")]
     assert any(isinstance(e, Kernel) and e.kind == "cpp" for e in events), "the step compiled no kernel"
 
 

@@ -1,6 +1,6 @@
 """Lowering: an ATen/prims FX graph (after AOTAutograd) to the loop IR.
 
-Walks the FX graph in order. Each call is looked up in `registry.LOWERINGS`:
+Walks the FX graph in order. Each call is looked up in the registry (`lowering_of`):
 pointwise ops and reductions become `ComputeNode`s, views become index maps
 (no step at all), matmul/convolution/SDPA become `ExternNode(kind="extern")`,
 and every op without a lowering (or with a dtype we do not generate code for)
@@ -19,7 +19,7 @@ import torch.fx
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import BufferSpec, ComputeNode, Expr, ExternNode, GraphIR, TensorValue
-from fuselens.compiler.lowering.registry import LOWERINGS, NotLowered
+from fuselens.compiler.lowering.registry import NotLowered, lowering_of
 
 # dtypes the code generators handle; anything else runs through ATen.
 LOWERED_DTYPES = {
@@ -147,7 +147,7 @@ class Lowerer:
                 if self.on_cuda and self._computes_on_cpu(node, val):
                     self._extern(node, "extern", "computes on the CPU, in a graph on CUDA")
                     continue
-                fn = LOWERINGS.get(node.target) if self.options.lower else None
+                fn = lowering_of(node.target) if self.options.lower else None
                 reason = self._unsupported_dtype(node)
                 if fn is None and not reason:
                     reason = f"no lowering for {ir.op_name(node.target)}" if self.options.lower else "lowering disabled (option lower=False)"

@@ -12,7 +12,8 @@ import torch
 from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, TensorValue, masked_where
 from fuselens.compiler.lowering.lowerer import Lowerer
-from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, prims, register
+from fuselens.compiler.lowering.registry import (NotLowered, aten, out_size, overloads, prims, register,
+                                                  register_by_name)
 
 try:
     from torch.utils._sympy.functions import ToFloat as _ToFloat
@@ -204,6 +205,13 @@ for _name in _UNARY:
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     if hasattr(prims, _name):
         register(getattr(prims, _name).default)(_compare(_name))
+
+
+@register_by_name("prims::fma")
+def lower_fma(ctx: Lowerer, a: Any, b: Any, c: Any) -> TensorValue:
+    """Inductor's fused multiply-add, which Dynamo emits for `addcmul_`, `addcdiv_` and `add_` with
+    a tensor alpha: every compiled Adam/AdamW step (torch 2.13). ATen runs it as `(a * b) + c`."""
+    return pointwise(ctx, [a, b, c], lambda ops, x, y, z: ops.add(ops.mul(x, y), z))
 
 
 @register(prims.div.default)

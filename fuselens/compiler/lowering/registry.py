@@ -20,6 +20,10 @@ from fuselens.compiler.ir import Expr
 aten = torch.ops.aten
 prims = torch.ops.prims
 LOWERINGS: dict[Any, Callable[..., Any]] = {}
+# lowerings of ops defined only once something imports their module (Dynamo emits Inductor's
+# `prims::fma` for `addcmul_`/`addcdiv_`, defined by torch._inductor.inductor_prims): by name,
+# so that lowering need not import it (1.2 s)
+_BY_NAME: dict[str, Callable[..., Any]] = {}
 
 
 class NotLowered(Exception):
@@ -42,6 +46,26 @@ def register(*ops: Any) -> Callable:
         return fn
 
     return deco
+
+
+def register_by_name(name: str) -> Callable:
+    """`register` for an op known by its qualified name ("prims::fma") alone."""
+
+    def deco(fn: Callable) -> Callable:
+        _BY_NAME[name] = fn
+        return fn
+
+    return deco
+
+
+def lowering_of(target: Any) -> Any:
+    """The lowering of an FX node's target, None if it has none."""
+    fn = LOWERINGS.get(target)
+    if fn is None and _BY_NAME and isinstance(target, torch._ops.OpOverload):
+        fn = _BY_NAME.get(target.name())
+        if fn is not None:
+            LOWERINGS[target] = fn
+    return fn
 
 
 def overloads(packet: Any, *names: str) -> list[Any]:
