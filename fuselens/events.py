@@ -67,7 +67,7 @@ class FixAdvice:
     cause: str  # catalogue key, e.g. "input-size", "global-mutated", "item"
     title: str  # one line, imperative
     detail: str = ""  # why it works, in the user's terms
-    edit: str = ""  # "mark_dynamic" | "dynamic_true" | "config" | "" (advice only)
+    edit: str = ""  # "mark_dynamic" | "dynamic_true" | "config" | "ignore_logging" | "" (advice only)
     args: list[str] = field(default_factory=list)  # mark_dynamic: [name, dim]; config: [name, value]
     verified: Optional[bool] = None  # None: not tried
     preferred: bool = False

@@ -116,11 +116,24 @@ def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: b
 
 
 
-def graph_break_fixes(gb: GraphBreak) -> tuple[str, list[FixAdvice]]:
+_LOGGER_METHOD = re.compile(r"method: <Logger [^>]*>\.(\w+)")
+
+
+def graph_break_fixes(gb: GraphBreak, debug_context: str = "") -> tuple[str, list[FixAdvice]]:
     """(an explanation in the user's terms, or "" when torch's is right; the
-    fixes) for one graph break."""
+    fixes) for one graph break; `debug_context` is Dynamo's developer debug context."""
     text = f"{gb.reason} {gb.gb_type} {gb.explanation}".lower()
     code = (gb.location.code or "").replace(" ", "")
+    logger = _LOGGER_METHOD.search(debug_context) if "logging.logger method" in text else None
+    if logger is not None:
+        # a logger call in traced code, often a library's (transformers' warning_once in a model's
+        # forward): the break is at the user's line that called into it, where nothing can be edited
+        m = logger.group(1)
+        return (f"a logging call (logging.Logger.{m}) inside the compiled code", [FixAdvice(
+            "logging-call", f"let Dynamo skip logging.Logger.{m} in compiled code: "
+            f"torch._dynamo.config.ignore_logging_functions.add(logging.Logger.{m})",
+            "the call is left out of the compiled graph instead of ending it; its message is not "
+            "printed from compiled code", edit="ignore_logging", args=[m])])
     if gb.origin == ORIGIN_OPTIMIZER_STEP:
         # by design (capture/break_origin.py): no edit removes it, so no fix. "Compile the step
         # separately" was offered here, and a step compiled alone, as PyTorch's recipe does it,

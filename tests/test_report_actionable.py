@@ -73,6 +73,36 @@ def test_a_recompile_on_an_optimizers_learning_rate_offers_a_tensor_learning_rat
     assert fixcatalog.recompile_fixes("value", "scale", None)[0].title == "pass scale as a tensor (torch.tensor(scale))"
 
 
+LOGGER_BREAK = """Graph break in user code at /venv/lib/transformers/modeling_utils.py:5120
+Graph Break Reason: logging.Logger method not supported for non-export cases
+  Explanation: logging.Logger methods are not supported for non-export cases.
+  Hint: Add the logging method to `torch._dynamo.config.ignore_logging_functions`.
+
+  Developer debug context: method: <Logger transformers.modeling_utils (WARNING)>.warning_once, args: []
+"""
+
+
+def test_a_logger_call_in_library_code_offers_ignore_logging_functions_placed_after_the_imports():
+    """transformers logs from a model's forward (warning_once, which it adds to logging.Logger):
+    the break is at the user's model call, where there is no logging call to remove."""
+    from fuselens.capture.tracetext import parse_graph_break
+    from fuselens.server.fixes import apply_edits, ignore_logging_fix
+    from fuselens.server.source_index import SourceIndex
+
+    parsed = parse_graph_break(LOGGER_BREAK)
+    assert parsed.debug_context.startswith("method: <Logger transformers.modeling_utils (WARNING)>.warning_once")
+    gb = GraphBreak(SourceLocation("train.py", 9, "<module>", "loss = model(ids).loss"), parsed.reason,
+                    explanation=parsed.explanation)
+    explained, (fix,) = fixcatalog.graph_break_fixes(gb, parsed.debug_context)
+    assert "logging.Logger.warning_once" in explained
+    assert (fix.edit, fix.args) == ("ignore_logging", ["warning_once"])
+    program = "import torch\nimport transformers\n\nmodel = torch.compile(transformers.GPT2LMHeadModel(cfg))\n"
+    fixed = apply_edits(program, ignore_logging_fix(SourceIndex(program), "warning_once").edits)
+    assert fixed.splitlines()[:4] == ["import torch", "import transformers", "import logging",
+                                      "torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)"]
+    assert ignore_logging_fix(SourceIndex(fixed), "warning_once") is None  # applied once
+
+
 def test_nonzero_graph_break_offers_capture_dynamic_output_shape_ops():
     gb = GraphBreak(SourceLocation("r.py", 13, "forward", "p = m.nonzero()"), "Dynamic shape operator")
     _, fixes = fixcatalog.graph_break_fixes(gb)
@@ -116,7 +146,7 @@ def test_the_workers_cache_mode_reaches_the_report_header():
 
 # -- real programs -----------------------------------------------------------------
 CORRECT = ["global_dict.py", "bytes_key.py", "nonzero_route.py", "autocast_switch.py", "train_step.py",
-           "compiled_optimizer.py"]
+           "compiled_optimizer.py", "logger_in_forward.py"]
 
 
 @pytest.mark.slow
@@ -229,6 +259,24 @@ def test_a_compiled_optimizer_step_has_no_graph_break_finding_and_its_lr_fix_rem
     finally:
         os.unlink(copy)
     assert after.run.exit_code == 0 and not common.failures(after) and after.recompiles == []
+
+
+@pytest.mark.slow
+def test_the_logging_fix_applied_runs_and_removes_the_graph_break():
+    report = analyze(Target.from_cli(["logger_in_forward.py"], cwd=REAL), RunOptions(timeout_s=120))
+    (gb,) = report.graph_breaks
+    (fix,) = gb.fixes
+    assert fix.edit == "ignore_logging" and fix.args == ["warning"]
+    with open(os.path.join(REAL, "logger_in_forward.py"), encoding="utf-8") as f:
+        fixed = edited_source(f.read(), gb, fix)
+    copy = os.path.join(REAL, ".fixed_logger_in_forward.py")
+    with open(copy, "w", encoding="utf-8") as f:
+        f.write(fixed)
+    try:
+        after = analyze(Target.from_cli([copy], cwd=REAL), RunOptions(timeout_s=120))
+    finally:
+        os.unlink(copy)
+    assert after.run.exit_code == 0 and not common.failures(after) and after.graph_breaks == []
 
 
 @pytest.mark.slow

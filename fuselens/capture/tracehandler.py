@@ -200,7 +200,7 @@ class TraceHandler(TorchLogReader):
         if key in self._seen_breaks:  # a restarted attempt logs the same break again
             return
         self._seen_breaks.add(key)
-        gb.explained, gb.fixes = fsdp.hook_break(parsed.frames) or fixcatalog.graph_break_fixes(gb)
+        gb.explained, gb.fixes = fsdp.hook_break(parsed.frames) or fixcatalog.graph_break_fixes(gb, parsed.debug_context)
         self._emit(gb)
 
     def _on_chromium(self, cid: str, payload: Optional[str]) -> None:

@@ -28,6 +28,9 @@ class ParsedGraphBreak:
     explanation: str = ""
     hints: list[str] = field(default_factory=list)
     registry_id: str = ""
+    # Dynamo's "Developer debug context" (first lines): names what it could not trace, such as
+    # the logger method (`method: <Logger transformers.modeling_utils (WARNING)>.warning_once`)
+    debug_context: str = ""
     at: Optional[tuple[str, int]] = None  # "Graph break in user code at FILE:LINE"
     frames: list[tuple[str, int, str]] = field(default_factory=list)  # user code traceback, outermost first
 
@@ -91,6 +94,7 @@ class _GraphBreakReader:
         elif line.startswith("Developer debug context:"):
             self._close()
             self.section, self.current = "debug", None
+            out.debug_context = line[len("Developer debug context:") :].strip()[:500]
         elif self.section == "reason":
             self.reason_lines.append(line)
         elif self.section in ("explanation", "hint") and self.current is not None:

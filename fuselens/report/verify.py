@@ -23,7 +23,7 @@ from fuselens.events import FixAdvice, GraphBreak, Recompile, Report
 from fuselens.report import common
 from fuselens.report.verdicts import RunContext, Verdict, VerdictStore, verdict_key
 
-EDITABLE = ("mark_dynamic", "dynamic_true", "config")
+EDITABLE = ("mark_dynamic", "dynamic_true", "config", "ignore_logging")
 Finding = Union[GraphBreak, Recompile]
 
 
@@ -61,6 +61,8 @@ def edited_source(source: str, finding: Finding, fix: FixAdvice) -> Optional[str
     function = finding.function if isinstance(finding, Recompile) else finding.location.function
     if fix.edit == "config" and len(fix.args) == 2:
         edit = fx.config_fix(index, fix.args[0], fix.args[1])
+    elif fix.edit == "ignore_logging" and len(fix.args) == 1:
+        edit = fx.ignore_logging_fix(index, fix.args[0])
     elif fix.edit == "dynamic_true":
         site = index.site_for(function)
         edit = fx.dynamic_true_fix(index, site) if site is not None else None

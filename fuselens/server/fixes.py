@@ -205,7 +205,27 @@ def graph_break_fixes(index: SourceIndex, gb: GraphBreak, line: int) -> list[Opt
         out.append(cond_fix(index, line + 1))
     for name, value in _CONFIG_IN_HINT.findall(hints.replace("`", "")):
         out.append(config_fix(index, name, value))
+    out += [ignore_logging_fix(index, f.args[0]) for f in gb.fixes if f.edit == "ignore_logging" and f.args]
     return out
+
+
+def ignore_logging_fix(index: SourceIndex, method: str) -> Optional[Fix]:
+    """`torch._dynamo.config.ignore_logging_functions.add(logging.Logger.M)` after the program's
+    last top-level import: a library may add M to Logger (transformers' warning_once), so it must
+    be imported first."""
+    statement = f"{index.torch}._dynamo.config.ignore_logging_functions.add(logging.Logger.{method})"
+    if f"ignore_logging_functions.add(logging.Logger.{method})" in index.source or not method.isidentifier():
+        return None
+    imports = [n for n in index.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    if not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None for a in n.names)
+               for n in imports) and index.torch == "torch":
+        statement = f"import torch\n{statement}"
+    if not any(isinstance(n, ast.Import) and any(a.name == "logging" and a.asname is None for a in n.names)
+               for n in imports):
+        statement = f"import logging\n{statement}"
+    at = max((n.end_lineno for n in imports), default=_import_line(index.tree))
+    return Fix(f"Let Dynamo skip logging.Logger.{method} in compiled code (ignore_logging_functions)",
+               [Edit(at, 0, at, 0, f"{statement}\n")])
 
 
 def config_fix(index: SourceIndex, name: str, value: str) -> Optional[Fix]:
