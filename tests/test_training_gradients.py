@@ -188,6 +188,10 @@ OPTIMIZERS = {
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    # the foreach implementations, CUDA's default: _foreach_* ops, lowered element by element
+    "sgd_momentum_foreach": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True),
+    "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=True),
+    "adam_amsgrad_foreach": lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, foreach=True),
 }
 
 

@@ -6,6 +6,7 @@
     reductions.py  reductions (sum, mean, var, ...) and the library calls kept whole
     views.py       views and data movement as index maps (permute, view, cat, pad, ...)
     indexing.py    reads at indices held in a tensor (embedding, gather)
+    foreach.py     `_foreach_*` ops (a CUDA optimizer's step), element by element
 
 `lower` imports the op tables, which register themselves into the table.
 """
@@ -17,7 +18,7 @@ from typing import Any
 import torch.fx
 
 from fuselens.compiler.ir import GraphIR
-from fuselens.compiler.lowering import indexing, pointwise, reductions, views  # noqa: F401  (fill the table)
+from fuselens.compiler.lowering import foreach, indexing, pointwise, reductions, views  # noqa: F401  (fill the table)
 from fuselens.compiler.lowering.lowerer import Lowerer
 
 

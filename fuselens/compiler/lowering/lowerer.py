@@ -94,7 +94,7 @@ class Lowerer:
             stride=list(stride),
             dtype=dtype,
             body=body,
-            fx_nodes=[node.name],
+            fx_nodes=[getattr(node, "fx_name", node.name)],  # a foreach element reports its foreach node
             aten_ops=[ir.op_name(node.target)],
             reduction=reduction,
             full_size=list(full_size),

@@ -1,0 +1,115 @@
+"""`_foreach_*` ops: what a compiled optimizer's step is made of on CUDA, where torch's
+optimizers default to their foreach implementations (Adam, AdamW, SGD with momentum).
+
+Each is one pointwise op applied to every tensor of its lists. It is lowered element by
+element with the lowering of the plain op (`_foreach_add.List` -> `aten.add.Tensor` for
+each pair), so that each parameter's update becomes compute nodes like any others and the
+scheduler fuses its chain of foreach ops into one kernel. Ran in ATen instead, a compiled
+AdamW step on the H200 took 1.96 ms against Inductor's 0.16 (eager 0.37): a launch per op
+per list, and nothing fused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from fuselens.compiler.lowering.lowerer import Lowerer, _meta
+from fuselens.compiler.lowering.pointwise import pointwise
+from fuselens.compiler.lowering.registry import NotLowered, aten, lowering_of, register
+
+# the composite ops of the foreach family, as pointwise bodies: (self, a, b, scalar)
+_COMPOSITE = {
+    "addcmul": lambda ops, x, a, b, k: ops.add(x, ops.mul(ops.mul(a, b), k)),
+    "addcdiv": lambda ops, x, a, b, k: ops.add(x, ops.mul(ops.truediv(a, b), k)),
+}
+# lerp(self, end, weight) = self + weight * (end - self)
+_LERP = lambda ops, x, e, w: ops.add(x, ops.mul(w, ops.sub(e, x)))  # noqa: E731
+
+
+class _Element:
+    """The one element of a foreach node that a plain op's lowering sees as "the current
+    node": its target, arguments, output and a buffer name of its own."""
+
+    op = "call_function"
+
+    def __init__(self, node: torch.fx.Node, i: int, target: Any, args: tuple, kwargs: dict) -> None:
+        self.name = f"{node.name}_{i}"
+        self.fx_name = node.name  # the FX node its compute nodes report (kernels, fusion decisions)
+        self.target, self.args, self.kwargs = target, args, kwargs
+        self.meta = {"val": _meta(node)[i], "stack_trace": node.meta.get("stack_trace")}
+        self.users: dict = {}
+        self.all_input_nodes = [a for a in args if isinstance(a, torch.fx.Node)]
+
+
+def _plain(name: str, overload: str, args: tuple, kwargs: dict, i: int) -> Optional[tuple[Any, tuple, dict]]:
+    """(the plain op, its FX-level arguments) for element i of `_foreach_<name>.<overload>`;
+    None where there is none to lower."""
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    xs = args[0]
+    if overload == "default" and len(args) == 1:  # unary: neg, sqrt, reciprocal, ...
+        return getattr(packet, "default", None), (xs[i],), {}
+    if overload == "ScalarAndTensor":  # pow(scalar, exponents)
+        return getattr(packet, "Scalar", None), (args[0], args[1][i]), {}
+    other = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("scalar"))
+    if overload == "List":
+        op = getattr(packet, "Tensor", None) or getattr(packet, "Tensor_Tensor", None) or getattr(packet, "default", None)
+        return op, (xs[i], other[i]), dict(kwargs)
+    if overload == "Scalar":
+        op = getattr(packet, "Scalar", None) or getattr(packet, "Tensor_Scalar", None)
+        return op, (xs[i], other), dict(kwargs)
+    if overload == "ScalarList":
+        op = getattr(packet, "Scalar", None) or getattr(packet, "Tensor_Scalar", None)
+        return op, (xs[i], other[i]), {}
+    if overload == "Tensor":  # one tensor (a 0-d step count) against every element
+        return getattr(packet, "Tensor", None), (xs[i], other), dict(kwargs)
+    return None
+
+
+def _composite(ctx: Lowerer, name: str, overload: str, args: tuple, kwargs: dict, i: int) -> Optional[Any]:
+    """Element i of `_foreach_addcmul/addcdiv/lerp`, straight as a pointwise node."""
+    vals = ctx._values(args)
+    if name in _COMPOSITE and overload in ("Scalar", "ScalarList") and len(args) >= 3:
+        k = vals[3] if len(vals) > 3 else kwargs.get("value", kwargs.get("scalars", 1))
+        k = k[i] if overload == "ScalarList" else k
+        return pointwise(ctx, [vals[0][i], vals[1][i], vals[2][i], k], _COMPOSITE[name])
+    if name == "lerp" and overload in ("Scalar", "List", "ScalarList") and len(args) == 3:
+        w = vals[2][i] if overload in ("List", "ScalarList") else vals[2]
+        return pointwise(ctx, [vals[0][i], vals[1][i], w], _LERP)
+    return None
+
+
+def lower_foreach(ctx: Lowerer, *_: Any, **__: Any) -> list[Any]:
+    node = ctx.current
+    packet, overload = node.target.__name__.split(".")[0], node.target._overloadname
+    name = packet.removeprefix("_foreach_")
+    count = len(next(a for a in node.args if isinstance(a, (list, tuple))))
+    out: list[Any] = []
+    try:
+        for i in range(count):
+            plain = _plain(name, overload, node.args, node.kwargs, i) if name not in (*_COMPOSITE, "lerp") else None
+            target = plain[0] if plain is not None and plain[0] is not None else node.target
+            ctx.current = _Element(node, i, target, plain[1] if plain else (), plain[2] if plain else {})
+            if plain is None:
+                value = _composite(ctx, name, overload, node.args, node.kwargs, i)
+            else:
+                fn = lowering_of(plain[0]) if plain[0] is not None else None
+                value = fn(ctx, *ctx._values(plain[1]), **ctx._values(plain[2])) if fn is not None else None
+            if value is None:
+                raise NotLowered(f"no lowering for element {i} of {packet}.{overload}")
+            out.append(value)
+    finally:
+        ctx.current = node
+    return out
+
+
+# the functional ones (AOTAutograd turns `_foreach_add_` into `_foreach_add` and copies back);
+# not those that reduce (norm, max) or copy
+_NAMES = sorted({n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                 if n.startswith("aten::_foreach_")})
+register(*[getattr(aten, n) for n in _NAMES if not n.endswith("_")
+           and n not in ("_foreach_copy", "_foreach_norm", "_foreach_max")])(lower_foreach)
