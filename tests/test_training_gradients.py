@@ -230,3 +230,30 @@ def test_twenty_step_training_loop_losses_equal_eager():
             o.step()
             losses.append(loss.detach())
         torch.testing.assert_close(losses[0], losses[1], rtol=RTOL, atol=ATOL, msg=lambda m: f"step {step}: {m}")
+
+
+def test_foreach_ops_of_every_overload_form_lower_to_kernels_and_match_eager(events):
+    """The forms a foreach op comes in (a list with a list, a scalar, a scalar per tensor, one
+    tensor; a scalar base with a list of exponents; unary; addcmul/addcdiv/lerp), each element
+    lowered with its plain op; one with no plain lowering (clamp_min with a scalar) runs whole
+    in ATen."""
+    def step(xs, ys, t):
+        a = torch._foreach_add(xs, ys, alpha=0.5)
+        b = torch._foreach_mul(a, 3.0)
+        c = torch._foreach_div(b, [2.0, 4.0, 8.0])
+        d = torch._foreach_sub(c, t)
+        e = torch._foreach_pow(2.0, d)
+        f = torch._foreach_sqrt(torch._foreach_abs(e))
+        g = torch._foreach_addcmul(f, xs, ys, value=0.1)
+        h = torch._foreach_addcdiv(g, xs, torch._foreach_add(torch._foreach_abs(ys), 1.0), value=0.2)
+        i = torch._foreach_lerp(h, xs, 0.3)
+        return torch._foreach_clamp_min(i, 0.5)
+
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, generator=gen) for n in (7, 64, 300)]
+    ys = [torch.randn(n, generator=gen) for n in (7, 64, 300)]
+    t = torch.tensor(0.25)
+    for got, want in zip(torch.compile(step, backend="fuselens")(xs, ys, t), step(xs, ys, t)):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    in_aten = [e.message for e in events if isinstance(e, ErrorEntry) and e.kind == "fallback"]
+    assert len(in_aten) == 1 and "_foreach_clamp_min" in in_aten[0], in_aten

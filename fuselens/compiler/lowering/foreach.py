@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from fuselens.compiler.ir import ExternNode
 from fuselens.compiler.lowering.lowerer import Lowerer, _meta
 from fuselens.compiler.lowering.pointwise import pointwise
 from fuselens.compiler.lowering.registry import NotLowered, aten, lowering_of, register
@@ -89,6 +90,7 @@ def lower_foreach(ctx: Lowerer, *_: Any, **__: Any) -> list[Any]:
     name = packet.removeprefix("_foreach_")
     count = len(next(a for a in node.args if isinstance(a, (list, tuple))))
     out: list[Any] = []
+    first = len(ctx.graph.steps)
     try:
         for i in range(count):
             plain = _plain(name, overload, node.args, node.kwargs, i) if name not in (*_COMPOSITE, "lerp") else None
@@ -101,6 +103,9 @@ def lower_foreach(ctx: Lowerer, *_: Any, **__: Any) -> list[Any]:
                 value = fn(ctx, *ctx._values(plain[1]), **ctx._values(plain[2])) if fn is not None else None
             if value is None:
                 raise NotLowered(f"no lowering for element {i} of {packet}.{overload}")
+            if any(isinstance(s, ExternNode) for s in ctx.graph.steps[first:]):
+                # a library call or ATen step would run a stand-in node: the whole op goes to ATen
+                raise NotLowered(f"element {i} of {packet}.{overload} is not a kernel of ours")
             out.append(value)
     finally:
         ctx.current = node
