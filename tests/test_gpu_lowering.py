@@ -239,25 +239,15 @@ def test_compiled_optimizer_step_on_cuda_matches_eager_parameters_after_five_ste
     import sys
     from pathlib import Path
 
-    import torch.nn.functional as F
-
     fuselens.compiler.register()
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_training_gradients import OPTIMIZERS, small_net
+    from test_training_gradients import five_steps_compiled_and_eager
 
     torch._dynamo.reset()
-    eager_net, compiled_net = small_net().cuda(), small_net().cuda()
-    eager_opt, compiled_opt = OPTIMIZERS[name](eager_net.parameters()), OPTIMIZERS[name](compiled_net.parameters())
-    step = torch.compile(compiled_opt.step, backend="fuselens",
-                         options={"cuda_graphs": cuda_graphs, "fallback_on_error": False})
-    x, y = torch.randn(8, 16, device="cuda"), torch.randn(8, 4, device="cuda")
     with sink.collect() as events:
-        for _ in range(5):
-            for net, opt, do_step in ((eager_net, eager_opt, eager_opt.step), (compiled_net, compiled_opt, step)):
-                opt.zero_grad()
-                F.mse_loss(net(x), y).backward()
-                do_step()
-    for p, q in zip(compiled_net.parameters(), eager_net.parameters()):
+        pairs = five_steps_compiled_and_eager(name, "cuda", options={"cuda_graphs": cuda_graphs,
+                                                                    "fallback_on_error": False})
+    for p, q in pairs:
         assert p.device == q.device
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     assert any(k.kind == "triton" for k in events if isinstance(k, Kernel)), "the step compiled no kernel"

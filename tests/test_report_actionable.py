@@ -239,6 +239,19 @@ def test_each_preferred_fix_applied_runs_and_removes_its_finding():
     assert not [r for r in after.recompiles if r.function == rc.function and r.cause == rc.cause]
 
 
+def _run_edited(program: str, edit) -> Report:
+    """The report of a copy of a corpus program with `edit` (source -> source) applied."""
+    with open(os.path.join(REAL, program), encoding="utf-8") as f:
+        fixed = edit(f.read())
+    copy = os.path.join(REAL, f".fixed_{program}")
+    with open(copy, "w", encoding="utf-8") as f:
+        f.write(fixed)
+    try:
+        return analyze(Target.from_cli([copy], cwd=REAL), RunOptions(timeout_s=120))
+    finally:
+        os.unlink(copy)
+
+
 @pytest.mark.slow
 def test_a_compiled_optimizer_step_has_no_graph_break_finding_and_its_lr_fix_removes_the_recompile():
     """PyTorch's recipe, the step compiled alone, with an LR schedule: its graph breaks are
@@ -249,15 +262,7 @@ def test_a_compiled_optimizer_step_has_no_graph_break_finding_and_its_lr_fix_rem
     assert common.counts(report).graph_breaks == 0 and not common.failures(report)
     (rc,) = report.recompiles
     assert "lr=torch.tensor(1e-3)" in rc.fixes[0].title
-    with open(os.path.join(REAL, "compiled_optimizer.py"), encoding="utf-8") as f:
-        source = f.read()
-    copy = os.path.join(REAL, ".fixed_compiled_optimizer.py")
-    with open(copy, "w", encoding="utf-8") as f:
-        f.write(source.replace("lr=0.01", "lr=torch.tensor(0.01)"))
-    try:
-        after = analyze(Target.from_cli([copy], cwd=REAL), RunOptions(timeout_s=120))
-    finally:
-        os.unlink(copy)
+    after = _run_edited("compiled_optimizer.py", lambda source: source.replace("lr=0.01", "lr=torch.tensor(0.01)"))
     assert after.run.exit_code == 0 and not common.failures(after) and after.recompiles == []
 
 
@@ -267,15 +272,7 @@ def test_the_logging_fix_applied_runs_and_removes_the_graph_break():
     (gb,) = report.graph_breaks
     (fix,) = gb.fixes
     assert fix.edit == "ignore_logging" and fix.args == ["warning"]
-    with open(os.path.join(REAL, "logger_in_forward.py"), encoding="utf-8") as f:
-        fixed = edited_source(f.read(), gb, fix)
-    copy = os.path.join(REAL, ".fixed_logger_in_forward.py")
-    with open(copy, "w", encoding="utf-8") as f:
-        f.write(fixed)
-    try:
-        after = analyze(Target.from_cli([copy], cwd=REAL), RunOptions(timeout_s=120))
-    finally:
-        os.unlink(copy)
+    after = _run_edited("logger_in_forward.py", lambda source: edited_source(source, gb, fix))
     assert after.run.exit_code == 0 and not common.failures(after) and after.graph_breaks == []
 
 

@@ -195,18 +195,24 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_compiled_optimizer_step_matches_eager_parameters_after_five_steps(name: str, events):
-    eager_net, compiled_net = small_net(), small_net()
+def five_steps_compiled_and_eager(name: str, device: str = "cpu", **compile_kw: Any) -> list[tuple]:
+    """(compiled, eager) parameter pairs after five training steps of small_net with optimizer
+    `name`, its step compiled with `compile_kw` on one copy (also the GPU tests' loop)."""
+    eager_net, compiled_net = small_net().to(device), small_net().to(device)
     eager_opt, compiled_opt = OPTIMIZERS[name](eager_net.parameters()), OPTIMIZERS[name](compiled_net.parameters())
-    step = torch.compile(compiled_opt.step, backend="fuselens")
-    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    step = torch.compile(compiled_opt.step, backend="fuselens", **compile_kw)
+    x, y = torch.randn(8, 16, device=device), torch.randn(8, 4, device=device)
     for _ in range(5):
         for net, opt, do_step in ((eager_net, eager_opt, eager_opt.step), (compiled_net, compiled_opt, step)):
             opt.zero_grad()
             F.mse_loss(net(x), y).backward()
             do_step()
-    for p, q in zip(compiled_net.parameters(), eager_net.parameters()):
+    return list(zip(compiled_net.parameters(), eager_net.parameters()))
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_compiled_optimizer_step_matches_eager_parameters_after_five_steps(name: str, events):
+    for p, q in five_steps_compiled_and_eager(name):
         torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL)
     # nothing in ATen: torch 2.13's Dynamo turns Adam's addcmul_/addcdiv_ into Inductor's prims::fma,
     # which ran in ATen between kernels (an AdamW step 0.47 -> 0.14-0.21 ms once lowered)
