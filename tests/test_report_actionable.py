@@ -17,10 +17,11 @@ from fuselens.capture import RunOptions, Target, analyze
 from fuselens.capture import callsite, guardtext
 from fuselens.capture.assemble import assemble
 from fuselens.capture.break_origin import break_origin
-from fuselens.events import ORIGIN_OPTIMIZER_STEP, ErrorEntry, GraphBreak, Report, RunInfo, SourceLocation
+from fuselens.events import ORIGIN_OPTIMIZER_STEP, ErrorEntry, FixAdvice, GraphBreak, Report, RunInfo, SourceLocation
 from fuselens import fixcatalog
 from fuselens.report import common
 from fuselens.report.cli import render
+from fuselens.report import verify
 from fuselens.report.verify import edited_source
 
 REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "real")
@@ -101,6 +102,28 @@ def test_a_logger_call_in_library_code_offers_ignore_logging_functions_placed_af
     assert fixed.splitlines()[:4] == ["import torch", "import transformers", "import logging",
                                       "torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)"]
     assert ignore_logging_fix(SourceIndex(fixed), "warning_once") is None  # applied once
+
+
+def test_a_library_model_compiled_by_assignment_gets_edits_at_its_compile_call_and_its_callers():
+    """`model = torch.compile(model)` of a transformers model (no def or class here), called as
+    `model(input_ids=ids)` inside `print(float(...))`: the fixes' edits were "could not apply",
+    shown as "tried: did not work", and the recompile was named after `print`."""
+    from fuselens.server.fixes import apply_edits, dynamic_true_fix, mark_dynamic_fix
+    from fuselens.server.source_index import SourceIndex
+
+    with open(os.path.join(REAL, "hf_bert_varlen.py"), encoding="utf-8") as f:
+        source = f.read()
+    index = SourceIndex(source)
+    site = index.site_for("model")
+    assert site is not None and site.call is not None
+    assert "dynamic=True)" in apply_edits(source, dynamic_true_fix(index, site).edits)
+    ((call, stmt),) = [(c, s) for c, s in index.call_sites(site) if "labels=labels)" in index.text(c)
+                       and s.lineno == 20]
+    fixed = apply_edits(source, mark_dynamic_fix(index, site, call, stmt, "ids", 1).edits)
+    assert "    torch._dynamo.mark_dynamic(ids, 1)\n    out = model(" in fixed
+    assert callsite.parse_call('print("eval", float(model(input_ids=ids).loss))').callee == "model"
+    assert common.fix_label(FixAdvice("input-size", "compile with dynamic=True", verified=None))[1] == \
+        "compile with dynamic=True"
 
 
 def test_nonzero_graph_break_offers_capture_dynamic_output_shape_ops():
@@ -274,6 +297,16 @@ def test_the_logging_fix_applied_runs_and_removes_the_graph_break():
     assert fix.edit == "ignore_logging" and fix.args == ["warning"]
     after = _run_edited("logger_in_forward.py", lambda source: edited_source(source, gb, fix))
     assert after.run.exit_code == 0 and not common.failures(after) and after.graph_breaks == []
+
+
+@pytest.mark.slow
+def test_a_padded_batch_recompile_of_a_library_model_gets_a_verified_fix_and_its_eval_call_its_name():
+    report = analyze(Target.from_cli(["hf_bert_varlen.py"], cwd=REAL), RunOptions(timeout_s=240))
+    verify.verify_report(report, os.path.join(REAL, "hf_bert_varlen.py"),
+                         lambda path: analyze(Target.from_cli([path], cwd=REAL), RunOptions(timeout_s=240)))
+    size, grad = report.recompiles
+    assert (size.function, size.cause, grad.function, grad.cause) == ("model", "input-size", "model", "grad-mode")
+    assert [f.title for f in size.fixes if f.preferred] and all(f.verified is not False for f in size.fixes)
 
 
 @pytest.mark.slow

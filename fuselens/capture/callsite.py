@@ -9,6 +9,7 @@ wrote `compiled(input_ids)`: read that line and use its words.
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from dataclasses import dataclass, field
 from typing import Optional
@@ -25,12 +26,15 @@ class CallText:
 
 
 def parse_call(code: str) -> Optional[CallText]:
-    """The outermost call on a one-line statement (`y = model(x, n=3).logits`)."""
+    """The outermost call on a one-line statement (`y = model(x, n=3).logits`) that is not a
+    Python builtin's (`print(float(model(x).loss))` is `model`'s call)."""
     try:
         tree = ast.parse(code.strip())
     except SyntaxError:
         return None
     for node in ast.walk(tree):  # breadth first: the outermost call comes first
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and hasattr(builtins, node.func.id):
+            continue
         if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
             if any(isinstance(a, ast.Starred) for a in node.args):
                 return None

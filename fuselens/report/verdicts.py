@@ -45,7 +45,7 @@ MAX_LOCAL_FILES = 200  # a huge repository next to a script: hash this many, the
 class Verdict:
     """What re-running the program with one fix showed."""
 
-    verified: bool
+    verified: Optional[bool]  # None: not tried (the edit could not be made in this program)
     note: str
 
 

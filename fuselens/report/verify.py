@@ -138,7 +138,8 @@ def _verdict(source: str, script: str, finding: Finding, fix: FixAdvice, run: Ca
     runs were made already)."""
     new = edited_source(source, finding, fix)
     if new is None:
-        return Outcome(False, "could not apply the edit mechanically")
+        # not tried: shown as a plain fix, never as one that "did not work"
+        return Outcome(None, "not tried: the edit could not be made mechanically in this program")
     key = verdict_key(context, new, _target(finding)) if store is not None and context is not None else None
     stored = store.get(key) if store is not None and key is not None else None
     if stored is not None:

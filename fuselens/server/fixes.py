@@ -119,10 +119,15 @@ def recompile_fixes(index: SourceIndex, rc: Recompile) -> list[Optional[Fix]]:
 
 
 def _argument(site: CompileSite, call: ast.Call, name: str) -> Optional[ast.expr]:
-    """The expression passed for parameter `name` at this call."""
+    """The expression passed for parameter `name` at this call, or the caller's own variable
+    `name` passed to it (the capture names an input as the call passes it: `ids` for
+    `model(input_ids=ids)`)."""
     for kw in call.keywords:
         if kw.arg == name:
             return kw.value
+    passed = [a for a in [*call.args, *(kw.value for kw in call.keywords)] if isinstance(a, ast.Name) and a.id == name]
+    if len(passed) == 1:
+        return passed[0]
     if site.definition is None:
         return None
     params = [a.arg for a in site.definition.args.posonlyargs + site.definition.args.args]

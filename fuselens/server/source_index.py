@@ -110,6 +110,9 @@ class SourceIndex:
         for site in self.sites:
             if site.function == base:
                 return site
+        for site in self.sites:  # named as the program calls it (`model`: a library module's forward)
+            if base in site.callables:
+                return site
         return self.sites[0] if len(self.sites) == 1 else None
 
     def call_sites(self, site: CompileSite) -> list[tuple[ast.Call, ast.stmt]]:
@@ -178,6 +181,11 @@ class SourceIndex:
                 None,
             )
             self.sites.append(CompileSite("forward", callables, call, None, forward, True))
+        elif isinstance(arg, (ast.Name, ast.Call, ast.Attribute)):
+            # a module or function from a library (transformers, torchvision, opt.step): its
+            # definition is not here, the compile call and the callers are
+            name = arg.attr if isinstance(arg, ast.Attribute) else "forward"
+            self.sites.append(CompileSite(name, callables, call, None, None, not isinstance(arg, ast.Attribute)))
 
     def _instance_class(self, arg: ast.expr) -> Optional[str]:
         """`Model()` or a name bound to `Model()` -> "Model" when defined here."""
