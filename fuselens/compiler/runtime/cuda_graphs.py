@@ -379,9 +379,9 @@ _warm_up_streams: dict[int, Any] = {}
 
 
 def _warm_up_stream(device: int) -> Any:
-    """The one stream per device that warm-ups and captures run on. cuBLAS keeps a workspace per stream for the life of the process: a new stream
-    per capture held 33 MB more each time (GPT-2 training: three graphs, 97 MB after the
-    model was gone)."""
+    """The one stream per device that warm-ups and captures run on. cuBLAS keeps a workspace
+    per stream for the life of the process: a new stream per capture held 33 MB more each
+    time (GPT-2 training: three graphs, 97 MB after the model was gone)."""
     stream = _warm_up_streams.get(device)
     if stream is None:
         stream = _warm_up_streams[device] = torch.cuda.Stream(device)
