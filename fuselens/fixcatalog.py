@@ -36,6 +36,10 @@ def _config(name: str, value: str, cause: str, why: str) -> FixAdvice:
                      args=[f"torch._dynamo.config.{name}", value])
 
 
+_GRAD_MODE_WHY = ("training and inference calls are separate compiles: a training loop's first evaluation under "
+                  "torch.no_grad() recompiles once, as expected, and both stay compiled")
+
+
 def _optimizer_hyperparameter(name: str) -> Optional[FixAdvice]:
     """The fix for a guard on an optimizer's hyperparameter (`self.param_groups[0].lr`, which an
     LR schedule changes every step), None for another name. The optimizer's own code reads it,
@@ -110,7 +114,7 @@ def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: b
             "compile time once")]
     if kind == "grad_mode":
         return [FixAdvice("grad-mode", "call the compiled function under one grad mode (no_grad or not)",
-                          "training and inference calls are separate compiles")]
+                          _GRAD_MODE_WHY)]
     return []
 
 
