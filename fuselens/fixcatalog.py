@@ -107,11 +107,22 @@ def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: b
     if kind == "stack_value":
         return [_config("capture_scalar_outputs", "True", "item-specialized",
                         "keeps the number read from the tensor inside the graph instead of baking it in")]
+    return _state_fixes(kind, name)
+
+
+def _state_fixes(kind: str, name: str) -> list[FixAdvice]:
+    """Fixes for a guard on the program's state: autocast, grad mode, an attribute set later."""
     if kind == "autocast":
         return [FixAdvice(
             "autocast", "call the compiled function under one autocast setting, or enter torch.autocast inside it",
             "autocast on and off are two compiles of the same function; both are correct, the second costs "
             "compile time once")]
+    if kind == "none_check":
+        return [FixAdvice(
+            "set-after-compile", f"give {name} its value before the first call, or let it recompile once",
+            f"the compiled code read {name} before it was set; whatever set it afterwards, often the model itself "
+            "on its first call (transformers' classification heads set config.problem_type), makes the next "
+            "call compile again, once")]
     if kind == "grad_mode":
         return [FixAdvice("grad-mode", "call the compiled function under one grad mode (no_grad or not)",
                           _GRAD_MODE_WHY)]

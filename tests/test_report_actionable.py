@@ -126,6 +126,21 @@ def test_a_library_model_compiled_by_assignment_gets_edits_at_its_compile_call_a
         "compile with dynamic=True"
 
 
+def test_an_attribute_set_after_the_first_call_is_named_with_advice_to_set_it_before():
+    """transformers' BertForSequenceClassification sets config.problem_type on its first call:
+    the second call recompiles on `self.config.problem_type is None`, shown as a bare "guard
+    failed" with no advice. Set before compiling, the recompile is gone (checked on that loop)."""
+    raw = ("0/0: self.config.problem_type is None # if self.config.problem_type is None: "
+           "# transformers/models/bert/modeling_bert.py:1115 in forward")
+    from fuselens.capture.tracetext import translate_guard
+    g = translate_guard(raw, "forward")
+    assert (g.kind, g.input_name) == ("none_check", "self.config.problem_type")
+    assert g.text.startswith("'self.config.problem_type' is no longer None")
+    (fix,) = fixcatalog.recompile_fixes(g.kind, g.input_name, None)
+    assert fix.title.startswith("give self.config.problem_type its value before the first call")
+    assert translate_guard("0/0: L['self'].cache is not None", "forward").text.startswith("'self.cache' is now None")
+
+
 def test_nonzero_graph_break_offers_capture_dynamic_output_shape_ops():
     gb = GraphBreak(SourceLocation("r.py", 13, "forward", "p = m.nonzero()"), "Dynamic shape operator")
     _, fixes = fixcatalog.graph_break_fixes(gb)

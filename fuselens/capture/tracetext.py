@@ -137,6 +137,7 @@ _SIZE_RE = re.compile(
 _DTYPE_RE = re.compile(r"tensor '(?P<name>.+?)' dtype mismatch\. expected (?P<old>\w+), actual (?P<new>\w+)")
 _NDIM_RE = re.compile(r"tensor '(?P<name>.+?)' rank mismatch\. expected (?P<old>\d+), actual (?P<new>\d+)")
 _TENSOR_OTHER_RE = re.compile(r"tensor '(?P<name>[^']+)' (?P<rest>.+)")
+_NONE_RE = re.compile(r"^(?P<lhs>[\w\[\]'\".]+)\s+is\s+(?P<neg>not\s+)?None\b")
 _VALUE_RE = re.compile(r"^(?P<lhs>[\w\[\]'\".]+)\s*==\s*(?P<value>[^#]+?)\s*(#|$)")
 _SOURCE_RE = re.compile(r"(?:L|G)\['(?P<name>[^']+)'\]")
 _STACK_RE = re.compile(r"^___stack(?P<n>\d+)$")
@@ -221,8 +222,22 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     m = _VALUE_RE.match(head)
     if m and ("___" not in m.group("lhs") or _STACK_RE.match(m.group("lhs"))):
         return _value_guard(m, head, raw, function, guard_line)
+    n = _NONE_RE.match(head)
+    if n and "___" not in n.group("lhs"):
+        return _none_guard(n, raw, function, guard_line)
     expr = head.split("#", 1)[0].strip()
     return GuardFailure(f"guard failed: {clip(user_name(expr, function))}", raw, kind="other", guard_line=guard_line)
+
+
+def _none_guard(m: re.Match, raw: str, function: str, guard_line: Optional[tuple[str, int, str]]) -> GuardFailure:
+    """`x is None` (or `is not None`) no longer holds: something set x (or cleared it) after the
+    call that compiled, often the compiled code itself on its first call."""
+    name = user_name(m.group("lhs"), function)
+    was = "not None" if m.group("neg") else "None"
+    now = "is now None" if m.group("neg") else "is no longer None"
+    where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
+    return GuardFailure(clip(f"'{name}' {now}: the code was specialized to {name} being {was}{where}"),
+                        raw, name, None, was, "", kind="none_check", guard_line=guard_line)
 
 
 def _tensor_guard(head: str, raw: str, function: str) -> Optional[GuardFailure]:
