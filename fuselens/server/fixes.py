@@ -222,15 +222,12 @@ def ignore_logging_fix(index: SourceIndex, method: str) -> Optional[Fix]:
     if f"ignore_logging_functions.add(logging.Logger.{method})" in index.source or not method.isidentifier():
         return None
     imports = [n for n in index.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    if not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None for a in n.names)
-               for n in imports) and index.torch == "torch":
-        statement = f"import torch\n{statement}"
     if not any(isinstance(n, ast.Import) and any(a.name == "logging" and a.asname is None for a in n.names)
                for n in imports):
         statement = f"import logging\n{statement}"
     at = max((n.end_lineno for n in imports), default=_import_line(index.tree))
     return Fix(f"Let Dynamo skip logging.Logger.{method} in compiled code (ignore_logging_functions)",
-               [Edit(at, 0, at, 0, f"{statement}\n")])
+               _import_torch(index) + [Edit(at, 0, at, 0, f"{statement}\n")])
 
 
 def config_fix(index: SourceIndex, name: str, value: str) -> Optional[Fix]:

@@ -20,6 +20,7 @@ import torch.fx
 from fuselens.compiler import ir
 from fuselens.compiler.ir import BufferSpec, ComputeNode, Expr, ExternNode, GraphIR, TensorValue
 from fuselens.compiler.lowering.registry import NotLowered, lowering_of
+from fuselens.compiler.targets.base import runs_on_cuda
 
 # dtypes the code generators handle; anything else runs through ATen.
 LOWERED_DTYPES = {
@@ -53,8 +54,7 @@ class Lowerer:
         self._counter = 0
         # a graph with CUDA inputs gets Triton kernels, which cannot write host memory: its CPU
         # work (an optimizer's step count kept on the CPU) runs in ATen
-        self.on_cuda = any(_is_tensor(v) and v.device.type == "cuda"
-                           for v in (_meta(n) for n in gm.graph.nodes if n.op == "placeholder"))
+        self.on_cuda = runs_on_cuda([_meta(n) for n in gm.graph.nodes if n.op == "placeholder"])
 
     # -- helpers used by the op tables ------------------------------------
     def out_meta(self) -> Any:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -36,6 +36,15 @@ from fuselens.kernel_timing import KernelTimer
 # first move: GPT-2's training backward then copied its 79 saved activations (846 MB) into
 # static buffers on every replay (0.92x of reduce-overhead, twice its peak memory).
 MOVES_BEFORE_COPYING = 4
+
+
+class _Hit(NamedTuple):
+    """A captured signature and what a replay of it needs, looked up once."""
+
+    key: tuple  # the input signature
+    entry: tuple  # (static inputs, positions read in place, graph, outputs)
+    plan: tuple  # (positions copied or compared, positions read in place, addresses)
+    handed: Optional[list]  # the gradients handed out from its outputs
 
 
 class CudaGraphRunner:
@@ -71,11 +80,10 @@ class CudaGraphRunner:
         self.moves: dict[tuple, int] = {}  # signature -> captures since an input it read in place moved
         self._replayed_at: Optional[tuple] = None  # (captures, live runners) `_replayed_cache` is of
         self._replayed_cache: set[int] = set()
-        self._last: Optional[tuple] = None  # signature of the last replay
-        # its (graph entry, plan, handed-out gradients): a signature is a tuple of a tuple per
-        # input, which Python hashes anew at every lookup (ResNet-50's 321 inputs: three
+        # the last replay's signature with what a replay needs of it: a signature is a tuple of a
+        # tuple per input, which Python hashes anew at every lookup (ResNet-50's 321 inputs: three
         # lookups a replay were 40-60 us of its host time)
-        self._last_hit: Optional[tuple] = None
+        self._last_hit: Optional[_Hit] = None
         self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         CudaGraphRunner._live.add(self)
@@ -130,11 +138,9 @@ class CudaGraphRunner:
             return self.runner(inputs)
         return self._replay(self._remember(key), inputs)
 
-    def _remember(self, key: tuple) -> tuple:
-        """Make `key` the last replayed signature; returns its (key, graph entry, plan,
-        handed-out gradients)."""
-        self._last = key
-        self._last_hit = (key, self.graphs[key], self._plans[key], self.handed.get(key))
+    def _remember(self, key: tuple) -> _Hit:
+        """Make `key` the last replayed signature; returns what a replay of it needs."""
+        self._last_hit = _Hit(key, self.graphs[key], self._plans[key], self.handed.get(key))
         return self._last_hit
 
     def _forget(self, key: tuple) -> None:
@@ -143,8 +149,8 @@ class CudaGraphRunner:
             return
         self.handed.pop(key, None)
         self._plans.pop(key, None)
-        if self._last == key:
-            self._last = self._last_hit = None
+        if self._last_hit is not None and self._last_hit.key == key:
+            self._last_hit = None
         self.outputs = {o.untyped_storage().data_ptr() for ent in self.graphs.values() for o in ent[3]
                         if isinstance(o, torch.Tensor)}
         CudaGraphRunner._captures += 1  # other runners' `_replayed` caches hold the old outputs
@@ -158,7 +164,7 @@ class CudaGraphRunner:
         self.moves.clear()
         self.borrowed.clear()
 
-    def _same_call(self, hit: tuple, args: list) -> bool:
+    def _same_call(self, hit: _Hit, args: list) -> bool:
         """Whether `args` replay the graph the last call replayed: the other inputs of the
         same sizes and strides (scalars equal), the ones read in place at the same address,
         none another graph's replayed output. The slow path's checks, without building a
@@ -181,7 +187,7 @@ class CudaGraphRunner:
             return False
         return not self._copies_a_replayed_output(args, params, others)
 
-    def _replay(self, hit: tuple, args: list) -> Any:
+    def _replay(self, hit: _Hit, args: list) -> Any:
         key, (static, params, graph, outs), (copied, _, _), handed = hit
         if handed and not self._move_out_held_gradients(outs, handed):
             # a held gradient this torch cannot move out: a new graph writes other memory,

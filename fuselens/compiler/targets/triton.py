@@ -11,7 +11,7 @@ import torch.fx
 
 from fuselens.compiler import graph_passes, layout_passes, split_reductions
 from fuselens.compiler.codegen import GeneratedLibrary
-from fuselens.compiler.targets.base import Target, cuda_device, runs_on_cuda
+from fuselens.compiler.targets.base import Target, cuda_device
 from fuselens.kernel_timing import KernelTimer
 
 
@@ -22,7 +22,8 @@ class TritonTarget(Target):
     host_timing = False  # the launchers time kernels with the graph's KernelTimer instead (finalize)
 
     def graph_rewrites(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str) -> list:
-        if not runs_on_cuda(example_inputs):
+        device = cuda_device(example_inputs)
+        if device is None:
             return []
         # an inference graph's outputs are only the user's: a padded row stride is fine there; a
         # forward's also feed its backward, compiled for eager's layouts
@@ -30,7 +31,6 @@ class TritonTarget(Target):
         done += graph_passes.index_put_accumulate_as_index_add(gm)
         done += layout_passes.channels_last_for_stage(gm, stage, require_cuda=True)
         done += graph_passes.convolution_bias_as_add(gm)
-        device = cuda_device(example_inputs)
         # after the layout rules: whether a reduction's kept dim is its contiguous one depends on them
         return done + split_reductions.split_reductions(gm, torch.cuda.get_device_properties(device).multi_processor_count)
 
