@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from fuselens.compiler.ir import ExternNode
-from fuselens.compiler.lowering.lowerer import Lowerer, _meta
+from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import pointwise
 from fuselens.compiler.lowering.registry import NotLowered, aten, lowering_of, register
 
@@ -36,11 +36,11 @@ class _Element:
 
     op = "call_function"
 
-    def __init__(self, node: torch.fx.Node, i: int, target: Any, args: tuple, kwargs: dict) -> None:
+    def __init__(self, node: torch.fx.Node, i: int, val: Any, target: Any, args: tuple, kwargs: dict) -> None:
         self.name = f"{node.name}_{i}"
         self.fx_name = node.name  # the FX node its compute nodes report (kernels, fusion decisions)
         self.target, self.args, self.kwargs = target, args, kwargs
-        self.meta = {"val": _meta(node)[i], "stack_trace": node.meta.get("stack_trace")}
+        self.meta = {"val": val, "stack_trace": node.meta.get("stack_trace")}
         self.users: dict = {}
         self.all_input_nodes = [a for a in args if isinstance(a, torch.fx.Node)]
 
@@ -73,7 +73,7 @@ def _plain(name: str, overload: str, args: tuple, kwargs: dict, i: int) -> Optio
 
 def _composite(ctx: Lowerer, name: str, overload: str, args: tuple, kwargs: dict, i: int) -> Optional[Any]:
     """Element i of `_foreach_addcmul/addcdiv/lerp`, straight as a pointwise node."""
-    vals = ctx._values(args)
+    vals = ctx.values(args)
     if name in _COMPOSITE and overload in ("Scalar", "ScalarList") and len(args) >= 3:
         k = vals[3] if len(vals) > 3 else kwargs.get("value", kwargs.get("scalars", 1))
         k = k[i] if overload == "ScalarList" else k
@@ -84,31 +84,37 @@ def _composite(ctx: Lowerer, name: str, overload: str, args: tuple, kwargs: dict
     return None
 
 
+def _element(ctx: Lowerer, node: torch.fx.Node, i: int, name: str, overload: str) -> Optional[Any]:
+    """Element i of foreach node `node`, lowered with its plain op's lowering as a stand-in node;
+    None where there is none."""
+    val = ctx.out_meta()[i]
+    if name in (*_COMPOSITE, "lerp"):
+        stand_in = _Element(node, i, val, node.target, (), {})
+        return ctx.lower_as(stand_in, lambda: _composite(ctx, name, overload, node.args, node.kwargs, i))
+    plain = _plain(name, overload, node.args, node.kwargs, i)
+    fn = lowering_of(plain[0]) if plain is not None and plain[0] is not None else None
+    if fn is None:
+        return None
+    target, args, kwargs = plain
+    return ctx.lower_as(_Element(node, i, val, target, args, kwargs),
+                        lambda: fn(ctx, *ctx.values(args), **ctx.values(kwargs)))
+
+
 def lower_foreach(ctx: Lowerer, *_: Any, **__: Any) -> list[Any]:
     node = ctx.current
     packet, overload = node.target.__name__.split(".")[0], node.target._overloadname
     name = packet.removeprefix("_foreach_")
     count = len(next(a for a in node.args if isinstance(a, (list, tuple))))
-    out: list[Any] = []
     first = len(ctx.graph.steps)
-    try:
-        for i in range(count):
-            plain = _plain(name, overload, node.args, node.kwargs, i) if name not in (*_COMPOSITE, "lerp") else None
-            target = plain[0] if plain is not None and plain[0] is not None else node.target
-            ctx.current = _Element(node, i, target, plain[1] if plain else (), plain[2] if plain else {})
-            if plain is None:
-                value = _composite(ctx, name, overload, node.args, node.kwargs, i)
-            else:
-                fn = lowering_of(plain[0]) if plain[0] is not None else None
-                value = fn(ctx, *ctx._values(plain[1]), **ctx._values(plain[2])) if fn is not None else None
-            if value is None:
-                raise NotLowered(f"no lowering for element {i} of {packet}.{overload}")
-            if any(isinstance(s, ExternNode) for s in ctx.graph.steps[first:]):
-                # a library call or ATen step would run a stand-in node: the whole op goes to ATen
-                raise NotLowered(f"element {i} of {packet}.{overload} is not a kernel of ours")
-            out.append(value)
-    finally:
-        ctx.current = node
+    out: list[Any] = []
+    for i in range(count):
+        value = _element(ctx, node, i, name, overload)
+        if value is None:
+            raise NotLowered(f"no lowering for element {i} of {packet}.{overload}")
+        if any(isinstance(s, ExternNode) for s in ctx.graph.steps[first:]):
+            # a library call or ATen step would run a stand-in node: the whole op goes to ATen
+            raise NotLowered(f"element {i} of {packet}.{overload} is not a kernel of ours")
+        out.append(value)
     return out
 
 

@@ -154,7 +154,7 @@ class Lowerer:
                 if fn is not None and not reason:
                     before = len(g.steps)
                     try:
-                        args, kwargs = self._values(node.args), self._values(node.kwargs)
+                        args, kwargs = self.values(node.args), self.values(node.kwargs)
                         g.values[node.name] = fn(self, *args, **kwargs)
                         g.lowered[node.name] = True
                         continue
@@ -237,13 +237,14 @@ class Lowerer:
                     return f"device {v.device.type}: the C++ code generator runs on CPU tensors"
         return ""
 
-    def _values(self, a: Any) -> Any:
+    def values(self, a: Any) -> Any:
+        """An FX-level argument with its nodes replaced by their lowered values."""
         if isinstance(a, torch.fx.Node):
             return self.graph.values[a.name]
         if isinstance(a, (list, tuple)):
-            return type(a)(self._values(x) for x in a)
+            return type(a)(self.values(x) for x in a)
         if isinstance(a, dict):
-            return {k: self._values(v) for k, v in a.items()}
+            return {k: self.values(v) for k, v in a.items()}
         return a
 
     def _extern(self, node: torch.fx.Node, kind: str, reason: str) -> None:
@@ -284,6 +285,16 @@ class Lowerer:
                 if isinstance(tv, TensorValue):
                     out |= sources_of(tv)
         return out
+
+    def lower_as(self, stand_in: Any, lowering: Callable[[], Any]) -> Any:
+        """`lowering()` run with `stand_in` as the current node: a lowering written for one FX
+        node (its output's fake tensor, its buffer name) applied to a part of another, a
+        foreach op's element with its plain op's lowering (foreach.py)."""
+        node, self.current = self.current, stand_in
+        try:
+            return lowering()
+        finally:
+            self.current = node
 
     def extern(self, reason: str) -> Any:
         """Used by the op tables for library calls (mm, conv, sdpa)."""
