@@ -23,7 +23,8 @@ of the output, or in training of all gradients together).
 The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the part of
 every backend's cold compile that is not the backend's own.
 `--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
-`cuda_graphs` option. `--profile` writes the top kernels of each backend and the Python functions its host time
+`cuda_graphs` option. `--dropout 0.1` trains with dropout on (Hugging Face's default;
+the error column is then empty: each backend draws its own numbers). `--profile` writes the top kernels of each backend and the Python functions its host time
 goes to (cProfile).
 """
 
@@ -50,7 +51,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.real_models import HELD_OUT, MODELS, VISION, ModelCase, build  # noqa: E402
+from benchmarks.real_models import HELD_OUT, MODELS, VISION, ModelCase, build, with_dropout  # noqa: E402
 
 
 def _sync(device: str) -> None:
@@ -158,7 +159,7 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]], profile: bool, reps: int,
-              top: int = 40, turns: int = 0) -> dict:
+              top: int = 40, turns: int = 0, dropout: float = 0.0) -> dict:
     train = mode == "train"
     torch._dynamo.reset()  # the last model's compiled code, warm from its turns
     if device == "cuda":
@@ -168,7 +169,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
         torch.cuda.empty_cache()
         left_mb = torch.cuda.memory_allocated() / 2**20
     case = build(name, "gpu" if device == "cuda" else "cpu")
-    module = case.module.to(device)
+    module = with_dropout(case.module, dropout).to(device) if dropout else case.module.to(device)
     if device == "cuda" and not train:
         module = module.bfloat16()
     module.train(train)
@@ -176,6 +177,9 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
     if not train and device == "cuda":  # images in the model's dtype
         inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
     rec: dict[str, Any] = {"model": name, "mode": mode, "label": case.label}
+    random_steps = train and dropout > 0  # each backend draws other numbers: no error against eager
+    if dropout:
+        rec["dropout"] = dropout
     if device == "cuda":
         rec["allocated_before_mb"] = round(left_mb, 1)
     eager_step = make_step(case, module, inputs, train, device)
@@ -226,9 +230,10 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                                    if isinstance(e, ErrorEntry) and e.kind == "internal"][:3]
             # training: all gradients as one vector (a parameter whose gradient is zero in exact
             # arithmetic, such as BERT's key bias, would make a per-parameter ratio meaningless)
-            r["err"] = (relerr(torch.cat([g.flatten().float() for g in _grads(module)]),
-                               torch.cat([g.flatten().float() for g in ref_out])) if train
-                        else relerr(_output_tensor(out), ref_out))
+            if not random_steps:
+                r["err"] = (relerr(torch.cat([g.flatten().float() for g in _grads(module)]),
+                                   torch.cat([g.flatten().float() for g in ref_out])) if train
+                            else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
                 # the steps right after the compile, one by one: CUDA graphs capture in them
                 r["step_peaks_mb"] = step_peaks_mb(step)
@@ -374,6 +379,8 @@ def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple
                  ("fuselens_cg", {"backend": "fuselens", "options": {"cuda_graphs": True}})]
     if "fuselens_autotune" in which:  # how far the launch heuristics are from the measured best
         all_.append(("fuselens_autotune", {"backend": "fuselens", "options": {"autotune": True}}))
+    if "fuselens_fallback_random" in which:  # with --dropout: random ops in ATen, as before random_ops.py
+        all_.append(("fuselens_fallback_random", {"backend": "fuselens", "options": {"fallback_random": True}}))
     return [b for b in all_ if not which or b[0] in which or b[0] == "eager"]
 
 
@@ -417,7 +424,8 @@ def main(argv: Any = None) -> int:
                          "models no change was tuned on); 'held-out' for all of those")
     ap.add_argument("--modes", default="", help="infer,train (default: both on the GPU, infer on the CPU)")
     ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg,"
-                    "fuselens_autotune (launch configurations measured per kernel)")
+                    "fuselens_autotune (launch configurations measured per kernel), fuselens_fallback_random "
+                    "(random ops in ATen)")
     ap.add_argument("--cuda-graphs", action="store_true", help="add reduce-overhead / cuda_graphs columns")
     ap.add_argument("--profile", action="store_true", help="record each backend's top kernels and host functions in the JSON")
     ap.add_argument("--top", type=int, default=40, help="kernels per backend --profile records")
@@ -426,6 +434,9 @@ def main(argv: Any = None) -> int:
                     help="GPU: also time every backend in turns, this many rounds of one step each, after all "
                          "compiled (a warm recompile each): wall and host ms a step that a drifting host "
                          "cannot skew (turn_wall_ms, turn_host_ms)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="training with every nn.Dropout at this probability (Hugging Face's default: 0.1); "
+                         "default 0, so that errors against eager can be measured")
     ap.add_argument("--out", default="", help="write models_bench.json here")
     args = ap.parse_args(argv)
     modes = [m for m in (args.modes or ("infer,train" if args.device == "cuda" else "infer")).split(",") if m]
@@ -449,7 +460,8 @@ def main(argv: Any = None) -> int:
             print(f"skip {m}: {e}", flush=True)
             continue
         for mode in modes:
-            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps, args.top, args.turns))
+            results.append(run_model(m, mode, args.device, backends, args.profile, args.reps, args.top, args.turns,
+                                     args.dropout))
             if args.out:  # after each model: a run cut short keeps what it measured
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / "models_bench.json").write_text(json.dumps({"info": info, "results": results},

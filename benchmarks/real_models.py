@@ -45,6 +45,16 @@ def _no_dropout(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def with_dropout(module: torch.nn.Module, p: float) -> torch.nn.Module:
+    """Every `nn.Dropout` at probability `p` (Hugging Face's configs default to 0.1;
+    attention dropout reads its module's p too). Training steps then draw different
+    numbers on every backend: their errors against eager mean nothing."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = p
+    return module
+
+
 def _tokens(vocab: int, batch: int, seq: int) -> Callable[[str], dict]:
     def make(device: str) -> dict:
         g = torch.Generator().manual_seed(0)

@@ -234,7 +234,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
 
     target = get_target(resolve_target(opts.target, example_inputs))
     with phases.timed("graph_passes"):
-        rewrites = rewrite_graph(gm, target, example_inputs, ident.stage)
+        rewrites = rewrite_graph(gm, target, example_inputs, ident.stage, opts)
     with phases.timed("lowering"):
         graph, outputs = lower(gm, opts)
     with phases.timed("scheduling"):
@@ -310,14 +310,18 @@ def _rewrite_decisions(rewrites: list, inlined: list, sched: Any, graph_id: str)
     return events
 
 
-def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequence[Any], stage: str) -> list:
+def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequence[Any], stage: str,
+                  opts: Any) -> list:
     """The graph rewrites of graph_passes.py for every target, then the target's own."""
     from fuselens.compiler import graph_passes
     from fuselens.compiler.constant_folding import fold_constants
+    from fuselens.compiler.random_ops import random_in_kernels
 
     with _python_regenerated_once(gm):
         layout_passes.adopt_input_layouts(gm, example_inputs)
         done = fold_constants(gm)
+        if opts.lower and not opts.fallback_random:
+            done += random_in_kernels(gm)
         done += graph_passes.gather_through_pointwise(gm)
         done += graph_passes.reshapes_before_pointwise(gm)
         return done + target.graph_rewrites(gm, example_inputs, stage)
@@ -393,7 +397,7 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
     counters["aot_autograd"]["total"] += 1
     with compile_gc.old_objects_frozen():
-        return _aot_compile(gm, example_inputs, make, partition, compile_id)
+        return _aot_compile(gm, example_inputs, make, partition, compile_id, opts.fallback_random)
 
 
 def _reset() -> None:
@@ -408,12 +412,16 @@ fuselens_backend.reset = _reset  # type: ignore[attr-defined]
 
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: Callable[[str], Callable],
-                 partition: Callable, compile_id: str) -> Callable:
+                 partition: Callable, compile_id: str, eager_random: bool = False) -> Callable:
     """AOTAutograd with our decompositions; an op whose decomposed forward its
-    backward cannot read (autograd_consistency.py) is kept whole and the graph traced again."""
+    backward cannot read (autograd_consistency.py) is kept whole and the graph traced again.
+    `eager_random` (option fallback_random): dropout stays eager's own op, which draws
+    eager's numbers (its decomposition draws them with rand_like, another stream)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     table = decompositions()
+    if eager_random:
+        table.pop(aten.native_dropout.default, None)
     kept_whole: list[OpPairing] = []
     while True:
         seen: list[OpPairing] = []

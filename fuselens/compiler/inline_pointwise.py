@@ -57,7 +57,9 @@ from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
 MAX_OPS = 12
 TRIVIAL_OPS = 2
 MATH = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh", "cosh",
-        "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "sigmoid", "atan2"}
+        "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "sigmoid", "atan2", "rand", "randn"}
+# ops that are many operations each: a Philox draw is ten rounds of two 32-bit multiplies
+OP_COST = {"rand": 24, "randn": 40}
 SMALL_READ = 16  # a read of a buffer this many times smaller than the producer is not counted as traffic
 
 
@@ -93,7 +95,7 @@ class _CountingOps:
 
     def __getattr__(self, name: str) -> Any:
         def op(*args: Any, **kwargs: Any) -> str:
-            self.count += 1
+            self.count += OP_COST.get(name, 1)
             self.math += name in MATH
             return "v"
 

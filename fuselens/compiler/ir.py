@@ -19,7 +19,8 @@ A lowered graph (`GraphIR`) is a list of steps in FX order:
 The `ops` contract (every handler implements these; values are opaque):
   load(buffer, index) constant(value, dtype) index_expr(expr, dtype)
   to_dtype(x, dtype) where(c, a, b), the unary ops in UNARY_OPS, the binary ops
-  in BINARY_OPS. Operands of binary ops always have the same dtype (lowering
+  in BINARY_OPS, rand(seed, offset) and randn(seed, offset) (float32 Philox numbers
+  of an int64 seed and an int32/int64 offset: random_ops.py). Operands of binary ops always have the same dtype (lowering
   inserts to_dtype); comparisons and logical ops return bool. The handlers that print
   source (codegen/cpp_ops.py, codegen/triton_ops.py) write most ops as rows of tables
   of forms; each handler's docstring says where an op is.

@@ -105,6 +105,15 @@ class CompilerOptions:
     threads of this process before the first call. The workers start as the first
     CUDA graph enters the backend; graphs compiled before they are up (~7 s)
     compile in threads."""
+    fallback_random: bool = option(False, "fallback random",
+                                   "random ops (dropout) in ATen: eager's numbers, one kernel each",
+                                   choices=(False, True))
+    """Random ops (dropout, rand_like, randn_like, bernoulli) run in ATen with eager's
+    generator: the same numbers as eager for the same seed, a kernel of their own each.
+    Off: drawn inside the fused kernels that read them (Philox, seeded from torch's
+    generator at every call: `torch.manual_seed` repeats a run, but the numbers are not
+    eager's), as Inductor does unless its `fallback_random` is set. See
+    compiler/random_ops.py."""
     lower: bool = option(True, "lower", "lower ATen ops to our IR (off: every op runs through ATen)")
     """Lower ATen ops to our IR. False: every op runs through ATen (debugging aid)."""
     fallback_on_error: bool = option(True, "fallback on error", "on a compile error run the graph eagerly")

@@ -750,7 +750,7 @@ def _join_reason(g: KernelGroup, n: ComputeNode) -> str:
 
 
 def _short(op: str) -> str:
-    name = op.split(".")[1] if op.startswith(("aten.", "prims.")) else op
+    name = op.split(".")[1] if op.startswith(("aten.", "prims.", "fuselens.")) else op
     return name.strip("_").replace("convert_element_type", "convert")
 
 

@@ -187,6 +187,12 @@ class CppOps(PrintingOps[CVal]):
     def where(self, c: CVal, a: CVal, b: CVal) -> CVal:
         return self._emit(f"({c} ? {a} : {b})", a.dtype)
 
+    def rand(self, seed: CVal, offset: CVal) -> CVal:
+        return self._emit(f"fl_rand({seed}, {offset})", torch.float32)
+
+    def randn(self, seed: CVal, offset: CVal) -> CVal:
+        return self._emit(f"fl_randn({seed}, {offset})", torch.float32)
+
     # -- unary
     def __getattr__(self, op: str) -> Any:
         if op in _UNARY_FLOAT:

@@ -241,4 +241,34 @@ template <typename T> static inline T fl_shr(T a, T b) {
   else return (b >= T(sizeof(T) * 8)) ? T(0) : T(a >> b);
 }
 template <typename T> static inline T fl_frac(T x) { return x - std::trunc(x); }
+
+// Philox4x32-10 at counter (offset lo, offset hi, 0, 0) and key (seed lo, seed hi): Triton's
+// tl.rand / tl.randn bit for bit (the uniform), so both targets draw the same numbers
+// (compiler/random_ops.py). Branch-free, so loops calling it vectorize.
+struct fl_philox_words { uint32_t c0, c1; };
+static inline fl_philox_words fl_philox(int64_t seed, int64_t offset) {
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t pb = (uint64_t)0xCD9E8D57u * c2, pa = (uint64_t)0xD2511F53u * c0;
+    c0 = (uint32_t)(pb >> 32) ^ c1 ^ k0;
+    c2 = (uint32_t)(pa >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)pb;
+    c3 = (uint32_t)pa;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {c0, c1};
+}
+static inline float fl_uniform_bits(uint32_t w) {
+  int32_t x = (int32_t)w;
+  return (float)(x < 0 ? ~x : x) * 4.6566127342e-10f;
+}
+static inline float fl_rand(int64_t seed, int64_t offset) { return fl_uniform_bits(fl_philox(seed, offset).c0); }
+static inline float fl_randn(int64_t seed, int64_t offset) {
+  fl_philox_words w = fl_philox(seed, offset);
+  float u1 = std::max(1.0e-7f, fl_uniform_bits(w.c0));
+  float th = 6.283185307179586f * fl_uniform_bits(w.c1);
+  return std::sqrt(-2.0f * fl_log(u1)) * fl_cos(th);
+}
 """

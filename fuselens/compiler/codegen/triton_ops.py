@@ -214,6 +214,12 @@ class TritonOps(PrintingOps[TVal]):
     def where(self, c: TVal, a: TVal, b: TVal) -> TVal:
         return self._emit(f"tl.where({c}, {a}, {b})", a.dtype)
 
+    def rand(self, seed: TVal, offset: TVal) -> TVal:
+        return self._emit(f"tl.rand({seed}, {offset})", torch.float32)
+
+    def randn(self, seed: TVal, offset: TVal) -> TVal:
+        return self._emit(f"tl.randn({seed}, {offset})", torch.float32)
+
     def masked_where(self, c: TVal, then: Callable[[], TVal], otherwise: Callable[[], TVal]) -> TVal:
         """ir.masked_where: each branch's loads masked by its condition (TritonKernel.masked)
         when the condition comes from indices (a cat's, a pad's, a select's). A mask read

@@ -7,6 +7,7 @@
     views.py       views and data movement as index maps (permute, view, cat, pad, ...)
     indexing.py    reads at indices held in a tensor (embedding, gather)
     foreach.py     `_foreach_*` ops (a CUDA optimizer's step), element by element
+    rng.py         random tensors as Philox numbers in the kernels (compiler/random_ops.py)
 
 `lower` imports the op tables, which register themselves into the table.
 """
@@ -18,7 +19,7 @@ from typing import Any
 import torch.fx
 
 from fuselens.compiler.ir import GraphIR
-from fuselens.compiler.lowering import foreach, indexing, pointwise, reductions, views  # noqa: F401  (fill the table)
+from fuselens.compiler.lowering import foreach, indexing, pointwise, reductions, rng, views  # noqa: F401  (fill the table)
 from fuselens.compiler.lowering.lowerer import Lowerer
 
 

@@ -39,6 +39,10 @@ def _is_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor)
 
 
+def _random(node: torch.fx.Node) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
 def _meta(node: torch.fx.Node) -> Any:
     return node.meta.get("val", node.meta.get("example_value"))
 
@@ -146,6 +150,9 @@ class Lowerer:
                     continue
                 if self.on_cuda and self._computes_on_cpu(node, val):
                     self._extern(node, "extern", "computes on the CPU, in a graph on CUDA")
+                    continue
+                if self.options.fallback_random and _random(node):
+                    self._extern(node, "extern", "draws eager's random numbers (option fallback_random)")
                     continue
                 fn = lowering_of(node.target) if self.options.lower else None
                 reason = self._unsupported_dtype(node)

@@ -362,10 +362,12 @@ _VIEW_METHODS = {
 
 
 def _direct(target: Any) -> Any:
-    from fuselens.compiler import library_epilogues
+    from fuselens.compiler import library_epilogues, random_ops
 
     if target is torch.ops.fuselens.conv2d_bias_relu.default:
         return library_epilogues.conv2d_bias_relu_impl
+    if target is random_ops.SEEDS:
+        return random_ops.draw_seeds
     for name in _DIRECT:
         op = getattr(getattr(torch.ops.aten, name, None), "default", None)
         if op is not None and target is op:
