@@ -223,10 +223,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
 
 def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any, ident: GraphIdentity,
                       phases: CompilePhases) -> tuple[Callable, list]:
-    """rewrite -> lower -> inline -> schedule -> generate -> build -> plan -> finalize -> explain;
+    """rewrite -> lower -> inline -> order list elements -> schedule -> generate -> build -> plan -> finalize
+    -> explain;
     returns the graph's callable and its events."""
     from fuselens.compiler.explain import build_events
     from fuselens.compiler.inline_pointwise import inline_pointwise, recompute_narrow_stores
+    from fuselens.compiler.list_order import element_major
     from fuselens.compiler.lowering import lower
     from fuselens.compiler.runtime.plan import make_runner
     from fuselens.compiler.scheduler import schedule
@@ -240,6 +242,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     with phases.timed("scheduling"):
         out_sources = _output_sources(graph, outputs)
         inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math)
+        element_major(graph)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
         recomputed = recompute_narrow_stores(graph, sched.groups, out_sources, costly_math=target.costly_math)
         if recomputed:  # their readers changed: schedule them again

@@ -262,6 +262,7 @@ class ComputeNode:
     acc_dtype: Optional[torch.dtype] = None  # accumulation dtype of a reduction
     reads: set[str] = field(default_factory=set)  # buffers/compute nodes it loads
     stack_trace: str = ""
+    list_element: bool = False  # one element of a list op (`_foreach_*`): list_order.py
 
     @property
     def is_reduction(self) -> bool:
@@ -342,6 +343,7 @@ class GraphIR:
     constants: dict[str, Any] = field(default_factory=dict)  # get_attr tensors by name
     # compute node -> the graph input it overwrites (an input mutation kept in the graph)
     input_mutations: dict[str, str] = field(default_factory=dict)
+    chains: dict[str, int] = field(default_factory=dict)  # list_order.py: a chain's first step -> its steps
 
     def compute_nodes(self) -> list[ComputeNode]:
         return [s for s in self.steps if isinstance(s, ComputeNode)]

@@ -596,6 +596,9 @@ class Scheduler:
                 continue  # other loops and no shared input: nothing to gain
             if self.check(cand, [step]) is not None:
                 continue
+            chain = self.g.chains.get(step.name, 1)
+            if chain > 1 and len(cand.nodes) + chain > self.opt.max_fusion_size:
+                continue  # a list element's chain starts where it fits whole (list_order.py)
             if same:
                 self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
                            "between them, same loops)")

@@ -105,6 +105,7 @@ class Lowerer:
             rdims=tuple(rdims),
             acc_dtype=acc_dtype,
             stack_trace=node.meta.get("stack_trace") or "",
+            list_element=hasattr(node, "fx_name"),
         )
         cn.reads = {b for b, _ in ir.record_loads(cn)}
         self.graph.steps.append(cn)
