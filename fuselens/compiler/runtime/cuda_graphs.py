@@ -197,9 +197,8 @@ class CudaGraphRunner:
             return self._warm_up_and_capture(key, args)
         timer = self.timer
         t0 = timer.start() if timer is not None else None
-        for i in copied:
-            if isinstance(args[i], torch.Tensor):
-                static[i].copy_(args[i])
+        _copy_all([static[i] for i in copied if isinstance(args[i], torch.Tensor)],
+                  [args[i] for i in copied if isinstance(args[i], torch.Tensor)])
         if timer is not None:
             timer.stop("cudagraph_input_copies", t0)
         back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
@@ -208,8 +207,7 @@ class CudaGraphRunner:
         graph.replay()
         if timer is not None:
             timer.stop("cudagraph_replay", t1)
-        for a, s in back:
-            a.copy_(s)
+        _copy_all([a for a, _ in back], [s for _, s in back])
         if not handed:
             return list(outs)
         result = list(outs)
@@ -392,6 +390,17 @@ def _warm_up_stream(device: int) -> Any:
     if stream is None:
         stream = _warm_up_streams[device] = torch.cuda.Stream(device)
     return stream
+
+
+def _copy_all(dsts: list, srcs: list) -> None:
+    """`dst.copy_(src)` for each pair, as few launches as torch's multi-tensor copy makes
+    (Inductor's CUDA graphs copy their inputs so): a compiled optimizer step copies every
+    gradient (Dynamo marks parameters and state static, not gradients), 76 launches a
+    step for GPT-2's, 161 for ResNet-50's."""
+    if len(dsts) > 1:
+        torch._foreach_copy_(dsts, srcs)
+    elif dsts:
+        dsts[0].copy_(srcs[0])
 
 
 def release_all() -> None:
