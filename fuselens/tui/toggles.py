@@ -66,6 +66,7 @@ TOGGLES: tuple[Toggle, ...] = (
     Toggle("triton.cudagraphs", "CUDA graphs", "inductor", (False, True), "inductor config.triton.cudagraphs"),
     Toggle("cpp.threads", "threads", "inductor", (-1, 1, 2, 4, 8), "inductor config.cpp.threads", auto=-1),
     Toggle("cpp_wrapper", "C++ wrapper", "inductor", (False, True), "inductor config.cpp_wrapper"),
+    Toggle("fallback_random", "fallback random", "inductor", (False, True), "inductor config.fallback_random"),
 )
 
 TOGGLES_BY_KEY = {t.key: t for t in TOGGLES}
