@@ -16,6 +16,7 @@ import torch.fx
 
 from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
 from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR, op_name
+from fuselens.compiler.random_ops import SEEDS
 from fuselens.compiler.scheduler import Decision, Schedule, _label
 from fuselens.events import (
     CompiledGraph,
@@ -149,8 +150,8 @@ def fusion_decisions(graph: GraphIR, sched: Schedule, graph_id: str,
     for s in graph.steps:
         for r in sorted(s.reads):
             p = steps.get(r)
-            if p is None:
-                continue
+            if p is None or (isinstance(p, ExternNode) and p.fx_node.target is SEEDS):
+                continue  # a table of seeds each random draw reads one of: nothing to fuse
             pg, cg = sched.group_of.get(p.name), sched.group_of.get(s.name)
             if pg is not None and pg is cg:
                 continue
