@@ -58,7 +58,7 @@ def _parameters(model: str, device: str) -> list[torch.Tensor]:
     return params
 
 
-def run(model: str, opt_name: str, device: str, backends: list[str], turns: int) -> dict:
+def run(model: str, opt_name: str, device: str, backends: list[str], turns: int, top: int = 0) -> dict:
     base = _parameters(model, device)
     rec: dict[str, Any] = {"model": model, "optimizer": opt_name, "params": len(base),
                            "numel": sum(p.numel() for p in base), "shapes": len({tuple(p.shape) for p in base})}
@@ -86,8 +86,10 @@ def run(model: str, opt_name: str, device: str, backends: list[str], turns: int)
         rec[label]["wall_ms"], rec[label]["host_ms"] = round(wall, 4), round(host, 4)
     for label, step in steps.items():
         if device == "cuda":
-            prof = profile_step(step, device, steps=5, top=0)
+            prof = profile_step(step, device, steps=5, top=top)
             rec[label]["launches"], rec[label]["kernel_ms"] = prof["launches"], round(prof["kernel_ms"], 4)
+            if top:
+                rec[label]["top"] = prof["top"]
     # every backend took the same number of steps with the same gradients: compare with eager's
     ref = owned.get("eager")
     if ref is not None:
@@ -123,6 +125,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--backends", default="", help=f"subset of {','.join(BACKENDS)} (default: all on the GPU, "
                     "eager,inductor,fuselens on the CPU)")
     ap.add_argument("--turns", type=int, default=30, help="rounds of one step per backend")
+    ap.add_argument("--top", type=int, default=0, help="record each backend's top kernels in the JSON")
     ap.add_argument("--out", default="", help="write optimizer_bench.json here")
     args = ap.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b] or (
@@ -134,8 +137,9 @@ def main(argv: Any = None) -> int:
     results = []
     for m in [m for m in args.models.split(",") if m]:
         for o in [o for o in args.optimizers.split(",") if o]:
-            results.append(run(m, o, args.device, backends, args.turns))
-            print(json.dumps(results[-1]), flush=True)
+            results.append(run(m, o, args.device, backends, args.turns, args.top))
+            print(json.dumps({k: v for k, v in results[-1].items() if not isinstance(v, dict) or "top" not in v}),
+                  flush=True)
             if args.out:
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / "optimizer_bench.json").write_text(json.dumps({"info": info, "results": results},
