@@ -384,6 +384,14 @@ def backends_for(device: str, cuda_graphs: bool, which: list[str]) -> list[tuple
     return [b for b in all_ if not which or b[0] in which or b[0] == "eager"]
 
 
+def vs_inductor(rec: dict, backend: str, key: str) -> str:
+    """Inductor's `key` over this backend's ("1.20x": this one faster), against
+    reduce-overhead for a CUDA-graph backend; "-" where either is missing."""
+    base = rec.get("inductor_cg" if backend.endswith("_cg") else "inductor", {}).get(key)
+    mine = rec.get(backend, {}).get(key)
+    return f"{base / mine:.2f}x" if base and mine else "-"
+
+
 def table(results: list[dict], backends: list[str]) -> str:
     cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "reserved_mb", "err"]
     heads = ["wall ms", "vs Inductor", "kernel ms", "launches", "host ms", "compile s", "peak MB", "reserved MB",
@@ -400,8 +408,7 @@ def table(results: list[dict], backends: list[str]) -> str:
             if "error" in r:
                 rows.append(f"| {rec['model']} | {rec['mode']} | {b} | error: {r['error'][:80]} |")
                 continue
-            base = rec.get("inductor_cg" if b.endswith("_cg") else "inductor", {}).get("ms")
-            ratio = f"{base / r['ms']:.2f}x" if base and r.get("ms") else "-"
+            ratio = vs_inductor(rec, b, "ms")
             if b == "fuselens" and ind and r.get("ms"):
                 ratios.append(ind / r["ms"])
             vals = []

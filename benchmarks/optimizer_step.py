@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import fuselens.compiler  # noqa: E402
 
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.models import _sync, interleaved_times, profile_step  # noqa: E402
+from benchmarks.models import _sync, interleaved_times, profile_step, vs_inductor  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
@@ -109,8 +109,7 @@ def table(results: list[dict], backends: list[str]) -> str:
             if "error" in r:
                 rows.append(f"| {rec['model']} | {rec['optimizer']} | {b} | error: {r['error'][:80]} |")
                 continue
-            base = rec.get("inductor_cg" if b.endswith("_cg") else "inductor", {}).get("wall_ms")
-            ratio = f"{base / r['wall_ms']:.2f}x" if base and r.get("wall_ms") else "-"
+            ratio = vs_inductor(rec, b, "wall_ms")
             vals = [r.get(c) for c in ("wall_ms", "host_ms", "kernel_ms", "launches", "compile_s", "err")]
             cells = ["-" if v is None else (f"{v:.1e}" if i == 5 else f"{v:.3g}") for i, v in enumerate(vals)]
             rows.append(f"| {rec['model']} | {rec['optimizer']} | {b} | {cells[0]} | {ratio} | " + " | ".join(cells[1:]) + " |")
