@@ -57,6 +57,7 @@ from fuselens.compiler.scheduler import KernelGroup
 PERSISTENT_MAX = 16384  # static rows up to this many elements stay in registers
 COLUMN_PERSISTENT_MAX = 128  # columns up to this long (launch_config keeps 32 of them a block)
 MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elision relies on it)
+ONE_PROGRAM = 1024  # a pointwise kernel this small is one program under the launch heuristics
 MAX_BLOCK_2D = 64
 MAX_XBLOCK_REDUCTION = 64
 MAX_RBLOCK_LOOPED = 2048
@@ -518,10 +519,21 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         self.masks[axis] = f"{axis}mask"
 
     def _body_pointwise(self, level_axes: set[str]) -> None:
+        # One program (a compiled optimizer's step counts: 64 of them, 0-d, side by side): the
+        # stores go last. Each store waits for its value's load, and a later load may not pass an
+        # earlier store (the pointers may alias), so interleaved they made one memory round trip
+        # after another, with no other program to hide them (GPT-2's AdamW: 23 us for one kernel).
+        one_program = self.kind == "pointwise" and self.xnumel.is_Integer and int(self.xnumel) <= ONE_PROGRAM
+        later = []
         for n in self.g.nodes:
             if n.name in self.g.stores:
                 v = self.scope.find_value(n.name) or self.compute(n)
-                self.store(n, v, self.g.own_index(n), level_axes)
+                if one_program:
+                    later.append((n, v))
+                else:
+                    self.store(n, v, self.g.own_index(n), level_axes)
+        for n, v in later:
+            self.store(n, v, self.g.own_index(n), level_axes)
 
     def _body_reduction(self, nphases: int) -> None:
         g = self.g
