@@ -171,7 +171,7 @@ def _layout_args(bld: Any, node: torch.fx.Node, val: torch.Tensor, symbols: dict
         size = list(node.args[0])
     else:
         size = [arg(s, aten.sym_size.int, d) for d, s in enumerate(val.shape)]
-    if val.is_contiguous():
+    if val.is_contiguous() or like is None:  # rand/randn make contiguous tensors
         return size, []
     return size, [arg(s, aten.sym_stride.int, d) for d, s in enumerate(val.stride())]
 
