@@ -331,7 +331,7 @@ class GraphIR:
     """The lowered graph: steps in a valid execution order plus the tables the
     scheduler, code generators and runtime need."""
 
-    steps: list[Any] = field(default_factory=list)  # ComputeNode | ExternNode, FX order
+    steps: list[Any] = field(default_factory=list)  # ComputeNode | ExternNode, FX order (list_order.py: element order)
     inputs: list[BufferSpec] = field(default_factory=list)
     buffers: dict[str, BufferSpec] = field(default_factory=dict)  # every run-time tensor by name
     values: dict[str, Any] = field(default_factory=dict)  # fx name -> TensorValue / scalar expr / tuple
