@@ -119,15 +119,16 @@ def test_dropout_with_dynamic_sizes_and_bernoulli_are_lowered_without_fallbacks(
         return torch.nn.functional.dropout2d(x, 0.5), x * keep, torch.nn.functional.dropout(x, 0.2)
 
     cf = torch.compile(f, backend="fuselens", dynamic=True, options={"fallback_on_error": False})
-    for n in (300, 500):
-        x = torch.ones(n, 8, 3, 3)
+    torch.manual_seed(0)
+    for n in (2000, 3000):
+        x = torch.ones(n, 4, 3, 3)
         with sink.collect() as events:
             channels, depth, plain = cf(x)
         assert not [e for e in events if isinstance(e, ErrorEntry)]
         per_channel = channels.sum((2, 3))
         assert set(per_channel.unique().tolist()) <= {0.0, 18.0}  # whole channels dropped or scaled by 2
         assert float((per_channel != 0).float().mean()) == pytest.approx(0.5, abs=0.05)
-        assert float((depth.sum((1, 2, 3)) != 0).float().mean()) == pytest.approx(0.8, abs=0.06)
+        assert float((depth.sum((1, 2, 3)) != 0).float().mean()) == pytest.approx(0.8, abs=0.04)
         assert float((plain != 0).float().mean()) == pytest.approx(0.8, abs=0.02)
 
 
