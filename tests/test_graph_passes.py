@@ -1,8 +1,8 @@
 """Graph rewrites before lowering (compiler/graph_passes.py): each keeps every value
 and every graph output's layout as eager has them.
 
-The matmul padding, index_add and convolution-bias rules are for CUDA; here they run on CPU graphs
-(`require_cuda=False`), where the same FX rewrite is checked against eager.
+The matmul padding and convolution-bias rules are for CUDA (index_add serves both targets); here
+they run on CPU graphs (`require_cuda=False`), where the same FX rewrite is checked against eager.
 """
 
 from __future__ import annotations
@@ -256,3 +256,22 @@ def test_a_convolution_bias_becomes_an_add_with_eagers_values_and_layout(layout)
 def test_a_convolution_without_bias_is_left_alone():
     gm = traced(lambda x, w: F.conv2d(x, w), torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3))
     assert convolution_bias_as_add(gm, require_cuda=False) == []
+
+
+def test_cpu_embedding_backward_is_an_index_add_library_call_with_no_finding_and_eagers_gradient():
+    """Every Hugging Face training report on the CPU said index_put "runs in ATen (no
+    lowering)"; the C++ target takes the index_add rule too (a library call, faster there)."""
+    from fuselens.events import ErrorEntry, Kernel
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(100, 16)
+    ref = torch.nn.Embedding(100, 16)
+    ref.load_state_dict(emb.state_dict())
+    ids = torch.tensor([[1, 5, 5, 99, 1, 0]])  # repeats accumulate
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        (torch.compile(emb, backend="fuselens")(ids) ** 2).sum().backward()
+    (ref(ids) ** 2).sum().backward()
+    torch.testing.assert_close(emb.weight.grad, ref.weight.grad)
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+    assert any(k.name.startswith("extern_index_add") for k in events if isinstance(k, Kernel))

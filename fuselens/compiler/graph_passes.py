@@ -25,9 +25,10 @@ it did as `GraphRewrite` records, which the backend reports as fusion decisions.
   GPT-2's step); with the view first the conversion fuses into the reductions.
 * Channels-last convolutions: in layout_passes.py, which also tells AOTAutograd
   the strides of a forward's saved activations.
-* `index_put_accumulate_as_index_add` (GPU): an embedding's backward accumulates
-  rows with index_put, which ATen computes by sorting the indices; index_add
-  (atomic adds) is what Inductor's generated scatter does.
+* `index_put_accumulate_as_index_add`: an embedding's backward accumulates rows
+  with index_put, which ATen's CUDA kernel computes by sorting the indices; index_add
+  (atomic adds) is what Inductor's generated scatter does. On the CPU (targets/cpp.py)
+  ATen's index_add is faster too.
 * `convolution_bias_as_add` (GPU): ATen's cuDNN convolution adds its bias in a
   kernel of its own after the convolution (`output.add_(bias)`); as an add node it
   joins the kernel of whatever reads the output: ConvNeXt's depthwise convolution
