@@ -203,6 +203,22 @@ def same_memory(a: "BufferSpec", b: "BufferSpec", hints: dict) -> bool:
             and dense_layout(b.size, b.stride, hints))
 
 
+def step_edges(steps: Sequence[Any]) -> tuple[dict[str, int], list[set[int]], list[list[int]]]:
+    """The data edges between a graph's steps: buffer -> the step producing it (a multi-output
+    extern's `name_outN` too), each step's producers, each step's readers (step indices,
+    readers in step order)."""
+    producer = {s.name: i for i, s in enumerate(steps)}
+    for i, s in enumerate(steps):
+        for o in getattr(s, "outputs", None) or []:
+            producer[o] = i
+    deps = [{producer[r] for r in s.reads if r in producer} for s in steps]
+    users: list[list[int]] = [[] for _ in steps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    return producer, deps, users
+
+
 def offset_of(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.Integer(0)) -> Expr:
     """The storage offset of a logical index (size-1 dims contribute nothing)."""
     out = offset

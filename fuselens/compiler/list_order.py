@@ -24,34 +24,16 @@ their kernels).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ComputeNode, GraphIR
 
 
-def _outputs(step: Any) -> list[str]:
-    return [step.name] + [o for o in (getattr(step, "outputs", None) or []) if o]
-
-
-def _space(step: ComputeNode) -> list:
-    return step.full_size if step.is_reduction else ir.squeeze(step.size)
-
-
-def _graph_edges(steps: Sequence[Any]) -> tuple[list[set[int]], list[list[int]]]:
-    producer = {name: i for i, s in enumerate(steps) for name in _outputs(s)}
-    deps = [{producer[r] for r in s.reads if r in producer and producer[r] != i} for i, s in enumerate(steps)]
-    users: list[list[int]] = [[] for _ in steps]
-    for i, d in enumerate(deps):
-        for j in sorted(d):
-            users[j].append(i)
-    return deps, users
-
-
 def _follows(step: Any, after: Any) -> bool:
     """Whether `step` continues the chain of `after`: pointwise work in its space."""
     return (isinstance(step, ComputeNode) and isinstance(after, ComputeNode) and not step.is_reduction
-            and not after.is_reduction and ir.same_sizes(_space(step), _space(after)))
+            and not after.is_reduction and ir.same_sizes(ir.squeeze(step.size), ir.squeeze(after.size)))
 
 
 def _scalar(step: Any) -> bool:
@@ -63,7 +45,7 @@ def element_major(graph: GraphIR) -> bool:
     steps = graph.steps
     if not any(isinstance(s, ComputeNode) and s.list_element for s in steps):
         return False
-    deps, users = _graph_edges(steps)
+    _, deps, users = ir.step_edges(steps)
     done = [False] * len(steps)
     order: list[int] = []
 

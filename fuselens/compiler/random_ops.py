@@ -32,6 +32,8 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.fx
 
+from fuselens.compiler.graph_passes import GraphRewrite, _Builder, _fake_mode, _val
+
 aten = torch.ops.aten
 
 # Philox4x32 constants (Salmon et al. 2011), as in Triton's philox_impl
@@ -136,15 +138,11 @@ _LIKE = {aten.rand_like.default: False, aten.randn_like.default: True}
 _NEW = {aten.rand.default: False, aten.randn.default: True}
 
 
-def _meta(n: Any) -> Any:
-    return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-
-
 def _replaced_op(node: torch.fx.Node) -> Optional[tuple[bool, str]]:
     """(normal, what it is) for a random op this pass replaces, else None."""
     if node.op != "call_function":
         return None
-    val = _meta(node)
+    val = _val(node)
     if not isinstance(val, torch.Tensor) or val.dtype not in _IN_KERNEL_DTYPES or val.device.type not in ("cpu", "cuda"):
         return None
     if node.target in _LIKE or node.target in _NEW:
@@ -155,17 +153,17 @@ def _replaced_op(node: torch.fx.Node) -> Optional[tuple[bool, str]]:
     return None
 
 
-def _layout_args(bld: Any, node: torch.fx.Node, val: torch.Tensor, symbols: dict) -> tuple[list, list]:
-    """`val`'s size and stride as op arguments: ints, or for a symbolic one the node
-    that already holds it (`symbols`: an input, a size read earlier), else one reading
-    it off the tensor the op is shaped like; stride [] when contiguous."""
+def _layout_args(bld: Any, node: torch.fx.Node, val: torch.Tensor, symbols: dict, at: int) -> tuple[list, list]:
+    """`val`'s size and stride as op arguments: ints, or for a symbolic one the node that
+    already holds it before position `at` (`symbols`: an input, a size read earlier), else
+    one reading it off the tensor the op is shaped like; stride [] when contiguous."""
     like = node.args[0] if node.target in _LIKE or node.target is aten.bernoulli.p else None
 
     def arg(v: Any, read: Any, d: int) -> Any:
         if isinstance(v, int):
             return v
         held = symbols.get(v.node.expr)
-        return held if held is not None else bld.call(read, like, d)
+        return held[1] if held is not None and held[0] < at else bld.call(read, like, d)
 
     if like is None:
         size = list(node.args[0])
@@ -176,15 +174,13 @@ def _layout_args(bld: Any, node: torch.fx.Node, val: torch.Tensor, symbols: dict
     return size, [arg(s, aten.sym_stride.int, d) for d, s in enumerate(val.stride())]
 
 
-def _symbol_nodes(gm: torch.fx.GraphModule, before: torch.fx.Node) -> dict:
-    """Symbolic size expression -> the first node before `before` holding it as its value."""
+def _symbol_nodes(gm: torch.fx.GraphModule) -> dict:
+    """Symbolic size expression -> (position, the first node holding it as its value)."""
     out: dict = {}
-    for n in gm.graph.nodes:
-        if n is before:
-            break
+    for i, n in enumerate(gm.graph.nodes):
         v = n.meta.get("val")
         if isinstance(v, torch.SymInt):
-            out.setdefault(v.node.expr, n)
+            out.setdefault(v.node.expr, (i, n))
     return out
 
 
@@ -198,25 +194,24 @@ def _drop_if_dead(gm: torch.fx.GraphModule, nodes: Sequence[Any]) -> None:
 
 def random_in_kernels(gm: torch.fx.GraphModule) -> list:
     """The rewrite of the module docstring; returns `GraphRewrite`s for the report."""
-    from fuselens.compiler.graph_passes import GraphRewrite, _Builder, _fake_mode
-
-    found = [(n, r) for n in gm.graph.nodes if (r := _replaced_op(n)) is not None]
+    found = [(i, n, r) for i, n in enumerate(gm.graph.nodes) if (r := _replaced_op(n)) is not None]
     if not found:
         return []
     mode = _fake_mode(gm)
     first = next(n for n in gm.graph.nodes if n.op != "placeholder")
     counts: dict[torch.device, int] = {}
-    for node, _ in found:
-        counts[_meta(node).device] = counts.get(_meta(node).device, 0) + 1
+    for _, node, _ in found:
+        counts[_val(node).device] = counts.get(_val(node).device, 0) + 1
     seeds = {device: _Builder(gm, first, mode).call(SEEDS, count, device) for device, count in counts.items()}
+    symbols = _symbol_nodes(gm)  # positions before any node is added: a size it holds must come before the draw
     done = []
     taken = dict.fromkeys(counts, 0)
-    for node, (normal, what) in found:
-        val = _meta(node)
+    for at, node, (normal, what) in found:
+        val = _val(node)
         k = taken[val.device]
         taken[val.device] += 1
         bld = _Builder(gm, node, mode)
-        size, stride = _layout_args(bld, node, val, _symbol_nodes(gm, node))
+        size, stride = _layout_args(bld, node, val, symbols, at)
         if what == "bernoulli":
             u = bld.call(RANDOM, seeds[val.device], k, size, stride, torch.float32, False)
             p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
