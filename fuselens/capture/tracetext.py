@@ -229,13 +229,18 @@ def translate_guard(raw: str, function: str = "") -> GuardFailure:
     return GuardFailure(f"guard failed: {clip(user_name(expr, function))}", raw, kind="other", guard_line=guard_line)
 
 
+def _guarded_at(guard_line: Optional[tuple[str, int, str]]) -> str:
+    """' (guarded at FILE:LINE)' for a guard whose place Dynamo gave, else ''."""
+    return f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
+
+
 def _none_guard(m: re.Match, raw: str, function: str, guard_line: Optional[tuple[str, int, str]]) -> GuardFailure:
     """`x is None` (or `is not None`) no longer holds: something set x (or cleared it) after the
     call that compiled, often the compiled code itself on its first call."""
     name = user_name(m.group("lhs"), function)
     was = "not None" if m.group("neg") else "None"
     now = "is now None" if m.group("neg") else "is no longer None"
-    where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
+    where = _guarded_at(guard_line)
     return GuardFailure(clip(f"'{name}' {now}: the code was specialized to {name} being {was}{where}"),
                         raw, name, None, was, "", kind="none_check", guard_line=guard_line)
 
@@ -300,7 +305,7 @@ def _value_guard(
     value carried over a graph break."""
     name = user_name(m.group("lhs"), function)
     value = short_value(guard_value(head) or m.group("value"))
-    where = f" (guarded at {make_location(guard_line[0], guard_line[1]).label()})" if guard_line else ""
+    where = _guarded_at(guard_line)
     if name.startswith("the intermediate"):
         return GuardFailure(
             f"{name} changed: the code after the break was specialized to its value {value}",

@@ -330,11 +330,16 @@ def by_design_breaks(report: Report, origin: str) -> list[GraphBreak]:
     return [gb for gb in report.graph_breaks if gb.origin == origin]
 
 
+def break_hits(breaks: list[GraphBreak]) -> int:
+    """How often these graph breaks were hit (an entry counts once at least)."""
+    return sum(max(gb.count, 1) for gb in breaks)
+
+
 def counts(report: Report) -> Counts:
     breaks = program_breaks(report)
     return Counts(
         graph_breaks=len(breaks),
-        graph_break_hits=sum(max(gb.count, 1) for gb in breaks),
+        graph_break_hits=break_hits(breaks),
         recompiles=len(report.recompiles),
         recompile_limits=sum(1 for r in report.recompiles if r.hit_limit),
         graphs=len(report.graphs),

@@ -193,7 +193,7 @@ def _graph_breaks(report: Report, root: Optional[str]) -> str:
             )
             + "</article>"
         )
-    hits = sum(max(g.count, 1) for g in breaks)
+    hits = common.break_hits(breaks)
     return section("graph-breaks", f"Graph breaks ({len(breaks)})", "\n".join(items),
                    common.plural(hits, "hit"))
 

@@ -165,7 +165,7 @@ def _entry(out: list[str], err: ErrorEntry, level: str, root: Optional[str]) -> 
 
 def _graph_breaks(out: list[str], report: Report, root: Optional[str]) -> None:
     breaks = sorted(common.program_breaks(report), key=lambda g: -g.count)
-    hits = sum(max(g.count, 1) for g in breaks)
+    hits = common.break_hits(breaks)
     for gb in _section(out, "Graph breaks", breaks, f"{len(breaks)}, {common.plural(hits, 'hit')}"):
         count = f" ×{gb.count}" if gb.count > 1 else ""
         rid = f" [{esc(gb.registry_id)}]({common.gb_doc_url(gb)})" if gb.registry_id else ""

@@ -13,9 +13,6 @@ from fuselens import present
 from fuselens.events import ORIGIN_DDP_WRAPPER, DDPSplit, GraphBreak, RankInfo, Report
 from fuselens.report import common
 
-DDP_WRAPPER = ORIGIN_DDP_WRAPPER
-
-
 def ranks_label(ranks: list[int]) -> str:
     """`rank 3`, `ranks 0-7`, `ranks 0-2, 5`."""
     ranks = sorted(set(ranks))
@@ -32,7 +29,7 @@ def ranks_label(ranks: list[int]) -> str:
 
 
 def ddp_wrapper_breaks(report: Report) -> list[GraphBreak]:
-    return common.by_design_breaks(report, DDP_WRAPPER)
+    return common.by_design_breaks(report, ORIGIN_DDP_WRAPPER)
 
 
 def slowest(report: Report) -> Optional[RankInfo]:
@@ -82,7 +79,7 @@ def bucket_lines(split: DDPSplit) -> list[str]:
 
 
 def wrapper_line(breaks: list[GraphBreak]) -> str:
-    hits = sum(max(gb.count, 1) for gb in breaks)
+    hits = common.break_hits(breaks)
     return (f"{common.plural(hits, 'graph break')} inside DistributedDataParallel.forward: Dynamo does not trace "
             "DDP's own wrapper by design and compiles the wrapped module; nothing to fix in the program")
 

@@ -194,7 +194,7 @@ class _View:
     def graph_breaks(self, breaks: list[GraphBreak]) -> None:
         if not breaks:
             return
-        hits = sum(max(gb.count, 1) for gb in breaks)
+        hits = common.break_hits(breaks)
         self.section(f"Graph breaks ({len(breaks)})", f"{common.plural(hits, 'hit')} in total")
         for gb in sorted(breaks, key=lambda g: -g.count):
             extra = f"[{gb.registry_id}]" if gb.registry_id else ""
@@ -275,7 +275,7 @@ class _View:
         """torch.optim's graph breaks around a step: by design, listed so none looks missing."""
         if not breaks:
             return
-        hits = sum(max(gb.count, 1) for gb in breaks)
+        hits = common.break_hits(breaks)
         self.section("Optimizer step", f"{common.plural(hits, 'graph break')} by design, not findings")
         for gb in sorted(breaks, key=lambda g: (g.location.file, g.location.line)):
             count = f" ×{gb.count}" if gb.count > 1 else ""
