@@ -46,7 +46,10 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 }
 BACKENDS = {"eager": None, "inductor": {}, "fuselens": {"backend": "fuselens"},
             "fuselens_cg": {"backend": "fuselens", "options": {"cuda_graphs": True}},
-            "inductor_cg": {"mode": "reduce-overhead"}}
+            "inductor_cg": {"mode": "reduce-overhead"},
+            # not in the default set: a kernel per parameter shape (compiler/combo_kernels.py off)
+            "fuselens_no_combo": {"backend": "fuselens", "options": {"combo_kernels": False}},
+            "fuselens_cg_no_combo": {"backend": "fuselens", "options": {"cuda_graphs": True, "combo_kernels": False}}}
 
 
 def _parameters(model: str, device: str) -> list[torch.Tensor]:
@@ -128,7 +131,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--out", default="", help="write optimizer_bench.json here")
     args = ap.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b] or (
-        list(BACKENDS) if args.device == "cuda" else ["eager", "inductor", "fuselens"])
+        [b for b in BACKENDS if "no_combo" not in b] if args.device == "cuda" else ["eager", "inductor", "fuselens"])
     if "eager" not in backends:
         backends.insert(0, "eager")
     info = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,

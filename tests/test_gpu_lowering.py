@@ -251,6 +251,9 @@ def test_compiled_optimizer_step_on_cuda_matches_eager_parameters_after_five_ste
         assert p.device == q.device
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     assert any(k.kind == "triton" for k in events if isinstance(k, Kernel)), "the step compiled no kernel"
+    # its parameters of several shapes are parts of combo kernels (compiler/combo_kernels.py)
+    assert any("_combo_" in k.name for k in events if isinstance(k, Kernel)), [k.name for k in events
+                                                                              if isinstance(k, Kernel)]
     # Adam's addcmul_/addcdiv_ reach us as Inductor's prims::fma (torch 2.13's Dynamo): a kernel, not ATen
     assert not [e.message for e in events if isinstance(e, ErrorEntry) and "runs in ATen" in e.message]
     uncaptured = [e.message for e in events if isinstance(e, ErrorEntry) and "runs without CUDA graphs" in e.message]

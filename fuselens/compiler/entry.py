@@ -223,9 +223,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
 
 def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any, ident: GraphIdentity,
                       phases: CompilePhases) -> tuple[Callable, list]:
-    """rewrite -> lower -> inline -> order list elements -> schedule -> generate -> build -> plan -> finalize
-    -> explain;
+    """rewrite -> lower -> inline -> order list elements -> schedule -> join list kernels -> generate -> build
+    -> plan -> finalize -> explain;
     returns the graph's callable and its events."""
+    from fuselens.compiler.combo_kernels import join_list_kernels
     from fuselens.compiler.explain import build_events
     from fuselens.compiler.inline_pointwise import inline_pointwise, recompute_narrow_stores
     from fuselens.compiler.list_order import element_major
@@ -248,6 +249,8 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         if recomputed:  # their readers changed: schedule them again
             inlined += recomputed
             sched = schedule(graph, opts, out_sources, target.kernel_prefix)
+        if opts.combo_kernels:
+            join_list_kernels(graph, sched, lambda grp: target.combo_part(grp, graph, opts), target.kernel_prefix)
     with phases.timed("codegen"):
         library = target.generate(sched.groups, graph, opts)
     with phases.timed(target.build_phase):

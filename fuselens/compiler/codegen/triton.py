@@ -10,6 +10,9 @@ the group's iteration space onto one or two block axes:
 * pointwise, 2-D tiled: when one access is contiguous along another dim than
   the output (a transpose), rows on `x` and the output's inner dim on `y`, so
   Triton coalesces both sides (it converts layouts through shared memory);
+* combo: independent 1-D pointwise kernels of a list op (a compiled optimizer's
+  parameters, compiler/combo_kernels.py) in one launch, each part a range of program
+  ids with its own loop (`generate_combo`);
 * reductions: kept dims on `x` ([XBLOCK, 1]), reduced dims on `r` ([1, RBLOCK]).
   *Persistent* when a row fits in registers (static row <= PERSISTENT_MAX): one
   block holds the whole row and every pass (layernorm's mean, variance and
@@ -78,7 +81,7 @@ class TritonKernelSource(KernelSource):
     """A KernelSource plus what the launcher needs: the kernel kind and the
     block axes' sizes (sympy over the kernel's symbols)."""
 
-    kernel_kind: str = "pointwise"  # pointwise | pointwise2d | persistent_reduction | looped_reduction
+    kernel_kind: str = "pointwise"  # pointwise | pointwise2d | persistent_reduction | looped_reduction | combo
     xnumel: Expr = sympy.Integer(1)
     rnumel: Expr = sympy.Integer(1)  # reduction row length, or the 2-D tile's y extent
     numel_args: list[str] = field(default_factory=list)  # "xnumel"/"rnumel" when passed as arguments
@@ -89,6 +92,7 @@ class TritonKernelSource(KernelSource):
     kind: str = "triton"
     device: str = "cuda"
     buffer_dtypes: list = field(default_factory=list)  # torch dtypes of `buffers` (ahead-of-time compile)
+    parts: list[int] = field(default_factory=list)  # combo: each part's elements, in program order
 
 
 @dataclass
@@ -132,6 +136,8 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         self.store_offsets: dict[str, set[str]] = {}
         self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
         self.from_data: set[str] = set()  # values computed from a load or a reduction (emit)
+        # a part of a combo kernel: the name of the program's index within its part
+        self.pid_name: Optional[str] = None
 
     # -- dtypes ---------------------------------------------------------------
     def rep_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -469,13 +475,17 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
 
     # -- the kernel -----------------------------------------------------------
     def generate(self) -> TritonKernelSource:
+        return self._finish(self.emit_body())
+
+    def emit_body(self) -> list[str]:
+        """Plan and print the kernel's body; returns the size parameters it takes (`head`)."""
         self.plan()
         g = self.g
         nphases = self._phases() if g.rflags is not None else 0
         head: list[str] = []
         xn = self._numel_src("x", self.xnumel, head)
         rn = self._numel_src("r", self.rnumel, head) if self.kind != "pointwise" else "1"
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        pid = self.pid_name or ("tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)")
         if self.kind == "pointwise":
             self.line(f"xoffset = {pid} * XBLOCK")
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
@@ -498,7 +508,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
                 rpow2 = self.rnumel.is_Integer and int(self.rnumel) > 0 and (int(self.rnumel) & (int(self.rnumel) - 1)) == 0
                 self._mask("r", rn, self.rnumel, int(self.rnumel) if rpow2 else 0)
             self._body_reduction(nphases)
-        return self._finish(head)
+        return head
 
     def _numel_src(self, axis: str, numel: Expr, head: list[str]) -> str:
         name = "xnumel" if axis == "x" else ("ynumel" if self.kind == "pointwise2d" else "rnumel")
@@ -691,9 +701,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
         params += [f"{b}: tl.constexpr" for b in blocks]
         doc = f'    """{self.kind}: {" ".join(self._describe())}"""'
-        lines = drop_dead(self.top.lines)
-        lines = lines if not self.demote_fp64 else share_sincos(lines)
-        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
+        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(self.body_lines()) + "\n"
         buffers = reads + list(self.writes)
         nbytes = sum(self.graph.nbytes(b) for b in buffers)
         return TritonKernelSource(
@@ -703,6 +711,11 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             device="cpu" if self.math.interpret else "cuda",
             buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers], long_math=bool(_LONG_MATH.search(src)),
             inplace=self._inplace_candidates())
+
+    def body_lines(self) -> list[str]:
+        """The printed body, dead values dropped."""
+        lines = drop_dead(self.top.lines)
+        return lines if not self.demote_fp64 else share_sincos(lines)
 
     def _inplace_candidates(self) -> dict[str, list[str]]:
         """Inputs the kernel's one output may be written over (runtime/plan.py takes one
@@ -747,7 +760,78 @@ _LONG_MATH = re.compile(r"\b_fl_(?:sincos|sin|cos)\(")
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSource:
     """The Triton source of one kernel (a `@triton.jit` function; `library_source` adds the prelude)."""
+    from fuselens.compiler.combo_kernels import ComboGroup
+
+    if isinstance(group, ComboGroup):
+        return generate_combo(group, graph, options)
     return TritonKernel(group, graph, options).generate()
+
+
+def combo_part(group: KernelGroup, graph: GraphIR, options: Any) -> bool:
+    """Whether `group` can be a part of a combo kernel (compiler/combo_kernels.py): a 1-D
+    pointwise kernel of static sizes, whose part of the grid is known when it is printed."""
+    if group.rflags is not None:
+        return False
+    ks = TritonKernel(group, graph, options).generate()
+    return ks.kernel_kind == "pointwise" and not ks.symbols and not ks.numel_args
+
+
+def generate_combo(group: Any, graph: GraphIR, options: Any) -> TritonKernelSource:
+    """One kernel running each part of a ComboGroup on its own range of programs:
+
+        pid = tl.program_id(0)
+        end0 = (n0 + XBLOCK - 1) // XBLOCK
+        if pid < end0:
+            pid_offset = pid
+            <part 0's body>
+        end1 = end0 + (n1 + XBLOCK - 1) // XBLOCK
+        if (pid >= end0) & (pid < end1):
+            ...
+
+    Each part's values are local to its `if` (no `else`, so Triton merges nothing between
+    branches and the same names may hold other types). The ends fold to constants: the
+    sizes are static and XBLOCK a constexpr; the launcher's grid is the last end."""
+    parts = []
+    for p in group.parts:
+        k = TritonKernel(p, graph, options)
+        k.pid_name = "pid_offset"
+        if k.emit_body() or k.kind != "pointwise" or k.symbols:
+            raise AssertionError(f"{p.name} is no combo part ({k.kind})")  # combo_part admitted it
+        parts.append(k)
+    int64 = any(k.int64 for k in parts)
+    lines = ["    pid = tl.program_id(0).to(tl.int64)" if int64 else "    pid = tl.program_id(0)"]
+    writes: list[str] = []
+    reads: list[str] = []
+    for k in parts:
+        writes += [b for b in k.writes if b not in writes]
+    for k in parts:
+        reads += [b for b in k.reads if b not in writes and b not in reads]
+    describe = []
+    for i, k in enumerate(parts):
+        n = int(k.xnumel)
+        start = f"end{i - 1}" if i else "0"
+        lines.append(f"    end{i} = {start + ' + ' if i else ''}({n} + XBLOCK - 1) // XBLOCK")
+        lines.append(f"    if pid < end{i}:" if not i else f"    if (pid >= {start}) & (pid < end{i}):")
+        lines.append(f"        pid_offset = pid - {start}" if i else "        pid_offset = pid")
+        lines += ["    " + line for line in k.body_lines()]
+        describe.append(" ".join(k._describe()))
+    params = [f"in_{cname(b)}" for b in reads] + [f"out_{cname(b)}" for b in writes] + ["XBLOCK: tl.constexpr"]
+    doc = f'    """combo of {len(parts)}: {" | ".join(describe)}"""'
+    src = "@triton.jit\n" + f"def {group.name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
+    buffers = reads + writes
+    # an output over a dying input: only one no other part reads
+    inplace = {}
+    for k in parts:
+        others = {b for o in parts if o is not k for b in o.reads}
+        for o, cands in k._inplace_candidates().items():
+            if [c for c in cands if c not in others]:
+                inplace[o] = [c for c in cands if c not in others]
+    return TritonKernelSource(
+        name=group.name, source=src, buffers=buffers, outputs=writes, symbols=[],
+        bytes_accessed=sum(graph.nbytes(b) for b in buffers), language="python", kernel_kind="combo",
+        xnumel=sympy.Integer(sum(int(k.xnumel) for k in parts)), elem_bytes=max(k.elem_bytes for k in parts),
+        device="cpu" if parts[0].math.interpret else "cuda", buffer_dtypes=[graph.buffers[b].dtype for b in buffers],
+        long_math=bool(_LONG_MATH.search(src)), inplace=inplace, parts=[int(k.xnumel) for k in parts])
 
 
 def canonical_source(ks: KernelSource) -> str:

@@ -23,7 +23,7 @@ class LaunchConfig:
     num_warps: int = 4
 
     def constexprs(self, kind: str) -> dict:
-        if kind == "pointwise":
+        if kind in ("pointwise", "combo"):
             return {"XBLOCK": self.xblock}
         if kind == "pointwise2d":
             return {"XBLOCK": self.xblock, "YBLOCK": self.rblock}
@@ -56,7 +56,7 @@ def heuristic_config(ks: Any, xnumel: int, rnumel: int) -> LaunchConfig:
     from fuselens.compiler.codegen import triton as tg
 
     kind = ks.kernel_kind
-    if kind == "pointwise":
+    if kind in ("pointwise", "combo"):  # a combo kernel's parts are 1-D pointwise loops (xnumel: their sum)
         # 1024 fp32 (2048 bf16) elements per program: two 16-byte accesses per thread and buffer.
         # Half that where each element runs a long helper (sin/cos): LLVM and ptxas see a copy
         # of it per element a thread holds, and it runs as fast (H200, sin^2+cos^2 64M fp32:
@@ -116,7 +116,7 @@ def candidate_configs(ks: Any, xnumel: int, rnumel: int) -> list[LaunchConfig]:
 
     kind = ks.kernel_kind
     out = [heuristic_config(ks, xnumel, rnumel)]
-    if kind == "pointwise":
+    if kind in ("pointwise", "combo"):
         for xb, w in ((512, 4), (1024, 4), (2048, 4), (2048, 8), (4096, 8)):
             if xb <= max(32, _next_pow2(xnumel)):
                 out.append(LaunchConfig(xb, 1, w))

@@ -81,6 +81,8 @@ class Launcher:
         return cfg
 
     def grid(self, cfg: LaunchConfig, xn: int, rn: int) -> tuple[int]:
+        if self.kind == "combo":  # each part's blocks (codegen/triton.py generate_combo)
+            return (sum(-(-n // cfg.xblock) for n in self.ks.parts),)
         gx = -(-xn // cfg.xblock)
         if self.kind == "pointwise2d":
             return (gx * -(-rn // cfg.rblock),)

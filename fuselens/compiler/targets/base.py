@@ -46,6 +46,10 @@ class Target:
         """Kernel source for every kernel group of the schedule."""
         return generate_library(self.codegen(), groups, graph, options)
 
+    def combo_part(self, group: Any, graph: Any, options: Any) -> bool:
+        """Whether kernel `group` may run as a part of a combo kernel (compiler/combo_kernels.py)."""
+        return False
+
     def build(self, library: GeneratedLibrary, options: Any, compile_id: str) -> Any:
         """The compiled library (kernel name -> callable attribute); None when it holds no kernel."""
         raise NotImplementedError

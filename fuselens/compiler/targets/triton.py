@@ -39,6 +39,11 @@ class TritonTarget(Target):
 
         return triton
 
+    def combo_part(self, group: Any, graph: Any, options: Any) -> bool:
+        from fuselens.compiler.codegen import triton
+
+        return triton.combo_part(group, graph, options)
+
     def build(self, library: GeneratedLibrary, options: Any, compile_id: str) -> Any:
         from fuselens.compiler.runtime.triton_module import build_module
 
