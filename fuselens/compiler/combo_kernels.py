@@ -33,7 +33,10 @@ from fuselens.compiler.scheduler import KernelGroup, Schedule, kernel_name
 
 # At most this many parts in one kernel, and buffers among them: each part is one more
 # branch for Triton to compile, and each buffer a kernel parameter (Inductor keeps its
-# combo kernels under 250 arguments).
+# foreach kernels under 250 arguments). Larger combos compile much longer and run no faster
+# (H200, AdamW, compile s under CUDA graphs without / with combos: 16 parts and 128 buffers,
+# GPT-2 4.75 / 5.25; 32 and 250, ResNet-50 11.3 / 18.7, GPT-2 6.8 / 10.4, while GPT-2's
+# kernels took 0.62 and 0.63 ms).
 MAX_PARTS = 16
 MAX_BUFFERS = 128
 
