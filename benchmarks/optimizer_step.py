@@ -124,7 +124,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--models", default="gpt2,resnet50")
     ap.add_argument("--optimizers", default="adamw", help=f"comma-separated, of {','.join(OPTIMIZERS)}")
-    ap.add_argument("--backends", default="", help=f"subset of {','.join(BACKENDS)} (default: all on the GPU, "
+    ap.add_argument("--backends", default="", help=f"subset of {','.join(BACKENDS)} (default: all but the no_combo ones on the GPU, "
                     "eager,inductor,fuselens on the CPU)")
     ap.add_argument("--turns", type=int, default=30, help="rounds of one step per backend")
     ap.add_argument("--top", type=int, default=0, help="record each backend's top kernels in the JSON")

@@ -39,7 +39,7 @@ def _parameters() -> list[torch.nn.Parameter]:
 def _adamw_steps(opts: dict) -> dict:
     """Three compiled AdamW steps: kernel launches, eager's results, each combo kernel's source."""
     from fuselens import sink
-    from fuselens.compiler.codegen import triton as tg
+    from fuselens.compiler.codegen import triton_combo as tg
     from fuselens.events import ErrorEntry, Kernel
 
     combos: list[dict] = []

@@ -14,7 +14,7 @@ step in 1.61 ms against our 1.84.
 as parts of one kernel (`Target.combo_part`: for Triton, a 1-D pointwise kernel of
 static sizes) and that are independent: no part reads or writes what another writes,
 an input a part updates in place included. Each part keeps its own loop over its own
-elements (a range of program ids in `codegen/triton.py`'s `generate_combo`); what it
+elements (a range of program ids: `codegen/triton_combo.py`); what it
 saves is the launches. Graphs without list elements are left alone: elsewhere the
 scheduler fuses what shares data, and joining unrelated kernels would only change
 their block sizes.

@@ -81,7 +81,7 @@ class Launcher:
         return cfg
 
     def grid(self, cfg: LaunchConfig, xn: int, rn: int) -> tuple[int]:
-        if self.kind == "combo":  # each part's blocks (codegen/triton.py generate_combo)
+        if self.kind == "combo":  # each part's blocks (codegen/triton_combo.py)
             return (sum(-(-n // cfg.xblock) for n in self.ks.parts),)
         gx = -(-xn // cfg.xblock)
         if self.kind == "pointwise2d":

@@ -40,9 +40,9 @@ class TritonTarget(Target):
         return triton
 
     def combo_part(self, group: Any, graph: Any, options: Any) -> bool:
-        from fuselens.compiler.codegen import triton
+        from fuselens.compiler.codegen.triton_combo import combo_part
 
-        return triton.combo_part(group, graph, options)
+        return combo_part(group, graph, options)
 
     def build(self, library: GeneratedLibrary, options: Any, compile_id: str) -> Any:
         from fuselens.compiler.runtime.triton_module import build_module
