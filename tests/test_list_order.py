@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from triton_worker import interpreted_worker_records
 
@@ -28,14 +29,18 @@ def _transformer_like_parameters() -> list[torch.nn.Parameter]:
     return params
 
 
-def test_compiled_adamw_step_moves_each_byte_once_and_matches_eager() -> None:
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "for-loop"])
+def test_compiled_adamw_step_moves_each_byte_once_and_matches_eager(foreach: bool) -> None:
     """AdamW reads a parameter, its gradient and both moments and writes three of them
     back: 28 bytes an element. Scheduled op by op, each chain was cut every 64 nodes and
-    the step moved 1.9x that (GPT-2's parameters); element by element it moves 28."""
+    the step moved 1.9x that (GPT-2's parameters); element by element it moves 28. The
+    for-loop implementation (the CPU's default) wrote each new value to a fresh buffer and
+    copied it into the input at the graph's end, a kernel of copies: 1.8x the bytes, and
+    GPT-2's step took 12.7 ms on this CPU against Inductor's 2.8."""
     torch._dynamo.reset()
     mine, ref = _transformer_like_parameters(), _transformer_like_parameters()
-    opt = torch.optim.AdamW(mine, lr=1e-2, weight_decay=0.1, foreach=True, capturable=True)
-    ref_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, foreach=True)
+    opt = torch.optim.AdamW(mine, lr=1e-2, weight_decay=0.1, foreach=foreach, capturable=foreach)
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, foreach=foreach)
     step = torch.compile(opt.step, backend="fuselens", options={"fallback_on_error": False})
     with sink.collect() as events:
         for _ in range(3):
@@ -48,7 +53,8 @@ def test_compiled_adamw_step_moves_each_byte_once_and_matches_eager() -> None:
     moved = sum(k.bytes_accessed or 0 for k in kernels)
     ideal = 28 * sum(p.numel() for p in mine)
     assert moved < 1.02 * ideal, (moved / ideal, [k.name for k in kernels])
-    assert len(kernels) < len(mine) / 2  # same-shaped parameters side by side, not a kernel each
+    if foreach:
+        assert len(kernels) < len(mine) / 2  # same-shaped parameters side by side, not a kernel each
 
 
 def _node(name: str, size: list[int], reads: set[str], element: bool) -> ir.ComputeNode:

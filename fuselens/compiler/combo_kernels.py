@@ -15,9 +15,10 @@ as parts of one kernel (`Target.combo_part`: for Triton, a 1-D pointwise kernel 
 static sizes) and that are independent: no part reads or writes what another writes,
 an input a part updates in place included. Each part keeps its own loop over its own
 elements (a range of program ids: `codegen/triton_combo.py`); what it
-saves is the launches. Graphs without list elements are left alone: elsewhere the
-scheduler fuses what shares data, and joining unrelated kernels would only change
-their block sizes.
+saves is the launches. Only graphs of that kind are joined (list ops, or pointwise work
+updating its inputs: an optimizer's for-loop implementation, `list_order.element_wise_graph`);
+elsewhere the scheduler fuses what shares data, and joining unrelated kernels would only
+change their block sizes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any, Callable
 import sympy
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import ComputeNode, GraphIR
+from fuselens.compiler.ir import GraphIR
+from fuselens.compiler.list_order import element_wise_graph
 from fuselens.compiler.scheduler import KernelGroup, Schedule, kernel_name
 
 # At most this many parts in one kernel, and buffers among them: each part is one more
@@ -59,8 +61,9 @@ def _buffers(group: KernelGroup, graph: GraphIR) -> tuple[set[str], set[str]]:
 def join_list_kernels(graph: GraphIR, sched: Schedule, is_part: Callable[[KernelGroup], bool],
                       prefix: str) -> list[ComboGroup]:
     """Join runs of consecutive independent kernels into ComboGroups, in `sched` itself
-    (units, groups, group_of); returns the combos. Only graphs with list elements."""
-    if not any(isinstance(s, ComputeNode) and s.list_element for s in graph.steps):
+    (units, groups, group_of); returns the combos. Only an optimizer step's kind of graph
+    (list_order.element_wise_graph)."""
+    if not element_wise_graph(graph):
         return []
     units: list[Any] = []
     combos: list[ComboGroup] = []

@@ -18,8 +18,9 @@ it whole before a same-shaped next parameter joins side by side. `GraphIR.chains
 records how many steps each chain holds, so that the scheduler starts a parameter in a
 kernel only where its whole chain fits (option `max_fusion_size`).
 
-Only graphs with list elements are reordered: other graphs keep their order (and
-their kernels).
+Only graphs with list elements, and graphs of pointwise work updating their inputs
+(an optimizer step's for-loop implementation: `_updates_inputs_pointwise`), are
+reordered: other graphs keep their order (and their kernels).
 """
 
 from __future__ import annotations
@@ -40,10 +41,27 @@ def _scalar(step: Any) -> bool:
     return isinstance(step, ComputeNode) and not step.is_reduction and all(d == 1 for d in step.size)
 
 
+def _updates_inputs_pointwise(graph: GraphIR) -> bool:
+    """A graph of pointwise work only that updates its inputs: an optimizer step without
+    list ops (torch's default on the CPU is its for-loop implementation, a parameter at a
+    time), an EMA of weights. Its updates come at its end as copies into the inputs
+    (AOTAutograd's functional form), after every parameter's chain: each was a kernel of its
+    own, and each chain stored its new values to fresh buffers for them (page faults at
+    every step). In element order each copy follows its value and joins its kernel."""
+    return bool(graph.input_mutations) and all(
+        isinstance(s, ComputeNode) and not s.is_reduction for s in graph.steps)
+
+
+def element_wise_graph(graph: GraphIR) -> bool:
+    """Whether `graph` is an optimizer step's kind: list ops, or pointwise work updating its
+    inputs. `element_major` reorders these; combo_kernels.py joins their kernels' launches."""
+    return any(isinstance(s, ComputeNode) and s.list_element for s in graph.steps) or _updates_inputs_pointwise(graph)
+
+
 def element_major(graph: GraphIR) -> bool:
     """Reorder `graph.steps` as the module docstring says; True if any step moved."""
     steps = graph.steps
-    if not any(isinstance(s, ComputeNode) and s.list_element for s in steps):
+    if not element_wise_graph(graph):
         return False
     _, deps, users = ir.step_edges(steps)
     done = [False] * len(steps)
