@@ -66,11 +66,11 @@ class CompilerOptions:
                                      "fuse independent work over the same iteration space", choices=(True, False))
     """Fuse independent work over the same iteration space (no shared buffer)."""
     combo_kernels: bool = option(True, "combo kernels",
-                                 "Triton: a list op's independent kernels (an optimizer step's parameters) in one launch",
+                                 "Triton: an optimizer step's independent kernels (its parameters) in one launch",
                                  choices=(True, False))
-    """Triton: join consecutive independent pointwise kernels of a graph of list ops
-    (`_foreach_*`: a compiled optimizer step) in one launch, each keeping its own loop
-    over its elements; see compiler/combo_kernels.py."""
+    """Triton: join consecutive independent pointwise kernels of a compiled optimizer
+    step's graph (list ops, `_foreach_*`, or its for-loop implementation) in one launch,
+    each keeping its own loop over its elements; see compiler/combo_kernels.py."""
     extern_epilogue_fusion: bool = option(
         True, "matmul epilogue", "GPU inference: bias+ReLU/GELU in cuBLASLt, batch norm+ReLU in cuDNN's conv",
         choices=(True, False))

@@ -10,7 +10,7 @@ the group's iteration space onto one or two block axes:
 * pointwise, 2-D tiled: when one access is contiguous along another dim than
   the output (a transpose), rows on `x` and the output's inner dim on `y`, so
   Triton coalesces both sides (it converts layouts through shared memory);
-* combo: independent 1-D pointwise kernels of a list op (a compiled optimizer's
+* combo: independent 1-D pointwise kernels of a compiled optimizer step (its
   parameters, compiler/combo_kernels.py) in one launch, each part a range of program
   ids with its own loop (`triton_combo.py`);
 * reductions: kept dims on `x` ([XBLOCK, 1]), reduced dims on `r` ([1, RBLOCK]).
