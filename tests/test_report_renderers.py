@@ -87,6 +87,20 @@ def test_terminal_shows_kernels_fusion_and_phase_times():
     assert out.rstrip().splitlines()[-1].startswith("Summary: 3 graph breaks (7 hits), 3 recompiles")
 
 
+def test_terminal_cuts_a_combo_kernels_long_op_list_as_a_graphs():
+    """A combo kernel of an optimizer step lists each part's ops: hundreds for GPT-2's AdamW."""
+    import copy
+
+    from fuselens.report.terminal import MAX_OPS_SHOWN
+
+    r = copy.deepcopy(demo_report())
+    k = r.kernels[0]
+    k.ops = ["aten.mul.Tensor", "aten.lerp.Scalar"] * 100
+    out = render_terminal(r, width=200, verbose=True)
+    assert f"... and {200 - MAX_OPS_SHOWN} more" in out
+    assert out.count("lerp") == MAX_OPS_SHOWN // 2
+
+
 def test_terminal_quiet_keeps_only_findings_and_summary():
     out = render_terminal(demo_report(), width=120, quiet=True)
     assert "Graph breaks (3)" in out and "Recompiles (3)" in out and "Errors (1)" in out

@@ -354,8 +354,9 @@ class _View:
             facts.append(f"summed over {ranks_view.ranks_label(k.ranks)}")
         line.append("  " + " · ".join(facts), style="dim")
         self.c.print(line)
-        if k.ops:
-            self.hanging(Text("    ops:"), Text(", ".join(present.short_op(o) for o in k.ops)))
+        if k.ops:  # a combo kernel's parts list hundreds (an optimizer step's): cut as a graph's are
+            more = f", ... and {len(k.ops) - MAX_OPS_SHOWN} more" if len(k.ops) > MAX_OPS_SHOWN else ""
+            self.hanging(Text("    ops:"), Text(", ".join(present.short_op(o) for o in k.ops[:MAX_OPS_SHOWN]) + more))
         if k.source_lines:
             self.hanging(Text("    from:"), Text(_lines_label(k.source_lines, self.root)))
 
