@@ -1,4 +1,4 @@
-"""Independent kernels of a list op joined in one launch (a combo kernel).
+"""Independent kernels of an optimizer step joined in one launch (a combo kernel).
 
 A compiled optimizer step is one list op after another over every parameter
 (`_foreach_*`); list_order.py puts it in element order, and the scheduler fuses each
@@ -108,7 +108,7 @@ def _combo(parts: list[KernelGroup], counter: int, prefix: str) -> ComboGroup:
     total = sum((ir.numel(p.full) for p in parts), sympy.Integer(0))
     combo = ComboGroup(nodes=[n for p in parts for n in p.nodes], full=[total], order=parts[0].order,
                        stores=set().union(*(p.stores for p in parts)), parts=parts)
-    combo.reasons = [f"{len(parts)} independent kernels of a list op in one launch (a combo kernel: each part "
-                     "keeps its own loop over its elements)"] + [r for p in parts for r in p.reasons]
+    combo.reasons = [f"{len(parts)} independent kernels of an optimizer step in one launch (a combo kernel: each "
+                     "part keeps its own loop over its elements)"] + [r for p in parts for r in p.reasons]
     combo.name = kernel_name(combo, counter, f"{prefix}_combo")
     return combo

@@ -18,7 +18,7 @@ from fuselens.compiler.scheduler import KernelGroup
 def combo_part(group: KernelGroup, graph: GraphIR, options: Any) -> bool:
     """Whether `group` can be a part of a combo kernel (compiler/combo_kernels.py): a 1-D
     pointwise kernel of static sizes, whose part of the grid is known when it is printed.
-    Planned, not printed: this is asked of every kernel of a list graph."""
+    Planned, not printed: this is asked of every kernel of an optimizer step's graph."""
     if group.rflags is not None or graph.symbols:
         return False
     k = TritonKernel(group, graph, options)
@@ -74,8 +74,9 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
     for k in parts:
         others = {b for o in parts if o is not k for b in o.reads}
         for o, cands in k._inplace_candidates().items():
-            if [c for c in cands if c not in others]:
-                inplace[o] = [c for c in cands if c not in others]
+            alone = [c for c in cands if c not in others]
+            if alone:
+                inplace[o] = alone
     return TritonKernelSource(
         name=group.name, source=src, buffers=buffers, outputs=writes, symbols=[],
         bytes_accessed=sum(graph.nbytes(b) for b in buffers), language="python", kernel_kind="combo",
