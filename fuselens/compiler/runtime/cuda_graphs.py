@@ -197,8 +197,8 @@ class CudaGraphRunner:
             return self._warm_up_and_capture(key, args)
         timer = self.timer
         t0 = timer.start() if timer is not None else None
-        _copy_all([static[i] for i in copied if isinstance(args[i], torch.Tensor)],
-                  [args[i] for i in copied if isinstance(args[i], torch.Tensor)])
+        tensors = [i for i in copied if isinstance(args[i], torch.Tensor)]
+        _copy_all([static[i] for i in tensors], [args[i] for i in tensors])
         if timer is not None:
             timer.stop("cudagraph_input_copies", t0)
         back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
