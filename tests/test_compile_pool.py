@@ -131,10 +131,10 @@ def test_compile_workers_zero_never_starts_a_worker() -> None:
     assert compile_pool._pool is None
 
 
-def test_automatic_worker_count_leaves_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_automatic_worker_count_leaves_two_cpus_to_the_parent_and_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     from fuselens.compiler.runtime import compile_pool
 
-    for cpus, n in ((2, 0), (3, 0), (4, 2), (16, 8), (128, 8)):
+    for cpus, n in ((2, 0), (3, 0), (4, 2), (16, 14), (128, 16)):
         monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)
         assert compile_pool.auto_workers() == n
 
@@ -185,3 +185,38 @@ def test_workers_compile_below_the_parents_priority_so_its_next_graph_is_not_slo
         assert os.getpriority(os.PRIO_PROCESS, w.proc.pid) > os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         pool.close()
+
+
+EARLY_START = r'''
+import torch
+import fuselens.compiler
+fuselens.compiler.register()
+from fuselens.compiler import entry, options
+from fuselens.compiler.runtime import compile_pool
+
+started = []
+entry._start_compile_workers = lambda opts: started.append(opts.compile_workers)
+
+def f(x):
+    return torch.relu(x) + 1
+
+torch.compile(f, backend="eager")(torch.randn(4))
+assert started == [], "CUDA not initialized: no workers"
+# no GPU here: CUDA initialized is what this stands in for (a model moved to the GPU)
+torch.cuda.is_initialized = lambda: True
+torch.compile(lambda x: x * 2, backend="eager")(torch.randn(4))
+assert started == [-1], started
+options.configure(compile_workers=0)
+torch.compile(lambda x: x * 3, backend="eager")(torch.randn(4))
+assert started == [-1], "compile_workers=0 process-wide: none"
+print("EARLY-START-OK")
+'''
+
+
+def test_compile_workers_start_as_dynamo_begins_tracing_in_a_process_on_the_gpu() -> None:
+    """The backend's module installs a Dynamo start callback: in a process whose CUDA is
+    initialized the workers start before the first frame is traced (not once its graph
+    reaches the backend), unless `compile_workers=0` process-wide. CI has no GPU: the
+    start itself is recorded instead of made, and CUDA's initialization is stood in for."""
+    out = _run(EARLY_START)
+    assert "EARLY-START-OK" in out.stdout, out.stdout + out.stderr

@@ -495,6 +495,40 @@ def _start_compile_workers(opts: Any) -> None:
         pass
 
 
+def _start_workers_as_dynamo_starts(*_: Any) -> None:
+    """A Dynamo start callback: the compile workers start as Dynamo begins tracing a
+    frame, not when its first graph reaches us. They take seconds to import torch and
+    Triton (7.6-8.4 s for eight on the H200's host while the parent traced), and a
+    graph whose kernels are generated before they are up compiles them in this
+    process, in threads that hold the GIL (GPT-2 training's first graph: 2.6 s).
+    Dynamo's trace of the first frame is that much head start.
+
+    Only in a process that loaded this module (it asked for `backend="fuselens"` or
+    imported the compiler) and has already initialized CUDA (its model is on the
+    GPU), unless the process-wide `compile_workers` option turns them off; a graph's
+    own option still decides whether its kernels are sent to them."""
+    from fuselens.compiler.runtime import compile_pool
+
+    if compile_pool.get_pool(0) is not None or options_mod.current().compile_workers == 0:
+        return
+    try:
+        if not torch.cuda.is_initialized():
+            return
+        _start_compile_workers(options_mod.current())
+    except Exception:  # noqa: BLE001 - as _start_compile_workers: the backend starts them later
+        pass
+
+
+def _install_early_worker_start() -> None:
+    handler = getattr(getattr(torch, "_dynamo", None), "callback_handler", None)
+    register_start = getattr(handler, "register_start_callback", None)
+    if register_start is not None and _start_workers_as_dynamo_starts not in getattr(handler, "start_callbacks", []):
+        register_start(_start_workers_as_dynamo_starts)
+
+
+_install_early_worker_start()
+
+
 def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:
     from fuselens.compiler.targets.registry import resolve_target
 

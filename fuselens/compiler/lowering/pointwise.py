@@ -25,10 +25,11 @@ def broadcast(tv: TensorValue, size: Sequence[Expr]) -> Callable[[Any, Sequence[
     """A loader of `tv` broadcast (numpy rules) to `size`."""
     lead = len(size) - len(tv.size)
     zero = sympy.Integer(0)
+    # decided once: a body is evaluated again by every scheduling question and code generator
+    spread = [s == 1 and size[lead + d] != 1 for d, s in enumerate(tv.size)]
 
     def load(ops: Any, idx: Sequence[Expr]) -> Any:
-        inner = [zero if (s == 1 and size[lead + d] != 1) else idx[lead + d] for d, s in enumerate(tv.size)]
-        return tv.loader(ops, inner)
+        return tv.loader(ops, [zero if b else idx[lead + d] for d, b in enumerate(spread)])
 
     return load
 

@@ -45,12 +45,14 @@ _hook_lock = threading.Lock()
 
 
 def auto_workers() -> int:
-    """Workers when the option says -1: half the CPUs, at most 8 (each holds torch and
+    """Workers when the option says -1: all CPUs but two (the parent's passes, which
+    are the compile's critical path, and its threads), at most 16 (each holds torch and
     Triton, ~0.4 GB), none below 4 CPUs. Real models' graphs send hundreds of kernels
     (MobileNetV3 training: ~550); with 4 workers on the H200's 16 CPUs its first call
-    waited 7.9 s for them, with 8 3.5 s (Inductor's pool has a process per CPU)."""
+    waited 7.9 s for them, with 8 3.5 s; ResNet-50 training's still waited 3.0 s with 8
+    (Inductor's pool has a process per CPU)."""
     cpus = os.cpu_count() or 1
-    return 0 if cpus < 4 else min(8, cpus // 2)
+    return 0 if cpus < 4 else min(16, cpus - 2)
 
 
 WORKER_ARGV = [sys.executable, "-m", "fuselens.compiler.runtime.compile_worker"]
@@ -60,6 +62,8 @@ class _Worker:
     def __init__(self, pool: "CompilePool", argv: list[str]) -> None:
         self.pool = pool
         self.ready = threading.Event()
+        self.started = time.perf_counter()
+        self.ready_after_s: Optional[float] = None  # how long its imports and first compile took
         self.dead = False
         self.outstanding: dict[int, Future] = {}
         self.proc = subprocess.Popen(
@@ -83,6 +87,7 @@ class _Worker:
                 continue
             if "ready" in msg:
                 if msg["ready"]:
+                    self.ready_after_s = time.perf_counter() - self.started
                     self.ready.set()
                 else:
                     break

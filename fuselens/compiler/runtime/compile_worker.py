@@ -5,8 +5,8 @@ the specialization Triton serialized for it in the parent (`JITFunction.preload`
 input). Compiling it leaves the binary in Triton's on-disk cache, where the parent's
 own compile of the same specialization finds it. Answers one JSON line a job on its
 protocol channel (the original stdout; anything else the process prints goes to
-stderr). The first line it writes says whether it is ready: imports and one tiny
-compile are done before that, so a job never waits for them. Started with the
+stderr). The first line it writes says whether it is ready: its imports are done;
+one tiny compile (the warm-up) follows, before the first job is read. Started with the
 parent's target (`--target`), it never initializes CUDA. It exits at the end of
 its input, that is when the parent closes the pipe or exits.
 """
@@ -106,12 +106,10 @@ def _warm() -> None:
     # even where Triton's cache already holds these kernels
     import torch
     from triton import knobs
-    from triton.runtime import driver
 
     from fuselens.compiler.codegen.triton_prelude import prelude_header, prelude_text, warm_prelude
     from fuselens.compiler.runtime.launch_config import target_options
 
-    driver.active.get_current_target()
     warm_prelude()
     from fuselens.private_dirs import remove_scratch, scratch_dir
 
@@ -214,11 +212,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         from fuselens.compiler.codegen.triton_prelude import install_link_filter
 
         install_link_filter()  # jobs carry their libraries in their options; the filter is per process
-        _warm()
+        from triton.runtime import driver
+
+        driver.active.get_current_target()  # no target (no --target, no GPU): no jobs
     except Exception as e:  # noqa: BLE001 - the parent compiles in-process instead
         out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:1000]}) + "\n")
         return 1
+    # Ready once imported: the parent then sends its jobs, which wait in the pipe for the
+    # warm-up (about a second) instead of compiling in the parent's threads, which hold the GIL
     out.write(json.dumps({"ready": True}) + "\n")
+    try:
+        _warm()
+    except Exception:  # noqa: BLE001 - only a warm-up: a job hitting the same fault reports it
+        pass
     serve(sys.stdin, out)
     return 0
 
