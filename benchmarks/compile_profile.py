@@ -87,9 +87,11 @@ def profile_compile(name: str, mode: str, backend: str, device: str, top: int, o
                            "torch_phases": compile_phases(), "fuselens_phases": phases}
     pool = compile_pool.get_pool(0)
     if pool is not None:
-        rec["workers_ready_after_s"] = [None if w.ready_after_s is None else round(w.ready_after_s, 2)
-                                        for w in pool.workers]
-        rec["pool_started_at_s"] = round(min(w.started for w in pool.workers) - t0, 2)
+        ready = [getattr(w, "ready_after_s", None) for w in pool.workers]  # None: not ready (or older code)
+        rec["workers_ready_after_s"] = [None if r is None else round(r, 2) for r in ready]
+        started = [getattr(w, "started", None) for w in pool.workers]
+        if None not in started:
+            rec["pool_started_at_s"] = round(min(started) - t0, 2)
     print(f"== {name} {mode} {backend}: first call {wall:.2f} s", json.dumps(rec), sep="\n", flush=True)
     if not profile:
         return rec
