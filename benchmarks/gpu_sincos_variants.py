@@ -13,7 +13,7 @@ whole float range. The modes:
    words by shifts, in Triton, taken by a block holding any |x| > 8192;
 4. the Cody-Waite path alone, wrong past |x| = 8192: what the large path costs;
 5. the generator's `_fl_sincos` on NVIDIA now: per element, |x| > 8192 calls the one
-   compiled copy of the same reduction in `codegen/nvptx_math.ll`.
+   compiled copy of the same reduction in `runtime/nvptx_math.ll`.
 
     python -m benchmarks.gpu_sincos_variants
 """
@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from fuselens.compiler.codegen.triton_ops import MathMode
-from fuselens.compiler.codegen.triton_prelude import compile_options
+from fuselens.compiler.runtime.triton_prelude import compile_options
 from fuselens.compiler.options import CompilerOptions
 from fuselens.compiler.runtime.triton_module import build_module
 

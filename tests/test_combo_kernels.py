@@ -77,7 +77,7 @@ from fuselens.compiler.runtime.compile_worker import use_target
 use_target("cuda:90:32")  # no GPU in CI: Triton's CUDA backend and ptxas, compile only
 import torch
 from triton import knobs
-from fuselens.compiler.codegen.triton_prelude import prelude_header, prelude_text
+from fuselens.compiler.runtime.triton_prelude import prelude_header, prelude_text
 from fuselens.compiler.runtime.launch_config import LaunchConfig
 
 root, combo = {root!r}, json.loads({combo!r})

@@ -220,3 +220,54 @@ def test_compile_workers_start_as_dynamo_begins_tracing_in_a_process_on_the_gpu(
     start itself is recorded instead of made, and CUDA's initialization is stood in for."""
     out = _run(EARLY_START)
     assert "EARLY-START-OK" in out.stdout, out.stdout + out.stderr
+
+
+PRELUDE_KERNEL = '''
+@triton.jit
+def fl_prelude_kernel(x, y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + i, mask=i < n)
+    tl.store(y + i, _fl_floor(v) * _fl_rsqrt(tl.abs(v) + 1.0), mask=i < n)
+'''
+
+TORCH_FREE_PARENT = '''
+import json, os, subprocess, sys
+from fuselens.compiler.runtime.compile_worker import use_target
+use_target("cuda:90:32")
+import torch
+from triton import knobs
+from fuselens.compiler.runtime.compile_pool import backend_hash, specialization, triton_cache_dir
+from fuselens.compiler.runtime.launch_config import target_options
+from fuselens.compiler.runtime.triton_prelude import prelude_header, prelude_text
+from fuselens.private_dirs import cache_dir
+
+knobs.cache.dir = os.path.join({root!r}, "triton")
+path = os.path.join(cache_dir("triton"), "fl_torch_free_test.py")
+with open(path, "w") as f:
+    f.write(prelude_header(prelude_text(False)) + {kernel!r})
+os.chmod(path, 0o600)
+import importlib.util
+spec_ = importlib.util.spec_from_file_location("fl_torch_free_test", path)
+mod = importlib.util.module_from_spec(spec_); sys.modules["fl_torch_free_test"] = mod; spec_.loader.exec_module(mod)
+spec = specialization(mod.fl_prelude_kernel, torch.float32, torch.float32, 1000, grid=(1,), num_warps=4, BLOCK=256,
+                      **target_options())
+job = {{"id": 1, "module": path, "name": "fl_prelude_kernel", "spec": spec, "cache_dir": triton_cache_dir(),
+        "env": {{}}, "backend_hash": backend_hash()}}
+worker = ("import sys\\nfrom fuselens.compiler.runtime import compile_worker as w\\n"
+          "w.main(['--target', 'cuda:90:32'])\\n"
+          "sys.stderr.write('LOADED torch=%s sympy=%s' % ('torch' in sys.modules, 'sympy' in sys.modules))\\n")
+out = subprocess.run([sys.executable, "-c", worker], input=json.dumps(job) + "\\n", capture_output=True, text=True,
+                     timeout=300)
+lines = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]
+assert lines[0] == {{"ready": True}}, out.stdout + out.stderr
+assert lines[1]["ok"], lines[1]
+print(out.stderr.strip().splitlines()[-1])
+'''
+
+
+def test_a_worker_compiles_a_generated_module_with_its_prelude_without_importing_torch_or_sympy(tmp_path: Path) -> None:
+    """A worker comes up in the time Triton takes to import: torch (3.5 s on the H200's
+    host) and sympy (2 s) were imported through the prelude and the warm-up, and no job
+    needs them. The kernel here calls prelude helpers and compiles for sm_90 for real."""
+    out = _run(TORCH_FREE_PARENT.format(root=str(tmp_path), kernel=PRELUDE_KERNEL))
+    assert "LOADED torch=False sympy=False" in out.stdout, out.stdout + out.stderr

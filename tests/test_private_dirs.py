@@ -61,7 +61,7 @@ def test_triton_prelude_planted_by_another_account_is_refused_and_never_runs(cac
     marker = tmp_path / "pwned"
     script = textwrap.dedent(f"""
         import os
-        from fuselens.compiler.codegen import triton_prelude as tp
+        from fuselens.compiler.runtime import triton_prelude as tp
         from fuselens.private_dirs import cache_root
         name = tp.prelude_file_name(tp.prelude_text(True))
         folder = os.path.join(cache_root(), "triton_prelude")
@@ -85,7 +85,7 @@ def test_module_of_another_uid_inside_our_own_folder_is_not_imported(cache, tmp_
     marker = tmp_path / "pwned"
     script = textwrap.dedent(f"""
         import os
-        from fuselens.compiler.codegen import triton_prelude as tp
+        from fuselens.compiler.runtime import triton_prelude as tp
         from fuselens.private_dirs import cache_dir
         folder = cache_dir("triton_prelude")   # ours, 0700
         name = tp.prelude_file_name(tp.prelude_text(True))
@@ -105,7 +105,7 @@ def test_module_of_another_uid_inside_our_own_folder_is_not_imported(cache, tmp_
 
 def test_prelude_is_written_and_imported_from_the_private_cache(cache):
     proc = subprocess.run(
-        [sys.executable, "-c", "from fuselens.compiler.codegen import triton_prelude as tp; tp.warm_prelude(); print('OK')"],
+        [sys.executable, "-c", "from fuselens.compiler.runtime import triton_prelude as tp; tp.warm_prelude(); print('OK')"],
         env=_env(cache), capture_output=True, text=True, timeout=120,
     )
     assert proc.stdout.strip() == "OK", proc.stderr[-2000:]

@@ -1,5 +1,5 @@
-"""The prelude's NVIDIA forms (codegen/triton_prelude.py PTX_HELPERS): sin/cos on
-`codegen/nvptx_math.ll`, and floor, ceil and rsqrt without libdevice, compiled for
+"""The prelude's NVIDIA forms (runtime/triton_prelude.py PTX_HELPERS): sin/cos on
+`runtime/nvptx_math.ll`, and floor, ceil and rsqrt without libdevice, compiled for
 sm_90 on CI's CPUs.
 
 CI cannot run what it compiles for the GPU: the values are checked on the device
@@ -25,7 +25,7 @@ import torch
 from triton import knobs
 from triton._C.libtriton import llvm
 from triton.compiler import compiler as tc
-from fuselens.compiler.codegen.triton_prelude import NVPTX_MATH_LIB, prelude_header, prelude_text
+from fuselens.compiler.runtime.triton_prelude import NVPTX_MATH_LIB, prelude_header, prelude_text
 from fuselens.compiler.runtime.compile_pool import WORKER_ARGV, CompilePool, backend_hash, specialization, triton_cache_dir
 from fuselens.compiler.runtime.launch_config import LaunchConfig
 

@@ -13,7 +13,7 @@ The package reads top to bottom as the pipeline:
                    C++ and Triton in a registry keyed by option `target`
     phases.py      compile phases timed once: PhaseTime events and torch's compile metrics
     compile_gc.py  the objects older than a compile frozen while it runs (full GC passes skip them)
-    codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers in triton_prelude.py);
+    codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers: runtime/triton_prelude.py);
                    the interface in codegen/__init__.py
     runtime/       running a compiled graph:
         plan.py             order, allocations and frees of a compiled graph

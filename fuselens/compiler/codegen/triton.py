@@ -51,7 +51,7 @@ from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_tex
 from fuselens.compiler.codegen.triton_emit import Emission, Scope
 from fuselens.compiler.codegen.triton_one_loop import OneLoopPasses
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
-from fuselens.compiler.codegen.triton_prelude import prelude_header
+from fuselens.compiler.runtime.triton_prelude import prelude_header
 from fuselens.compiler.codegen.triton_patterns import (drop_dead, online_softmax_pairs, share_sincos,
                                                        welford_pairs)
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fuselens.compiler.codegen import COMPARISONS, SPELLED_ALIKE, PrintingOps, ops_from_table
-from fuselens.compiler.codegen.triton_prelude import prelude_text
+from fuselens.compiler.runtime.triton_prelude import prelude_text
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",

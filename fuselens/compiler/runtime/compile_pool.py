@@ -12,10 +12,12 @@ the parent's own compile at the first launch then finds it there (a few ms).
 The parent learns what to send by letting Triton specialize the kernel as the first
 launch will (`JITFunction.warmup` with the launch's argument types and constexprs)
 and taking the serialized specialization from `knobs.runtime.jit_cache_hook`,
-which skips the compile. Workers are started when the first CUDA graph enters the
-backend (`entry._start_compile_workers`, before AOTAutograd) and take jobs once ready
-(imported, one tiny compile done); until then, and where anything is missing
-(Triton < 3.4, no CUDA), kernels compile in-process as before. Jobs are written by a
+which skips the compile. Workers are started as Dynamo begins tracing in a process
+whose CUDA is initialized (`entry._start_workers_as_dynamo_starts`), or at the latest
+when a CUDA graph enters the backend, and take jobs once ready: Triton imported
+(they import neither torch nor sympy: well under a second), their warm-up compile
+queued before the first job. Until then, and where anything is missing (Triton <
+3.4, no CUDA), kernels compile in-process as before. Jobs are written by a
 thread per worker, so handing a graph's kernels over never waits for a busy worker.
 Workers are plain subprocesses (not multiprocessing), so a user's script is never
 re-imported in them, and run below the parent's priority.

@@ -99,15 +99,40 @@ def _fl_warm_prelude(x, y, BLOCK: tl.constexpr):
 """
 
 
+class _Float32:
+    """Prints as torch's float32, which is what Triton's specialization reads of a
+    pointer argument's dtype."""
+
+    def __str__(self) -> str:
+        return "torch.float32"
+
+    __repr__ = __str__
+
+
+class _Float32Pointer:
+    """A tensor argument for `JITFunction.warmup` without torch: importing torch took a
+    worker 3.5 of the 7.2 s it needed to come up on the H200's host, and nothing a job
+    does needs it."""
+
+    dtype = _Float32()
+    shape = [1]
+
+    @staticmethod
+    def data_ptr() -> int:
+        return 0
+
+    def stride(self) -> tuple:
+        return (1,)
+
+
 def _warm() -> None:
     # A process's first compiles cost ~0.1 s more than later ones (Triton's and
     # LLVM's start, the prelude's module, its first extern library and inline
-    # assembly): paid here, before any job, with a cache of its own so they happen
-    # even where Triton's cache already holds these kernels
-    import torch
+    # assembly): paid here, before reading the first job, with a cache of its own so
+    # they happen even where Triton's cache already holds these kernels
     from triton import knobs
 
-    from fuselens.compiler.codegen.triton_prelude import prelude_header, prelude_text, warm_prelude
+    from fuselens.compiler.runtime.triton_prelude import prelude_header, prelude_text, warm_prelude
     from fuselens.compiler.runtime.launch_config import target_options
 
     warm_prelude()
@@ -117,14 +142,14 @@ def _warm() -> None:
     env = os.environ.get("TRITON_CACHE_DIR")  # setting the knob sets the variable too
     try:
         knobs.cache.dir = tmp
-        _fl_warm.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128)
+        _fl_warm.warmup(_Float32Pointer(), _Float32Pointer(), grid=(1,), BLOCK=128)
         prelude = prelude_text(os.environ.get("TRITON_INTERPRET") == "1")
         path = os.path.join(tmp, "fl_worker_warm.py")
         with open(path, "w") as f:
             f.write(prelude_header(prelude) + WARM_KERNEL)
         try:
             mod = _module(path, {})
-            mod._fl_warm_prelude.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=128, num_warps=4,
+            mod._fl_warm_prelude.warmup(_Float32Pointer(), _Float32Pointer(), grid=(1,), BLOCK=128, num_warps=4,
                                         **target_options())
         except Exception:  # noqa: BLE001 - only a warm-up: a job hitting the same fault reports it
             pass
@@ -209,7 +234,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if "--target" in argv:
             use_target(argv[argv.index("--target") + 1])
-        from fuselens.compiler.codegen.triton_prelude import install_link_filter
+        from fuselens.compiler.runtime.triton_prelude import install_link_filter
 
         install_link_filter()  # jobs carry their libraries in their options; the filter is per process
         from triton.runtime import driver

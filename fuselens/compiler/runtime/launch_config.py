@@ -39,8 +39,8 @@ class LaunchConfig:
 
 
 def target_options() -> dict:
-    """Compile options the generated prelude needs on this target (codegen/triton_prelude.py)."""
-    from fuselens.compiler.codegen.triton_prelude import compile_options
+    """Compile options the generated prelude needs on this target (runtime/triton_prelude.py)."""
+    from fuselens.compiler.runtime.triton_prelude import compile_options
 
     return compile_options(os.environ.get("TRITON_INTERPRET") == "1")
 

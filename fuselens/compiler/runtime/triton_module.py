@@ -3,7 +3,7 @@
 `build_module` writes a graph's Triton source (codegen/triton.py) to
 `<cache_dir>/triton/<sha256>.py` (Triton's JIT needs a real file to read the
 source back), imports it and gives each kernel a `Launcher` (triton_launcher.py);
-the helper prelude is a module of its own beside it (codegen/triton_prelude.py),
+the helper prelude is a module of its own beside it (runtime/triton_prelude.py),
 built once a process and shared by every graph. `finalize` attaches the device,
 kernel timing, the generated wrapper and the optional CUDA graph to a compiled
 graph's runner.

@@ -10,6 +10,10 @@ LLVM library its NVIDIA form calls, and its loading as a module of its own.
 * A graph's module starts with `prelude_header`: the prelude is a module of its own
   beside it (`load_prelude`), built once a process and shared by every graph, its
   file named by its text's hash.
+
+It lives with the runtime because generated modules import it, in this process and
+in the compile workers: it imports neither torch nor sympy (nor the codegen
+package, which does), so a worker is up in the time Triton takes to import.
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.private_dirs import cache_dir, check_private_file
@@ -533,8 +535,17 @@ def install_link_filter() -> None:
 
 
 def uses_ptx(interpret: bool) -> bool:
-    """Whether the prelude takes its NVIDIA form (inline PTX, nvptx_math.ll)."""
-    return not interpret and torch.version.hip is None
+    """Whether the prelude takes its NVIDIA form (inline PTX, nvptx_math.ll): torch's
+    build says so where torch is loaded; a compile worker (no torch) asks Triton's
+    target, which it was started with."""
+    if interpret:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.version.hip is None
+    from triton.runtime import driver
+
+    return driver.active.get_current_target().backend == "cuda"
 
 
 def prelude_text(interpret: bool) -> str:
@@ -567,7 +578,7 @@ def prelude_file_name(prelude: str) -> str:
 def prelude_header(prelude: str) -> str:
     """The first lines of a graph's module: Triton, then the prelude's names."""
     return ("import triton\nimport triton.language as tl\n"
-            "from fuselens.compiler.codegen.triton_prelude import load_prelude as _fl_load_prelude\n\n"
+            "from fuselens.compiler.runtime.triton_prelude import load_prelude as _fl_load_prelude\n\n"
             f"globals().update(_fl_load_prelude(__file__, {prelude_file_name(prelude)!r}))\n")
 
 
