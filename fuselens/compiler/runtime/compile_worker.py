@@ -13,6 +13,7 @@ its input, that is when the parent closes the pipe or exits.
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import json
 import os
@@ -125,6 +126,19 @@ class _Float32Pointer:
         return (1,)
 
 
+class _NoTorch(importlib.abc.MetaPathFinder):
+    """Keeps the warm-up from importing torch: Triton 3.6 specializes a `warmup`'s
+    arguments in C++ that imports torch (3.5 s on the H200's host, while the first jobs
+    wait), 3.9 does not. Where it would, the warm-up fails and each worker's first job
+    pays the first compile's extra cost instead (about 0.1 s); jobs load a serialized
+    specialization (`preload`), which needs no torch."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("no torch in a compile worker's warm-up", name=name)
+        return None
+
+
 def _warm() -> None:
     # A process's first compiles cost ~0.1 s more than later ones (Triton's and
     # LLVM's start, the prelude's module, its first extern library and inline
@@ -140,6 +154,8 @@ def _warm() -> None:
 
     tmp = scratch_dir("compile-warm")
     env = os.environ.get("TRITON_CACHE_DIR")  # setting the knob sets the variable too
+    guard = _NoTorch()
+    sys.meta_path.insert(0, guard)
     try:
         knobs.cache.dir = tmp
         _fl_warm.warmup(_Float32Pointer(), _Float32Pointer(), grid=(1,), BLOCK=128)
@@ -154,6 +170,7 @@ def _warm() -> None:
         except Exception:  # noqa: BLE001 - only a warm-up: a job hitting the same fault reports it
             pass
     finally:
+        sys.meta_path.remove(guard)
         del knobs.cache.dir
         if env is None:
             os.environ.pop("TRITON_CACHE_DIR", None)
