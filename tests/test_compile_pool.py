@@ -131,10 +131,16 @@ def test_compile_workers_zero_never_starts_a_worker() -> None:
     assert compile_pool._pool is None
 
 
-def test_automatic_worker_count_leaves_two_cpus_to_the_parent_and_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_automatic_worker_count_leaves_two_cpus_to_the_parent_splits_a_host_among_ranks_and_leaves_small_machines_without_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     from fuselens.compiler.runtime import compile_pool
 
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for cpus, n in ((2, 0), (3, 0), (4, 2), (16, 14), (128, 16)):
+        monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)
+        assert compile_pool.auto_workers() == n
+    # torchrun's ranks on one host share its CPUs: 8 ranks on 128 CPUs get 14 each, on 16 none
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    for cpus, n in ((16, 0), (64, 6), (128, 14)):
         monkeypatch.setattr(compile_pool.os, "cpu_count", lambda c=cpus: c)
         assert compile_pool.auto_workers() == n
 

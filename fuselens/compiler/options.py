@@ -107,10 +107,13 @@ class CompilerOptions:
                                   auto=-1)
     """Triton on CUDA: processes that compile a graph's kernels in parallel, in the
     background, each kernel's first launch waiting for its own (compile_pool.py).
-    -1 picks half the CPUs, at most 8 (none below 4 CPUs); 0 compiles in
-    threads of this process before the first call. The workers start as the first
-    CUDA graph enters the backend; graphs compiled before they are up (~7 s)
-    compile in threads."""
+    -1 picks all CPUs but two, at most 16, split among torchrun's ranks on one host
+    (none below a share of 4 CPUs); 0 compiles in
+    threads of this process before the first call. The workers start as Dynamo
+    begins tracing in a process whose CUDA is initialized (0 set process-wide with
+    `configure` keeps them off), at the latest as a CUDA graph enters the backend;
+    they import Triton alone (under a second); a graph compiled before they are up
+    compiles in threads."""
     fallback_random: bool = option(False, "fallback random",
                                    "random ops (dropout) in ATen: eager's numbers, one kernel each",
                                    choices=(False, True))

@@ -47,14 +47,19 @@ _hook_lock = threading.Lock()
 
 
 def auto_workers() -> int:
-    """Workers when the option says -1: all CPUs but two (the parent's passes, which
-    are the compile's critical path, and its threads), at most 16 (each holds torch and
-    Triton, ~0.4 GB), none below 4 CPUs. Real models' graphs send hundreds of kernels
-    (MobileNetV3 training: ~550); with 4 workers on the H200's 16 CPUs its first call
-    waited 7.9 s for them, with 8 3.5 s; ResNet-50 training's still waited 3.0 s with 8
-    (Inductor's pool has a process per CPU)."""
-    cpus = os.cpu_count() or 1
-    return 0 if cpus < 4 else min(16, cpus - 2)
+    """Workers when the option says -1: this process's share of the CPUs (torchrun's
+    LOCAL_WORLD_SIZE ranks on one host share them) but two (the parent's passes, which
+    are the compile's critical path, and its threads), at most 16, none below a share
+    of 4 CPUs. Real models' graphs send hundreds of kernels (MobileNetV3 training:
+    ~550); with 4 workers on the H200's 16 CPUs its first call waited 7.9 s for them,
+    with 8 3.5 s; ResNet-50 training's still waited 3.0 s with 8 (Inductor's pool has
+    a process per CPU)."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        ranks = 1
+    share = (os.cpu_count() or 1) // ranks
+    return 0 if share < 4 else min(16, share - 2)
 
 
 WORKER_ARGV = [sys.executable, "-m", "fuselens.compiler.runtime.compile_worker"]
