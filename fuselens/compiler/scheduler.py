@@ -316,7 +316,7 @@ class Scheduler:
 
     def _cached(self, node: ComputeNode, m: KernelGroup, what: str, make: Callable[[], Any]) -> Any:
         """`make()` for `node` in kernel `m`'s loop space, computed once per space."""
-        per = self._analysis(node)[3]
+        per = ir.analysis_of(self.g, node)[3]
         key = (what, _space_key(m))
         got = per.get(key)
         if got is None:
@@ -342,18 +342,7 @@ class Scheduler:
     def _loads(self, c: ComputeNode) -> list:
         """ir.record_loads of a node, traced once (each candidate fusion asks again for
         every member)."""
-        entry = self._analysis(c)
-        if entry[2] is None:
-            entry[2] = ir.record_loads(c)
-        return entry[2]
-
-    def _analysis(self, c: ComputeNode) -> list:
-        """[body, reads, loads or None, per-space values] of node `c`, valid while its body
-        and reads are the ones it was traced from."""
-        entry = self.g.node_analysis.get(c.name)
-        if entry is None or entry[0] is not c.body or entry[1] != c.reads:
-            entry = self.g.node_analysis[c.name] = [c.body, frozenset(c.reads), None, {}]
-        return entry
+        return ir.traced_loads(self.g, c)
 
     def rule_no_cycle(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
         """A kernel runs as one unit, so everything any member needs runs before all

@@ -306,7 +306,7 @@ class CppKernel(KernelBuilder):
                 continue
             cidx = g.full_index(c.full_size if c.is_reduction else c.size)
             sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-            for buf, index in ir.record_loads(c):
+            for buf, index in ir.traced_loads(self.graph, c):
                 if buf in self.members or buf not in self.graph.buffers:
                     continue
                 size = self.graph.hint(ir.numel(self.graph.buffers[buf].size))

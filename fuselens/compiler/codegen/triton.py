@@ -38,6 +38,7 @@ int32 unless a buffer or the iteration space needs int64.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -74,6 +75,23 @@ MAX_RBLOCK_LOOPED = 2048
 WELFORD_ROWS = (4096, 8191)
 WELFORD_MIN_XNUMEL = 8192
 INT32_LIMIT = 2**31 - 2**20
+
+
+@functools.lru_cache(maxsize=8192)  # planning and printing split the same indices; so do a model's layers
+def _linear(e: Expr, gv: tuple) -> tuple[tuple, Expr]:
+    lin: dict = {}
+    rest: Expr = sympy.Integer(0)
+    gset = set(gv)
+    for t in sympy.Add.make_args(sympy.expand(e)):
+        gs = t.free_symbols & gset
+        if len(gs) == 1 and not t.has(FloorDiv, ModularIndexing, sympy.Min, sympy.Max):
+            g = next(iter(gs))
+            c = sympy.cancel(t / g)
+            if g not in c.free_symbols:
+                lin[g] = lin.get(g, sympy.Integer(0)) + c
+                continue
+        rest = rest + t
+    return tuple(lin.items()), rest
 
 
 @dataclass
@@ -185,19 +203,8 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
 
     def linear(self, e: Expr) -> tuple[dict, Expr]:
         """Split an index into {gvar: coefficient} (linear terms) and the rest."""
-        lin: dict = {}
-        rest: Expr = sympy.Integer(0)
-        gset = set(self.gv)
-        for t in sympy.Add.make_args(sympy.expand(e)):
-            gs = t.free_symbols & gset
-            if len(gs) == 1 and not t.has(FloorDiv, ModularIndexing, sympy.Min, sympy.Max):
-                g = next(iter(gs))
-                c = sympy.cancel(t / g)
-                if g not in c.free_symbols:
-                    lin[g] = lin.get(g, sympy.Integer(0)) + c
-                    continue
-            rest = rest + t
-        return lin, rest
+        lin, rest = _linear(e, tuple(self.gv))
+        return dict(lin), rest
 
     def axis_var(self, axis: _Axis, ia: int, ib: int) -> str:
         """The flat variable of dims ia..ib (positions in axis.dims) of an axis."""
@@ -353,7 +360,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             body_size = c.full_size if c.is_reduction else c.size
             cidx = g.full_index(body_size) if lvl in ("full", "reduction") else g.outer_index(c.size)
             sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-            for buf, index in ir.record_loads(c):
+            for buf, index in ir.traced_loads(self.graph, c):
                 if buf in self.members or buf not in self.graph.buffers:
                     continue
                 e = self.simplify(ir.substitute(index, sub))
