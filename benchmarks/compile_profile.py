@@ -127,6 +127,7 @@ def main(argv: Any = None) -> int:
             results.append(profile_compile(name, mode, args.backend, args.device, args.top, out,
                                            not args.no_profile))
             if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
                 (out / "compile_profile.json").write_text(json.dumps({"info": info, "results": results}, indent=1))
     return 0
 

@@ -497,11 +497,11 @@ def _start_compile_workers(opts: Any) -> None:
 
 def _start_workers_as_dynamo_starts(*_: Any) -> None:
     """A Dynamo start callback: the compile workers start as Dynamo begins tracing a
-    frame, not when its first graph reaches us. They take seconds to import torch and
-    Triton (7.6-8.4 s for eight on the H200's host while the parent traced), and a
-    graph whose kernels are generated before they are up compiles them in this
-    process, in threads that hold the GIL (GPT-2 training's first graph: 2.6 s).
-    Dynamo's trace of the first frame is that much head start.
+    frame, not when its first graph reaches us. A graph whose kernels are generated
+    before they are up compiles them in this process, in threads that hold the GIL
+    (GPT-2 training's first graph: 2.6 s, when a worker took 7-8 s to import torch);
+    they now import Triton alone, and Dynamo's trace of the first frame is head start
+    for that and for Triton's own setup in this process.
 
     Only in a process that loaded this module (it asked for `backend="fuselens"` or
     imported the compiler) and has already initialized CUDA (its model is on the

@@ -383,7 +383,7 @@ class GraphIR:
     input_mutations: dict[str, str] = field(default_factory=dict)
     chains: dict[str, int] = field(default_factory=dict)  # list_order.py: a chain's first step -> its steps
     # what the scheduler traced of each compute node's body, kept across the graph's
-    # schedules (scheduler.Scheduler._analysis says when an entry is stale)
+    # schedules and for code generation (analysis_of says when an entry is stale)
     node_analysis: dict[str, list] = field(default_factory=dict, repr=False, compare=False)
 
     def compute_nodes(self) -> list[ComputeNode]:

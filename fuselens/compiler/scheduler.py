@@ -174,11 +174,13 @@ class Scheduler:
         # buffers -> the step producing them; producers and readers (step indices) of each step
         self.producer, self.deps, self.users = ir.step_edges(self.steps)
         self.output_sources = output_sources
-        # per node (graph.node_analysis): its loads, and per loop space of a candidate kernel
-        # its loads and its own offset in that loop. Each candidate fusion checks every member
-        # again, with the same few spaces (EfficientNet-B0's training graphs: 3.4 of 5.4 s of
-        # scheduling, recomputing these); a graph scheduled again after recompute_narrow_stores
-        # keeps them for every node whose body that left alone
+        # What is traced of each node's body lives in graph.node_analysis (ir.analysis_of): its
+        # loads, and per loop space of a candidate kernel its loads and its own offset in that
+        # loop. Each candidate fusion checks every member again, with the same few spaces
+        # (EfficientNet-B0's training graphs: 3.4 of 5.4 s of scheduling, recomputing these); a
+        # graph scheduled again after recompute_narrow_stores keeps them for every node whose
+        # body that left alone.
+
         # member names (in graph order) of a set found to read each other at their own
         # index -> the loop space it was checked in (rule_same_index)
         self._clean: dict[tuple[str, ...], tuple] = {}

@@ -130,8 +130,9 @@ class _NoTorch(importlib.abc.MetaPathFinder):
     """Keeps the warm-up from importing torch: Triton 3.6 specializes a `warmup`'s
     arguments in C++ that imports torch (3.5 s on the H200's host, while the first jobs
     wait), 3.9 does not. Where it would, the warm-up fails and each worker's first job
-    pays the first compile's extra cost instead (about 0.1 s); jobs load a serialized
-    specialization (`preload`), which needs no torch."""
+    pays the first compile's extra cost instead (about 0.1 s). Jobs load a serialized
+    specialization (`preload`), which imports no torch on Triton 3.9 (tests/
+    test_compile_pool.py checks it) and no longer waits for a warm-up that does."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name == "torch" or name.startswith("torch."):
