@@ -254,3 +254,21 @@ def test_a_late_window_may_grow_below_the_graphs_peak():
     assert not [d for d in of(events, FusionDecision) if d.rule == "peak-memory"]
     fused = [d for d in of(events, FusionDecision) if d.decision == "fused" and {"sin", "cos"} <= set(d.nodes)]
     assert fused, [(d.nodes, d.rule) for d in of(events, FusionDecision)]
+
+
+def test_the_peak_simulation_places_each_kernel_as_early_as_its_inputs_allow_and_sees_cycles():
+    """The window's units run in step order, each as soon as all it reads is placed: a
+    kernel of steps 1 and 4 runs after steps 2 and 3, which step 4 reads through."""
+    from types import SimpleNamespace
+
+    from fuselens.compiler.scheduler import Scheduler
+
+    # step -> the steps it reads
+    fake = SimpleNamespace(deps=[set(), {0}, {0}, {2}, {3}, {4}])
+    unit_of = {1: ("k", 0), 4: ("k", 0)}
+    members = {("s", 0): [0], ("k", 0): [1, 4], ("s", 2): [2], ("s", 3): [3], ("s", 5): [5]}
+    assert Scheduler._unit_order(fake, 0, 5, unit_of, members) == [("s", 0), ("s", 2), ("s", 3), ("k", 0), ("s", 5)]
+    # a kernel of steps 2 and 4 around step 3, which reads 2 and feeds 4: a cycle
+    fake = SimpleNamespace(deps=[set(), {0}, {1}, {2}, {3}])
+    members = {("s", 0): [0], ("s", 1): [1], ("k", 0): [2, 4], ("s", 3): [3]}
+    assert Scheduler._unit_order(fake, 0, 4, {2: ("k", 0), 4: ("k", 0)}, members) is None
