@@ -23,8 +23,14 @@ from fuselens.events import (
 )
 from fuselens.report import charts, common, ranks_view
 
-# How many ops of a graph to list before "... and N more".
+# How many ops of a graph or kernel to list before "... and N more".
 MAX_OPS_SHOWN = 40
+
+
+def _op_list(ops: list[str]) -> str:
+    """`ops` joined, cut at MAX_OPS_SHOWN."""
+    more = f", ... and {len(ops) - MAX_OPS_SHOWN} more" if len(ops) > MAX_OPS_SHOWN else ""
+    return ", ".join(ops[:MAX_OPS_SHOWN]) + more
 MAX_KERNELS_SUMMARY = 8  # slowest first
 MAX_FUSION_SUMMARY = 8
 TRACEBACK_TAIL_LINES = 6
@@ -315,10 +321,8 @@ class _View:
         on = f" · {ranks_view.ranks_label(g.ranks)}" if g.ranks else ""
         line.append(f"  {self.where(g.location)} · {g.backend} · {common.plural(len(g.ops), 'op')}{on}", style="dim")
         self.c.print(line)
-        ops = g.ops[:MAX_OPS_SHOWN]
-        more = f", ... and {len(g.ops) - len(ops)} more" if len(g.ops) > len(ops) else ""
-        if ops:
-            self.hanging(Text("    ops:"), Text(f"{', '.join(ops)}{more}"))
+        if g.ops:
+            self.hanging(Text("    ops:"), Text(_op_list(g.ops)))
         ks = common.kernels_of(report, g)
         if ks:
             self.hanging(Text("    kernels:"), Text(", ".join(k.name for k in ks)))
@@ -355,8 +359,7 @@ class _View:
         line.append("  " + " · ".join(facts), style="dim")
         self.c.print(line)
         if k.ops:  # a combo kernel's parts list hundreds (an optimizer step's): cut as a graph's are
-            more = f", ... and {len(k.ops) - MAX_OPS_SHOWN} more" if len(k.ops) > MAX_OPS_SHOWN else ""
-            self.hanging(Text("    ops:"), Text(", ".join(present.short_op(o) for o in k.ops[:MAX_OPS_SHOWN]) + more))
+            self.hanging(Text("    ops:"), Text(_op_list([present.short_op(o) for o in k.ops])))
         if k.source_lines:
             self.hanging(Text("    from:"), Text(_lines_label(k.source_lines, self.root)))
 
