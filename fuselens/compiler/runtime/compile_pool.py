@@ -70,7 +70,7 @@ class _Worker:
         self.pool = pool
         self.ready = threading.Event()
         self.started = time.perf_counter()
-        self.ready_after_s: Optional[float] = None  # how long its imports and first compile took
+        self.ready_after_s: Optional[float] = None  # how long its imports took
         self.dead = False
         self.outstanding: dict[int, Future] = {}
         self.proc = subprocess.Popen(

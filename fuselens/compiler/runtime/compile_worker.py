@@ -110,20 +110,13 @@ class _Float32:
     __repr__ = __str__
 
 
-class _Float32Pointer:
-    """A tensor argument for `JITFunction.warmup` without torch: importing torch took a
-    worker 3.5 of the 7.2 s it needed to come up on the H200's host, and nothing a job
-    does needs it."""
+def _float32_pointer() -> Any:
+    """A tensor argument for `JITFunction.warmup` without torch (Triton's own stand-in
+    for a tensor, of a float32 that is not torch's): importing torch took a worker 3.5
+    of the 7.2 s it needed to come up on the H200's host, and nothing a job does needs it."""
+    from triton.runtime.jit import MockTensor
 
-    dtype = _Float32()
-    shape = [1]
-
-    @staticmethod
-    def data_ptr() -> int:
-        return 0
-
-    def stride(self) -> tuple:
-        return (1,)
+    return MockTensor(_Float32())
 
 
 class _NoTorch(importlib.abc.MetaPathFinder):
@@ -159,14 +152,14 @@ def _warm() -> None:
     sys.meta_path.insert(0, guard)
     try:
         knobs.cache.dir = tmp
-        _fl_warm.warmup(_Float32Pointer(), _Float32Pointer(), grid=(1,), BLOCK=128)
+        _fl_warm.warmup(_float32_pointer(), _float32_pointer(), grid=(1,), BLOCK=128)
         prelude = prelude_text(os.environ.get("TRITON_INTERPRET") == "1")
         path = os.path.join(tmp, "fl_worker_warm.py")
         with open(path, "w") as f:
             f.write(prelude_header(prelude) + WARM_KERNEL)
         try:
             mod = _module(path, {})
-            mod._fl_warm_prelude.warmup(_Float32Pointer(), _Float32Pointer(), grid=(1,), BLOCK=128, num_warps=4,
+            mod._fl_warm_prelude.warmup(_float32_pointer(), _float32_pointer(), grid=(1,), BLOCK=128, num_warps=4,
                                         **target_options())
         except Exception:  # noqa: BLE001 - only a warm-up: a job hitting the same fault reports it
             pass
