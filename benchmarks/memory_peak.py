@@ -10,7 +10,10 @@ moment of the step's peak and every allocation alive then; they are grouped by t
 innermost Python frame that is not torch's own (a line of a generated wrapper, a
 model's forward), largest first. The rest of the peak is what was alive before
 the step began: parameters, gradients, optimizer state. Two backends' peaks then
-differ by named lines, not by a number.
+differ by named lines, not by a number: each backend after the first is also shown
+by the allocation sizes alive at its peak more or fewer times than at the first's.
+The same step records what autograd saved for the backward (each storage once),
+which is where two partitions of a training graph differ.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import linecache
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,18 +51,30 @@ def _where(frames: list[dict]) -> str:
     return "(torch internals)"
 
 
-def live_at_peak(trace: list[dict], before: int) -> tuple[int, list[dict]]:
-    """(peak bytes above what was alive before the step, the allocations alive then, grouped)."""
+class Peak(NamedTuple):
+    """A step's peak, replayed from the allocator's history."""
+
+    bytes: int  # above what was alive before the step
+    groups: list[dict]  # the allocations alive then, by the line that made them, largest first
+    alive: list[tuple[int, str]]  # each allocation alive then: (bytes, the line that made it)
+    where: str  # the line whose allocation reached the peak
+    at: float  # how far into the step's allocations the peak came (0: first, 1: last)
+
+
+def live_at_peak(trace: list[dict], before: int) -> Peak:
+    """The step's peak (`before` included in its bytes) and what is alive at it."""
     live: dict[int, tuple[int, str]] = {}
     cur = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
+    peak_where, peak_i, allocs = "", 0, 0
     for ev in trace:
         action, addr, size = ev.get("action"), ev.get("addr"), ev.get("size", 0)
         if action == "alloc":
             live[addr] = (size, _where(ev.get("frames", [])))
             cur += size
+            allocs += 1
             if cur > peak:
-                peak, at_peak = cur, dict(live)
+                peak, at_peak, peak_where, peak_i = cur, dict(live), live[addr][1], allocs
         elif action in ("free_requested", "free") and addr in live:
             cur -= live.pop(addr)[0]
     groups: dict[str, list[int]] = {}
@@ -69,7 +84,27 @@ def live_at_peak(trace: list[dict], before: int) -> tuple[int, list[dict]]:
         g[1] += 1
     rows = [{"where": w, "mb": round(b / 2**20, 1), "count": n} for w, (b, n) in groups.items()]
     rows.sort(key=lambda r: -r["mb"])
-    return before + peak, rows
+    return Peak(before + peak, rows, sorted(at_peak.values(), reverse=True), peak_where, peak_i / max(allocs, 1))
+
+
+def size_difference(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> list[dict]:
+    """Allocation sizes alive at `b`'s peak more (or fewer) times than at `a`'s, with the
+    lines that made `b`'s extra ones: two backends that save the same activations differ
+    only here, even where their names and groupings do not match."""
+    count_a: dict[int, int] = {}
+    for size, _ in a:
+        count_a[size] = count_a.get(size, 0) + 1
+    count_b: dict[int, list[str]] = {}
+    for size, where in b:
+        count_b.setdefault(size, []).append(where)
+    rows = []
+    for size in sorted(set(count_a) | set(count_b), reverse=True):
+        extra = len(count_b.get(size, [])) - count_a.get(size, 0)
+        if extra:
+            rows.append({"bytes": size, "extra": extra, "mb": round(extra * size / 2**20, 1),
+                         "lines": sorted(set(count_b.get(size, [])))[:4] if extra > 0 else []})
+    rows.sort(key=lambda r: -abs(r["mb"]))
+    return rows
 
 
 def measure(name: str, mode: str, backend: str) -> dict:
@@ -93,16 +128,38 @@ def measure(name: str, mode: str, backend: str) -> dict:
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=200000)
-    step()
+    saved: dict[int, tuple[tuple, str, int]] = {}  # storage -> (shape, dtype, bytes) of what autograd saved
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.is_cuda:
+            st = t.untyped_storage()
+            saved[st.data_ptr()] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = snap["device_traces"][torch.cuda.current_device()]
-    peak, rows = live_at_peak(trace, before)
+    p = live_at_peak(trace, before)
     wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
-    return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(peak / 2**20, 1), "wrappers": wrappers,
+    return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(p.bytes / 2**20, 1), "wrappers": wrappers,
             "allocator_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
-            "before_step_mb": round(before / 2**20, 1), "live_at_peak": rows[:25]}
+            "before_step_mb": round(before / 2**20, 1), "peak_where": p.where, "peak_at": round(p.at, 3),
+            "live_at_peak": p.groups[:25], "alive": p.alive,
+            # what the backward reads, each storage once: two backends' partitions compared
+            "saved_mb": round(sum(b for _, _, b in saved.values()) / 2**20, 1), "saved_storages": len(saved),
+            "saved_by_shape": _by_shape(saved.values())}
+
+
+def _by_shape(saved: Any) -> list[dict]:
+    groups: dict[tuple, int] = {}
+    for shape, dtype, nbytes in saved:
+        groups[(shape, dtype, nbytes)] = groups.get((shape, dtype, nbytes), 0) + 1
+    rows = [{"shape": list(k[0]), "dtype": k[1], "bytes": k[2], "count": n} for k, n in groups.items()]
+    rows.sort(key=lambda r: -r["bytes"] * r["count"])
+    return rows
 
 
 def main(argv: Any = None) -> int:
@@ -115,6 +172,7 @@ def main(argv: Any = None) -> int:
     results = []
     for m in a.models.split(","):
         for mode in a.modes.split(","):
+            first: dict = {}
             for b in a.backends.split(","):
                 try:
                     r = measure(m, mode, b)
@@ -123,8 +181,17 @@ def main(argv: Any = None) -> int:
                 results.append(r)
                 print(f"\n{m} {mode} {b}: peak {r.get('peak_mb')} MB (allocator {r.get('allocator_peak_mb')}, "
                       f"alive before the step {r.get('before_step_mb')}) {r.get('error', '')}", flush=True)
+                print(f"  peak reached {r.get('peak_at', 0):.0%} into the step's allocations, by {r.get('peak_where')}")
+                print(f"  saved for the backward: {r.get('saved_mb')} MB in {r.get('saved_storages')} storages")
                 for row in r.get("live_at_peak", [])[:15]:
                     print(f"  {row['mb']:9.1f} MB {row['count']:4d}x  {row['where']}", flush=True)
+                if first.get("alive") and r.get("alive"):
+                    r["difference"] = size_difference(first["alive"], r["alive"])
+                    print(f"  alive at the peak against {first['backend']}'s, by size:")
+                    for row in r["difference"][:12]:
+                        print(f"  {row['mb']:+9.1f} MB {row['extra']:+4d}x {row['bytes']:>11d} B  {' | '.join(row['lines'])[:300]}")
+                elif not first:
+                    first = r
                 torch.cuda.empty_cache()
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -223,10 +223,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
 
 def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any, ident: GraphIdentity,
                       phases: CompilePhases) -> tuple[Callable, list]:
-    """rewrite -> lower -> inline -> order list elements -> schedule -> join list kernels -> generate -> build
+    """rewrite -> lower -> inline -> order list elements, then outputs early -> schedule -> join list kernels -> generate -> build
     -> plan -> finalize -> explain;
     returns the graph's callable and its events."""
     from fuselens.compiler.combo_kernels import join_list_kernels
+    from fuselens.compiler import early_outputs
     from fuselens.compiler.explain import build_events
     from fuselens.compiler.inline_pointwise import inline_pointwise, recompute_narrow_stores
     from fuselens.compiler.list_order import element_major
@@ -244,6 +245,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         out_sources = _output_sources(graph, outputs)
         inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math)
         element_major(graph)
+        early_outputs.outputs_early(graph, out_sources)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
         recomputed = recompute_narrow_stores(graph, sched.groups, out_sources, costly_math=target.costly_math)
         if recomputed:  # their readers changed: schedule them again

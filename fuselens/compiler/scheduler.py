@@ -164,6 +164,37 @@ def _fmt(sizes: Sequence[Expr]) -> str:
     return ir.format_sizes(sizes)
 
 
+def step_bytes(graph: GraphIR, s: Any) -> int:
+    """Bytes a step stores when it runs alone (each output of a library call)."""
+    names = [s.name] + [o for o in (getattr(s, "outputs", None) or []) if o]
+    total = 0
+    for n in names:
+        if n in graph.buffers:
+            total += graph.nbytes(n)
+        elif isinstance(s, ComputeNode) and n == s.name:
+            total += graph.hint(ir.numel(s.size)) * s.dtype.itemsize
+    return total
+
+
+def op_by_op_liveness(nbytes: Sequence[int], users: Sequence[Sequence[int]], out_steps: set[int]) -> tuple[list[int], int]:
+    """Bytes live before each step, and the peak, when the graph runs op by op in
+    order (each buffer from its step to its last reader, outputs to the end). The
+    bytes before a window over-count what its simulation counts again (producers it
+    reads), which only makes the whole-graph test stricter."""
+    n = len(nbytes)
+    dies = [0] * (n + 1)
+    for j in range(n):
+        last = n if j in out_steps else max(users[j], default=j)
+        dies[min(last + 1, n)] += nbytes[j]  # dies[n] is never subtracted: live to the end
+    before, live, peak = [0] * (n + 1), 0, 0
+    for t in range(n):
+        live -= dies[t]
+        before[t] = live
+        live += nbytes[t]
+        peak = max(peak, live)
+    return before, peak
+
+
 class Scheduler:
     def __init__(self, graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> None:
         self.g = graph
@@ -196,22 +227,12 @@ class Scheduler:
             for r in s.reads:
                 self.readers_of.setdefault(r, []).append(i)
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
-        self.nbytes = [self._step_bytes(s) for s in self.steps]
-        self._live_before, self.graph_peak = self._op_by_op_liveness()
+        self.nbytes = [step_bytes(graph, s) for s in self.steps]
+        self._live_before, self.graph_peak = op_by_op_liveness(self.nbytes, self.users, self.out_steps)
         self._bytes_upto = list(itertools.accumulate(self.nbytes, initial=0))  # bytes made by steps before i
         self.group_of: dict[str, KernelGroup] = {}
         self.decisions: list[Decision] = []
         self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
-
-    def _step_bytes(self, s: Any) -> int:
-        names = [s.name] + [o for o in (getattr(s, "outputs", None) or []) if o]
-        total = 0
-        for n in names:
-            if n in self.g.buffers:
-                total += self.g.nbytes(n)
-            elif isinstance(s, ComputeNode) and n == s.name:
-                total += self.g.hint(ir.numel(s.size)) * s.dtype.itemsize
-        return total
 
     # -- rules: each returns None (fuse) or a Refusal -------------------------
     def rule_enabled(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
@@ -453,24 +474,6 @@ class Scheduler:
                 for u in self.users[c]:
                     heapq.heappush(frontier, u)
         return joining
-
-    def _op_by_op_liveness(self) -> tuple[list[int], int]:
-        """Bytes live before each step, and the peak, when the graph runs op by op in
-        order (each buffer from its step to its last reader, outputs to the end). The
-        bytes before a window over-count what its simulation counts again (producers it
-        reads), which only makes the whole-graph test stricter."""
-        n = len(self.steps)
-        dies = [0] * (n + 1)
-        for j in range(n):
-            last = n if j in self.out_steps else max(self.users[j], default=j)
-            dies[min(last + 1, n)] += self.nbytes[j]  # dies[n] is never subtracted: live to the end
-        before, live, peak = [0] * (n + 1), 0, 0
-        for t in range(n):
-            live -= dies[t]
-            before[t] = live
-            live += self.nbytes[t]
-            peak = max(peak, live)
-        return before, peak
 
     def _peak(self, lo: int, hi: int, sets: Sequence[set[int]]) -> int:
         """Peak live bytes over steps lo..hi when each set in `sets` runs as one kernel

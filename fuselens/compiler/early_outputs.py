@@ -1,0 +1,123 @@
+"""Graph outputs computed as soon as what they read is (a step order before scheduling).
+
+A training forward ends with what AOTAutograd's partitioner moved into it from the
+backward: values the backward reads, computed in the forward and saved. A LayerNorm's
+backward reads its normalized input, which the partitioner recomputes from the
+LayerNorm's input, mean and rstd after every layer of the forward; each layer's input
+then stays alive until the graph's end. ViT-B/16 training (batch 32, H200): the twelve
+residual streams (fp32, 18.5 MB each) were alive together at the forward's end, and its
+last kernel computed all twelve saved values at once, 90 MB above Inductor's peak, whose
+scheduler fuses each into the LayerNorm's own kernel however far apart they are.
+
+`outputs_early` moves each pointwise step that feeds nothing but graph outputs (itself,
+or through other such steps) to right after the last step it reads. The scheduler meets
+it next to its producers and fuses it into their kernel; what it read dies with its last
+other reader. The new order is kept only where the graph's op-by-op peak falls: a saved
+cast of a weight, say, read from a graph input, would only be made earlier. Graphs of
+list ops keep list_order.py's order.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from fuselens.compiler import ir
+from fuselens.compiler.ir import ComputeNode, GraphIR
+from fuselens.compiler.list_order import element_wise_graph
+from fuselens.compiler.scheduler import step_bytes
+
+
+def _movable(step: object) -> bool:
+    """Pointwise work whose place in the graph changes nothing but memory: no reduction
+    (its loop is the kernel's), no random draw (kept where random_ops.py put it)."""
+    return (isinstance(step, ComputeNode) and not step.is_reduction
+            and not any("rand" in op for op in step.aten_ops))
+
+
+def outputs_early(graph: GraphIR, output_sources: set[str]) -> bool:
+    """Reorder `graph.steps` as the module docstring says; True if any step moved."""
+    steps = graph.steps
+    if element_wise_graph(graph):
+        return False
+    producer, deps, users = ir.step_edges(steps)
+    outs = {producer[n] for n in output_sources if n in producer}
+    n = len(steps)
+    feeds_outputs = [False] * n
+    for j in reversed(range(n)):
+        feeds_outputs[j] = (_movable(steps[j]) and bool(users[j] or j in outs)
+                            and all(feeds_outputs[u] for u in users[j]))
+    # one reading only graph inputs stays where it is: made earlier, it would only be alive longer
+    early = [e and bool(deps[j]) for j, e in enumerate(_memory_neutral(steps, graph, deps, users, outs, feeds_outputs))]
+    if not any(early):
+        return False
+    waiting = [sum(1 for d in deps[j]) if early[j] else 0 for j in range(n)]
+    ready: list[int] = []
+    order: list[int] = []
+
+    def place(j: int) -> None:
+        order.append(j)
+        for u in users[j]:
+            if early[u]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    heapq.heappush(ready, u)
+
+    for j in range(n):
+        if early[j]:
+            continue  # placed once all it reads is
+        place(j)
+        while ready:
+            place(heapq.heappop(ready))
+    if order == list(range(n)):
+        return False
+    graph.steps[:] = [steps[j] for j in order]
+    return True
+
+
+def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: list[list[int]], outs: set[int],
+                    feeds_outputs: list[bool]) -> list[bool]:
+    """The steps to move: each connected set of steps feeding outputs whose move frees at
+    least what it makes early. What it makes early is its graph outputs (alive to the end
+    from then on); what it frees is each step it reads, not an output itself, that it was
+    the last to read (the LayerNorm's input: it now dies at its last other reader).
+    A set whose steps would land right after a library call stays: nothing there takes it
+    in, and the kernel it joined at the graph's end is one launch more (BERT training,
+    H200: the casts of its matmuls' outputs, 390 -> 401 launches a step)."""
+    n = len(steps)
+    parent = list(range(n))
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    for j in range(n):
+        if feeds_outputs[j]:
+            for d in deps[j]:
+                if feeds_outputs[d]:
+                    parent[root(d)] = root(j)
+    made: dict[int, int] = {}
+    freed: dict[int, int] = {}
+    unanchored: set[int] = set()
+    for j in range(n):
+        if not feeds_outputs[j]:
+            continue
+        r = root(j)
+        last = max(deps[j], default=None)
+        if last is not None and not feeds_outputs[last] and not isinstance(steps[last], ComputeNode):
+            unanchored.add(r)
+        if j in outs:
+            made[r] = made.get(r, 0) + step_bytes(graph, steps[j])
+        for d in deps[j]:
+            if feeds_outputs[d] or d in outs:
+                continue
+            others = [u for u in users[d] if not feeds_outputs[u]]
+            if others and max(others) < j and max(users[d]) == j:
+                freed[r] = freed.get(r, 0) + step_bytes(graph, steps[d])
+    return [feeds_outputs[j] and root(j) not in unanchored and freed.get(root(j), 0) > 0
+            and freed[root(j)] >= _NEUTRAL * made.get(root(j), 0) for j in range(n)]
+
+
+# a move may make up to 1% more than it frees (the plan's hoisting allows as much)
+_NEUTRAL = 0.99
