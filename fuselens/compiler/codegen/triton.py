@@ -734,10 +734,22 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         activation at its peak where a residual add+ReLU could take its input's memory.
         The input may be a view of other sizes over the same memory (runtime/plan.py then
         restrides it): ConvNeXt's GELU reads its Linear's [N, 384] output as [32, 56, 56, 384]
-        and held a second 73.5 MB buffer at the step's peak."""
-        if self.kind != "pointwise" or len(self.writes) != 1:
+        and held a second 73.5 MB buffer at the step's peak.
+
+        A reduction kernel of one pass over its rows with one full-size store qualifies
+        too, when no load of the input is printed after that store: each block of elements
+        is read, reduced and stored by one program in one iteration. ViT-B/16's GELU
+        backward, with its bias gradient's partial sums, wrote its gradient beside the
+        dying incoming gradient and saved fc1 output (36.9 MB each) at the backward's peak."""
+        if self.kind == "pointwise" and len(self.writes) == 1:
+            o = self.writes[0]
+        elif self.kind in ("persistent_reduction", "looped_reduction") and max([0, *self.phase.values()]) == 0:
+            full = [w for w in self.writes if w in self.members and self.g.level(self.members[w]) == "full"]
+            if len(full) != 1:
+                return {}
+            o = full[0]
+        else:
             return {}
-        o = self.writes[0]
         offs = self.store_offsets.get(o, set())
         if len(offs) != 1 or "broadcast" in offs:
             return {}
@@ -749,6 +761,10 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             sb = self.graph.buffers[b]
             if sb.dtype == so.dtype and ir.same_expr(sb.offset, so.offset) and ir.same_memory(sb, so, self.graph.size_hints):
                 cands.append(b)
+        if cands and self.kind != "pointwise":
+            lines = self.body_lines()
+            stored = next((i for i, ln in enumerate(lines) if f"tl.store({self.ptr(o, True)} " in ln), len(lines))
+            cands = [b for b in cands if not any(f"tl.load({self.ptr(b)} " in ln for ln in lines[stored:])]
         return {o: cands} if cands else {}
 
     def _describe(self) -> list[str]:
