@@ -12,9 +12,11 @@ scheduler fuses each into the LayerNorm's own kernel however far apart they are.
 `outputs_early` moves each pointwise step that feeds nothing but graph outputs (itself,
 or through other such steps) to right after the last step it reads. The scheduler meets
 it next to its producers and fuses it into their kernel; what it read dies with its last
-other reader. The new order is kept only where the graph's op-by-op peak falls: a saved
-cast of a weight, say, read from a graph input, would only be made earlier. Graphs of
-list ops keep list_order.py's order.
+other reader. A connected set of such steps moves only when it frees at least what it
+makes early (`_memory_neutral`): a saved cast of a weight, read from a graph input, would
+only be made earlier and stays. Run op by op the two orders hold the same bytes at the
+graph's end (each saved value in place of what it read); the difference is the kernel
+that computed all of them at once. Graphs of list ops keep list_order.py's order.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def outputs_early(graph: GraphIR, output_sources: set[str]) -> bool:
     early = [e and bool(deps[j]) for j, e in enumerate(_memory_neutral(steps, graph, deps, users, outs, feeds_outputs))]
     if not any(early):
         return False
-    waiting = [sum(1 for d in deps[j]) if early[j] else 0 for j in range(n)]
+    waiting = [len(deps[j]) if early[j] else 0 for j in range(n)]
     ready: list[int] = []
     order: list[int] = []
 

@@ -227,7 +227,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     -> plan -> finalize -> explain;
     returns the graph's callable and its events."""
     from fuselens.compiler.combo_kernels import join_list_kernels
-    from fuselens.compiler import early_outputs
+    from fuselens.compiler.early_outputs import outputs_early
     from fuselens.compiler.explain import build_events
     from fuselens.compiler.inline_pointwise import inline_pointwise, recompute_narrow_stores
     from fuselens.compiler.list_order import element_major
@@ -245,7 +245,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         out_sources = _output_sources(graph, outputs)
         inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math)
         element_major(graph)
-        early_outputs.outputs_early(graph, out_sources)
+        outputs_early(graph, out_sources)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
         recomputed = recompute_narrow_stores(graph, sched.groups, out_sources, costly_math=target.costly_math)
         if recomputed:  # their readers changed: schedule them again
