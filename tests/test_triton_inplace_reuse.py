@@ -1,5 +1,5 @@
 """The Triton target writes a 1-D pointwise kernel's output over an input that dies
-at that kernel (codegen/triton.py `_inplace_candidates`, plan.py
+at that kernel (codegen/triton_inplace.py, plan.py
 `_reuse_dying_inputs`): a residual add+ReLU after a library call takes the call's
 memory instead of a fresh buffer (ResNet-50 inference held a third 49 MB activation
 at its peak); so does a reduction kernel's stored value when one pass reads and stores it. An input read at other elements than the stored one (a flip) is no

@@ -49,6 +49,7 @@ import torch
 
 from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
+from fuselens.compiler.codegen.triton_inplace import inplace_candidates
 from fuselens.compiler.codegen.triton_emit import Emission, Scope
 from fuselens.compiler.codegen.triton_one_loop import OneLoopPasses
 from fuselens.compiler.codegen.triton_ops import TL_DTYPES, MathMode, TritonOps, TVal
@@ -725,47 +726,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         return lines if not self.demote_fp64 else share_sincos(lines)
 
     def _inplace_candidates(self) -> dict[str, list[str]]:
-        """Inputs the kernel's one output may be written over (runtime/plan.py takes one
-        that dies at this call): a 1-D pointwise kernel with a single store, and an input
-        of the output's dtype and layout loaded only at the stored element. Its loads all
-        feed the stored value (dead loads are dropped), so each element is read before
-        the same program overwrites it, whatever the compiler assumes about the two
-        pointers: Inductor's `in_out_ptr`. ResNet-50 inference held a third 49 MB
-        activation at its peak where a residual add+ReLU could take its input's memory.
-        The input may be a view of other sizes over the same memory (runtime/plan.py then
-        restrides it): ConvNeXt's GELU reads its Linear's [N, 384] output as [32, 56, 56, 384]
-        and held a second 73.5 MB buffer at the step's peak.
-
-        A reduction kernel of one pass over its rows with one full-size store qualifies
-        too, when no load of the input is printed after that store: each block of elements
-        is read, reduced and stored by one program in one iteration. ViT-B/16's GELU
-        backward, with its bias gradient's partial sums, wrote its gradient beside the
-        dying incoming gradient and saved fc1 output (36.9 MB each) at the backward's peak."""
-        if self.kind == "pointwise" and len(self.writes) == 1:
-            o = self.writes[0]
-        elif self.kind in ("persistent_reduction", "looped_reduction") and max([0, *self.phase.values()]) == 0:
-            full = [w for w in self.writes if w in self.members and self.g.level(self.members[w]) == "full"]
-            if len(full) != 1:
-                return {}
-            o = full[0]
-        else:
-            return {}
-        offs = self.store_offsets.get(o, set())
-        if len(offs) != 1 or "broadcast" in offs:
-            return {}
-        so = self.graph.buffers[o]
-        cands = []
-        for b in self.reads:
-            if b in self.writes or self.load_offsets.get(b) != offs:
-                continue
-            sb = self.graph.buffers[b]
-            if sb.dtype == so.dtype and ir.same_expr(sb.offset, so.offset) and ir.same_memory(sb, so, self.graph.size_hints):
-                cands.append(b)
-        if cands and self.kind != "pointwise":
-            lines = self.body_lines()
-            stored = next((i for i, ln in enumerate(lines) if f"tl.store({self.ptr(o, True)} " in ln), len(lines))
-            cands = [b for b in cands if not any(f"tl.load({self.ptr(b)} " in ln for ln in lines[stored:])]
-        return {o: cands} if cands else {}
+        return inplace_candidates(self)
 
     def _describe(self) -> list[str]:
         out = []
