@@ -49,7 +49,9 @@ def outputs_early(graph: GraphIR, output_sources: set[str]) -> bool:
         feeds_outputs[j] = (_movable(steps[j]) and bool(users[j] or j in outs)
                             and all(feeds_outputs[u] for u in users[j]))
     # one reading only graph inputs stays where it is: made earlier, it would only be alive longer
-    early = [e and bool(deps[j]) for j, e in enumerate(_memory_neutral(steps, graph, deps, users, outs, feeds_outputs))]
+    known = set(producer) | {i.name for i in graph.inputs} | set(graph.constants)
+    early = [e and bool(deps[j]) for j, e in enumerate(_memory_neutral(steps, graph, deps, users, outs, feeds_outputs,
+                                                                      known))]
     if not any(early):
         return False
     waiting = [len(deps[j]) if early[j] else 0 for j in range(n)]
@@ -77,14 +79,15 @@ def outputs_early(graph: GraphIR, output_sources: set[str]) -> bool:
 
 
 def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: list[list[int]], outs: set[int],
-                    feeds_outputs: list[bool]) -> list[bool]:
+                    feeds_outputs: list[bool], known: set[str]) -> list[bool]:
     """The steps to move: each connected set of steps feeding outputs whose move frees at
     least what it makes early. What it makes early is its graph outputs (alive to the end
     from then on); what it frees is each step it reads, not an output itself, that it was
     the last to read (the LayerNorm's input: it now dies at its last other reader).
     A set whose steps would land right after a library call stays: nothing there takes it
     in, and the kernel it joined at the graph's end is one launch more (BERT training,
-    H200: the casts of its matmuls' outputs, 390 -> 401 launches a step)."""
+    H200: the casts of its matmuls' outputs, 390 -> 401 launches a step). So does one
+    reading a buffer that no step makes and no input is: where it may go is not known."""
     n = len(steps)
     parent = list(range(n))
 
@@ -109,6 +112,8 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
         last = max(deps[j], default=None)
         if last is not None and not feeds_outputs[last] and not isinstance(steps[last], ComputeNode):
             unanchored.add(r)
+        if not steps[j].reads <= known:
+            unanchored.add(r)  # reads what no step or input names (a view the runtime makes): stays
         if j in outs:
             made[r] = made.get(r, 0) + step_bytes(graph, steps[j])
         for d in deps[j]:
