@@ -269,3 +269,31 @@ def test_foreach_ops_of_every_overload_form_lower_to_kernels_and_match_eager(eve
         torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
     in_aten = [e.message for e in events if isinstance(e, ErrorEntry) and e.kind == "fallback"]
     assert len(in_aten) == 1 and "_foreach_clamp_min" in in_aten[0], in_aten
+
+
+def test_a_tensor_concatenated_with_itself_is_recomputed_for_the_backward_not_saved():
+    """A rotary embedding concatenates its frequencies with themselves before cos and sin
+    (Llama, Qwen2). AOTAutograd's partitioner never recomputes a cat, so it saved the
+    [B, S, 2d] float32 concatenation for the backward (Llama training on the H200: 1 MB
+    above Inductor's peak); as a repeat (an expand and a copy) it recomputes it from the
+    frequencies. Gradients as eager's."""
+    torch.manual_seed(0)
+    inv_freq = torch.rand(8)
+    pos = torch.arange(12).repeat(2, 1)
+
+    def rope(q: torch.Tensor) -> torch.Tensor:
+        freqs = pos[:, :, None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return q * emb.cos() + q.flip(-1) * emb.sin()
+
+    q = torch.randn(2, 12, 16, requires_grad=True)
+    assert_same_gradients(rope, [q])
+    freqs = pos[:, :, None].float() * inv_freq
+    concatenated = torch.cat((freqs, freqs), dim=-1)
+    saved: list[torch.Tensor] = []
+    compiled = torch.compile(rope, backend="fuselens")
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = compiled(q)
+    out.sum().backward()
+    assert saved, "nothing saved: the graph was not a training graph"
+    assert not any(t.shape == concatenated.shape and torch.equal(t, concatenated) for t in saved)

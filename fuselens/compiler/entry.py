@@ -15,7 +15,8 @@ Decompositions: torch's core ATen table (`torch._decomp.core_aten_decompositions
 plus the composite ops we would rather fuse as their parts than call whole:
 native_layer_norm, _softmax, _log_softmax, gelu, batch norm (functional and
 inference), group norm, hardtanh, leaky_relu, elu, var_mean/var, linalg_vector_norm
-and native_dropout. mm/addmm/bmm/convolution/SDPA stay whole (library calls).
+and native_dropout; a cat of one tensor with itself as a repeat (the backward recomputes
+it). mm/addmm/bmm/convolution/SDPA stay whole (library calls).
 
 Compile errors of a graph fall back to running that graph eagerly, with an
 ErrorEntry naming the kernel; restart exceptions of Dynamo are never caught.
@@ -94,7 +95,27 @@ def _decomposition_table() -> dict:
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
     table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
+    table[aten.cat.default] = _cat_of_one_tensor_repeated
     return table
+
+
+def _cat_of_one_tensor_repeated(tensors: Any, dim: int = 0) -> Any:
+    """cat([x, x], dim) as x repeated along dim, an expand and a copy (Inductor's joint
+    graph rewrites it so). Rotary embeddings (Llama, Qwen2) concatenate their
+    frequencies with themselves before cos and sin. AOTAutograd's partitioner may not
+    recompute a cat in the backward, so it saved the [B, S, 64] float32 result (Llama
+    training: 1 MB above Inductor's peak); a copy it recomputes from the 32 inverse
+    frequencies. Only a contiguous x: eager's cat of channels-last inputs is channels-last."""
+    if len(tensors) < 2 or any(t is not tensors[0] for t in tensors):
+        return NotImplemented
+    x = tensors[0]
+    if x.dim() == 0 or not x.is_contiguous():
+        return NotImplemented
+    d = dim % x.dim()
+    shape = list(x.shape)
+    repeated = aten.expand.default(aten.unsqueeze.default(x, d), shape[:d] + [len(tensors)] + shape[d:])
+    copy = aten.clone.default(repeated, memory_format=torch.contiguous_format)
+    return aten.view.default(copy, shape[:d] + [len(tensors) * shape[d]] + shape[d + 1:])
 
 
 def _convolution_backward_bias_as_sum(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
