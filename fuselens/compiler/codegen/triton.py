@@ -150,7 +150,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         self.evict: Optional[str] = None  # L2 policy of the row loads the current pass emits
         self.out16 = False  # every buffer this kernel writes is bfloat16/float16 (set by plan)
         self.indirect_in_r: dict[str, bool] = {}  # ops.indirect variable -> read inside the r loop
-        # element offsets of each buffer's loads and stores (in-place candidates, _inplace_candidates)
+        # element offsets of each buffer's loads and stores (in-place candidates, triton_inplace.py)
         self.load_offsets: dict[str, set[str]] = {}
         self.store_offsets: dict[str, set[str]] = {}
         self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
@@ -709,7 +709,8 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         blocks = {"pointwise": ["XBLOCK"], "pointwise2d": ["XBLOCK", "YBLOCK"]}.get(self.kind, ["XBLOCK", "RBLOCK"])
         params += [f"{b}: tl.constexpr" for b in blocks]
         doc = f'    """{self.kind}: {" ".join(self._describe())}"""'
-        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(self.body_lines()) + "\n"
+        lines = self.body_lines()
+        src = "@triton.jit\n" + f"def {name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
         buffers = reads + list(self.writes)
         nbytes = sum(self.graph.nbytes(b) for b in buffers)
         return TritonKernelSource(
@@ -718,15 +719,12 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             column_reduction=self.column, clamped_loads=self.clamped, elem_bytes=self.elem_bytes,
             device="cpu" if self.math.interpret else "cuda",
             buffer_dtypes=[self.graph.buffers[b].dtype for b in buffers], long_math=bool(_LONG_MATH.search(src)),
-            inplace=self._inplace_candidates())
+            inplace=inplace_candidates(self, lines))
 
     def body_lines(self) -> list[str]:
         """The printed body, dead values dropped."""
         lines = drop_dead(self.top.lines)
         return lines if not self.demote_fp64 else share_sincos(lines)
-
-    def _inplace_candidates(self) -> dict[str, list[str]]:
-        return inplace_candidates(self)
 
     def _describe(self) -> list[str]:
         out = []

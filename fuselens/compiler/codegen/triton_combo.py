@@ -10,6 +10,7 @@ import sympy
 
 from fuselens.compiler.codegen import cname
 from fuselens.compiler.codegen.triton import _LONG_MATH, TritonKernel, TritonKernelSource
+from fuselens.compiler.codegen.triton_inplace import inplace_candidates
 from fuselens.compiler.combo_kernels import ComboGroup
 from fuselens.compiler.ir import GraphIR
 from fuselens.compiler.scheduler import KernelGroup
@@ -56,14 +57,15 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
         writes += [b for b in k.writes if b not in writes]
     for k in parts:
         reads += [b for b in k.reads if b not in writes and b not in reads]
-    describe = []
+    describe, bodies = [], []
     for i, k in enumerate(parts):
         n = int(k.xnumel)
         start = f"end{i - 1}" if i else "0"
         lines.append(f"    end{i} = {start + ' + ' if i else ''}({n} + XBLOCK - 1) // XBLOCK")
         lines.append(f"    if pid < end{i}:" if not i else f"    if (pid >= {start}) & (pid < end{i}):")
         lines.append(f"        pid_offset = pid - {start}" if i else "        pid_offset = pid")
-        lines += ["    " + line for line in k.body_lines()]
+        bodies.append(k.body_lines())
+        lines += ["    " + line for line in bodies[-1]]
         describe.append(" ".join(k._describe()))
     params = [f"in_{cname(b)}" for b in reads] + [f"out_{cname(b)}" for b in writes] + ["XBLOCK: tl.constexpr"]
     doc = f'    """combo of {len(parts)}: {" | ".join(describe)}"""'
@@ -71,9 +73,9 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
     buffers = reads + writes
     # an output over a dying input: only one no other part reads
     inplace = {}
-    for k in parts:
+    for k, body in zip(parts, bodies):
         others = {b for o in parts if o is not k for b in o.reads}
-        for o, cands in k._inplace_candidates().items():
+        for o, cands in inplace_candidates(k, body).items():
             alone = [c for c in cands if c not in others]
             if alone:
                 inplace[o] = alone

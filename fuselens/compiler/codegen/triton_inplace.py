@@ -1,6 +1,6 @@
 """Which inputs a Triton kernel's output may be written over (`KernelSource.inplace`),
-from the loads and stores the kernel printed; runtime/plan.py takes one that dies at
-the kernel's call."""
+from the loads and stores the kernel printed (`lines`: its body as emitted);
+runtime/plan.py takes one that dies at the kernel's call."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fuselens.compiler.codegen.triton import TritonKernel
 
 
-def inplace_candidates(k: "TritonKernel") -> dict[str, list[str]]:
+def inplace_candidates(k: "TritonKernel", lines: list[str]) -> dict[str, list[str]]:
     """Inputs the kernel's one output may be written over (runtime/plan.py takes one
     that dies at this call): a 1-D pointwise kernel with a single store, and an input
     of the output's dtype and layout loaded only at the stored element. Its loads all
@@ -50,7 +50,6 @@ def inplace_candidates(k: "TritonKernel") -> dict[str, list[str]]:
         if sb.dtype == so.dtype and ir.same_expr(sb.offset, so.offset) and ir.same_memory(sb, so, k.graph.size_hints):
             cands.append(b)
     if cands and k.kind != "pointwise":
-        lines = k.body_lines()
         stored = next((i for i, ln in enumerate(lines) if f"tl.store({k.ptr(o, True)} " in ln), len(lines))
         cands = [b for b in cands if not any(f"tl.load({k.ptr(b)} " in ln for ln in lines[stored:])]
     return {o: cands} if cands else {}
