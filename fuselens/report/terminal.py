@@ -25,15 +25,15 @@ from fuselens.report import charts, common, ranks_view
 
 # How many ops of a graph or kernel to list before "... and N more".
 MAX_OPS_SHOWN = 40
+MAX_KERNELS_SUMMARY = 8  # slowest first
+MAX_FUSION_SUMMARY = 8
+TRACEBACK_TAIL_LINES = 6
 
 
 def _op_list(ops: list[str]) -> str:
     """`ops` joined, cut at MAX_OPS_SHOWN."""
     more = f", ... and {len(ops) - MAX_OPS_SHOWN} more" if len(ops) > MAX_OPS_SHOWN else ""
     return ", ".join(ops[:MAX_OPS_SHOWN]) + more
-MAX_KERNELS_SUMMARY = 8  # slowest first
-MAX_FUSION_SUMMARY = 8
-TRACEBACK_TAIL_LINES = 6
 
 
 def render_terminal(
