@@ -13,7 +13,10 @@ the step began: parameters, gradients, optimizer state. Two backends' peaks then
 differ by named lines, not by a number: each backend after the first is also shown
 by the allocation sizes alive at its peak more or fewer times than at the first's.
 The same step records what autograd saved for the backward (each storage once),
-which is where two partitions of a training graph differ.
+which is where two partitions of a training graph differ. The history starts before
+the compile, so what a backend holds from one step to the next (constants, caches,
+workspaces: memory that counts in every step's peak) is listed by the line that
+allocated it and compared by size with the first backend's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ fuselens.compiler.register()
 from benchmarks.models import make_step  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
+_HISTORY_ENTRIES = 2_000_000  # the compile's allocations and three steps', without the ring wrapping
 _LIBRARY = ("/torch/", "/site-packages/torch", "/contextlib.py", "/functools.py", "/benchmarks/memory_peak.py")
 
 
@@ -120,14 +124,18 @@ def measure(name: str, mode: str, backend: str) -> dict:
     for k in [k for k in linecache.cache if k.startswith("<fuselens-wrapper")]:
         del linecache.cache[k]  # the wrappers of this measurement only, in the JSON
     kw: dict[str, Any] = {"backend": "fuselens"} if backend == "fuselens" else {}
+    device = torch.cuda.current_device()
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=_HISTORY_ENTRIES)
     compiled = module if backend == "eager" else torch.compile(module, **kw)
     step = make_step(case, compiled, inputs, train, "cuda")
     for _ in range(2):
         step()
     torch.cuda.synchronize()
+    pre = torch.cuda.memory._snapshot()
+    mark = len(pre["device_traces"][device])  # the measured step's events start here
+    held = held_blocks(pre, device)
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(stacks="python", max_entries=200000)
     saved: dict[int, tuple[tuple, str, int]] = {}  # storage -> (shape, dtype, bytes) of what autograd saved
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -141,16 +149,34 @@ def measure(name: str, mode: str, backend: str) -> dict:
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snap["device_traces"][torch.cuda.current_device()]
+    trace = snap["device_traces"][device]
+    if len(trace) >= _HISTORY_ENTRIES:
+        raise RuntimeError("the allocator's history wrapped: raise _HISTORY_ENTRIES")
+    trace = trace[mark:]
     p = live_at_peak(trace, before)
     wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
     return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(p.bytes / 2**20, 1), "wrappers": wrappers,
             "allocator_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
             "before_step_mb": round(before / 2**20, 1), "peak_where": p.where, "peak_at": round(p.at, 3),
-            "live_at_peak": p.groups[:25], "alive": p.alive,
+            "live_at_peak": p.groups[:25], "alive": p.alive, "held": held,
             # what the backward reads, each storage once: two backends' partitions compared
             "saved_mb": round(sum(b for _, _, b in saved.values()) / 2**20, 1), "saved_storages": len(saved),
             "saved_by_shape": _by_shape(saved.values())}
+
+
+def held_blocks(snapshot: dict, device: int) -> list[tuple[int, str]]:
+    """Every allocation alive in `snapshot`, as (bytes, the line that made it); one made
+    before the allocator's history began (the model's parameters) has no line."""
+    held = []
+    for seg in snapshot["segments"]:
+        if seg.get("device", device) != device:
+            continue
+        for blk in seg["blocks"]:
+            if blk["state"] == "active_allocated":
+                frames = blk.get("frames") or []
+                held.append((blk.get("requested_size") or blk["size"],
+                             _where(frames) if frames else "(before the compile)"))
+    return sorted(held, reverse=True)
 
 
 def _by_shape(saved: Any) -> list[dict]:
@@ -185,6 +211,11 @@ def main(argv: Any = None) -> int:
                 print(f"  saved for the backward: {r.get('saved_mb')} MB in {r.get('saved_storages')} storages")
                 for row in r.get("live_at_peak", [])[:15]:
                     print(f"  {row['mb']:9.1f} MB {row['count']:4d}x  {row['where']}", flush=True)
+                if first.get("held") is not None and r.get("held") is not None and r is not first:
+                    r["held_difference"] = size_difference(first["held"], r["held"])
+                    print(f"  held between steps against {first['backend']}'s, by size:")
+                    for row in r["held_difference"][:8]:
+                        print(f"  {row['mb']:+9.1f} MB {row['extra']:+4d}x {row['bytes']:>11d} B  {' | '.join(row['lines'])[:300]}")
                 if first.get("alive") and r.get("alive"):
                     r["difference"] = size_difference(first["alive"], r["alive"])
                     print(f"  alive at the peak against {first['backend']}'s, by size:")

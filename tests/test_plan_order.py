@@ -1,8 +1,9 @@
-"""The runtime plan moves a kernel that frees at least what it allocates up to right
-after the steps it reads (runtime/plan.py `_hoist_memory_neutral_kernels`): BERT's
+"""The runtime plan moves a step that frees at least what it allocates up to right
+after the steps it reads, and a step whose outputs wait for a late reader down to
+just before it, when the graph's peak does not rise (runtime/plan_order.py): BERT's
 backward padded the logits weight's saved cast after the logits gradient, and both
 copies of the weight were alive at the step's peak. Plans built by hand over a
-GraphIR of named buffers: the rule reads only the plan's steps and buffer sizes."""
+GraphIR of named buffers: the rules read only the plan's steps and buffer sizes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _planner(inputs: list[str], sizes: dict[str, int], plan: list) -> Planner:
     specs = {n: BufferSpec(n, [sympy.Integer(e)], [sympy.Integer(1)], torch.float32) for n, e in sizes.items()}
     p = Planner.__new__(Planner)
     p.g = GraphIR(inputs=[specs[n] for n in inputs], buffers=specs)
-    p.plan, p.alias_parent = plan, {}
+    p.plan, p.alias_parent, p.views = plan, {}, set()
     return p
 
 
@@ -30,6 +31,14 @@ def _mm(out: str, *ins: str) -> ExternCall:
 
 def _kernel(out: str, *ins: str) -> KernelCall:
     return KernelCall(f"k_{out}", None, [*ins, out], [out], [], [])
+
+
+def _hoist(p: Planner, outputs: set[str]) -> None:
+    p._memory_order(outputs).hoist()
+
+
+def _sink(p: Planner, outputs: set[str]) -> None:
+    p._memory_order(outputs).sink()
 
 
 def _order(p: Planner) -> list[str]:
@@ -42,7 +51,7 @@ def test_a_kernel_freeing_what_it_allocates_runs_right_after_what_it_reads() -> 
                                                          "grad": 8 * MB, "gpad": 8 * MB, "pad": 4 * MB, "out": 8 * MB},
                  [_mm("grad", "tangents_1", "primals_1"), _kernel("gpad", "grad"), _kernel("pad", "saved"),
                   _mm("out", "gpad", "pad")])
-    p._hoist_memory_neutral_kernels({"out"})
+    _hoist(p, {"out"})
     assert _order(p) == ["k_pad", "grad", "k_gpad", "out"]
 
 
@@ -50,13 +59,66 @@ def test_no_move_where_an_input_is_read_later_or_is_held_by_the_caller() -> None
     sizes = {"x": 4 * MB, "t": 4 * MB, "u": 4 * MB, "w": 4 * MB, "v": 4 * MB, "z": 4 * MB}
     # t is read again after k_w: k_w frees nothing by running earlier
     p = _planner(["x"], sizes, [_mm("t", "x"), _mm("z", "x"), _kernel("w", "t"), _mm("v", "t", "w")])
-    p._hoist_memory_neutral_kernels({"v", "z"})
+    _hoist(p, {"v", "z"})
     assert _order(p) == ["t", "z", "k_w", "v"]
     # an inference graph's input stays alive with the caller: reading it last frees nothing
     p = _planner(["x"], sizes, [_mm("z", "x", "x"), _kernel("w", "x"), _mm("v", "z", "w")])
-    p._hoist_memory_neutral_kernels({"v"})
+    _hoist(p, {"v"})
     assert _order(p) == ["z", "k_w", "v"]
     # an intermediate that dies there does move up
     p = _planner(["x"], sizes, [_mm("t", "x"), _mm("z", "x"), _kernel("w", "t"), _mm("v", "z", "w")])
-    p._hoist_memory_neutral_kernels({"v"})
+    _hoist(p, {"v"})
     assert _order(p) == ["t", "k_w", "z", "v"]
+
+
+def _view(out: str, base: str) -> ExternCall:
+    return ExternCall(out, torch.ops.aten.permute.default, (("buf", base), [1, 0]), {}, out)
+
+
+def test_a_matmul_that_frees_a_saved_activation_runs_before_one_that_allocates_with_its_views() -> None:
+    # ViT's backward: fc2's input gradient (big) was computed while the GELU output, read
+    # only by fc2's weight gradient after it, was alive; the weight gradient and the view
+    # it reads move up, the view's base having been made before
+    sizes = {"tangents_1": 4 * MB, "gelu_out": 16 * MB, "primals_1": 1 * MB, "g": 4 * MB, "gt": 4 * MB,
+             "grad_in": 16 * MB, "wgrad": 1 * MB, "k_out": 16 * MB}
+    p = _planner(["tangents_1", "gelu_out", "primals_1"], sizes, [
+        _kernel("g", "tangents_1"), _mm("grad_in", "g", "primals_1"), _kernel("k_out", "grad_in"),
+        _view("gt", "g"), _mm("wgrad", "gt", "gelu_out")])
+    p.views = {"gt"}
+    p.alias_parent = {"gt": "g"}
+    _hoist(p, {"k_out", "wgrad"})
+    assert _order(p) == ["k_g", "gt", "wgrad", "grad_in", "k_k_out"]
+
+
+def test_a_library_call_with_state_keeps_its_place() -> None:
+    # a random draw moved earlier would draw other numbers: only pure library calls move
+    sizes = {"tangents_1": 4 * MB, "saved": 16 * MB, "g": 16 * MB, "big": 16 * MB, "drop": 1 * MB}
+    drop = ExternCall("drop", torch.ops.aten.native_dropout.default, (("buf", "saved"), 0.1, True), {}, "drop")
+    p = _planner(["tangents_1", "saved"], sizes, [_kernel("g", "tangents_1"), _mm("big", "g", "g"), drop])
+    _hoist(p, {"big", "drop"})
+    assert _order(p) == ["k_g", "big", "drop"]
+
+
+def test_a_gradient_nothing_reads_is_made_at_the_graphs_end_with_its_matmul() -> None:
+    # ResNet-50's backward made the classifier's float32 weight gradient first and held it
+    # through the last block's convolution gradients; its matmul reads two small inputs
+    sizes = {"tangents_1": MB // 4, "pooled": MB // 4, "saved": 16 * MB, "wg16": 4 * MB, "wg": 8 * MB,
+             "g": 16 * MB, "gin": 16 * MB}
+    p = _planner(["tangents_1", "pooled", "saved"], sizes, [
+        _mm("wg16", "tangents_1", "pooled"), _kernel("wg", "wg16"), _mm("g", "tangents_1", "saved"),
+        _kernel("gin", "g", "saved")])
+    _sink(p, {"wg", "gin"})
+    assert _order(p) == ["g", "k_gin", "wg16", "k_wg"]
+
+
+def test_no_move_that_would_raise_the_graphs_peak() -> None:
+    # ResNet-50's backward: the input image copied to channels-last for the first
+    # convolution's gradient, at the end, frees as much as it allocates; hoisted to the
+    # backward's start, where every saved activation is alive, it made the step's peak
+    sizes = {"tangents_1": MB, "saved": 16 * MB, "img": 4 * MB, "a": MB, "clone": 4 * MB, "out": MB}
+    plan = [_kernel("a", "tangents_1", "saved"), _kernel("clone", "img"), _mm("out", "a", "clone")]
+    p = _planner(["tangents_1", "saved", "img"], sizes, plan)
+    order = p._memory_order({"out"})
+    assert order._hoist_target(1) == (0, [])  # it would free what it allocates there
+    order.hoist()
+    assert _order(p) == ["k_a", "k_clone", "out"]

@@ -4,7 +4,6 @@ last use (views and aliasing ATen outputs keep their base alive)."""
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Optional
 
 import sympy
@@ -14,6 +13,7 @@ import torch.fx
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval
+from fuselens.compiler.runtime.plan_order import PlanOrder, buffers_in, step_buffers
 from fuselens.compiler.scheduler import KernelGroup, Schedule
 from fuselens.kernel_timing import KernelTimer
 
@@ -29,11 +29,6 @@ def _fresh_outputs(target: Any) -> bool:
 # Out-of-place library calls whose result is their first argument, copied and then updated,
 # and the in-place form that updates the argument itself (runtime/plan.py _externs_in_place).
 _IN_PLACE_FORMS = {torch.ops.aten.index_add.default: torch.ops.aten.index_add_.default}
-
-# A kernel is hoisted (_hoist_memory_neutral_kernels) when it frees this share of what it
-# allocates at least (a padded copy is a little larger than what it pads), and allocates this much.
-_HOIST_SLACK = 0.99
-_HOIST_MIN_BYTES = 1 << 20
 
 # Library calls whose result is a fresh contiguous tensor, as their meta functions say.
 _CONTIGUOUS_RESULTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
@@ -123,7 +118,7 @@ class Planner:
             if layout is not None:
                 self.layout_known.add(name)
             self.plan.append(ExternCall(name, node.target, args, kwargs, name, reinterpret=layout))
-            for leaf in _bufs(args):
+            for leaf in buffers_in(args):
                 self._union(name, leaf)
         return name
 
@@ -147,7 +142,7 @@ class Planner:
             else:
                 self._extern(unit)
         outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
-        self._hoist_memory_neutral_kernels(set(_bufs(outputs)))
+        self._reorder_for_memory(set(buffers_in(outputs)))
         in_place = self._mutate_inputs()
         self._insert_frees(outputs)
         taken = self._reuse_dying_inputs() | self._externs_in_place()
@@ -191,7 +186,7 @@ class Planner:
         if not _fresh_outputs(node.target):
             for o in outs if isinstance(outs, list) else [outs]:
                 if o is not None:
-                    for leaf in _bufs((args, kwargs)):
+                    for leaf in buffers_in((args, kwargs)):
                         self._union(o, leaf)
 
     def _mutate_inputs(self) -> set[str]:
@@ -207,7 +202,7 @@ class Planner:
         last: dict[str, int] = {}
         computed_at: dict[str, int] = {}
         for i, s in enumerate(self.plan):
-            for b in _step_buffers(s):
+            for b in step_buffers(s):
                 last[self._root(b)] = i
             if isinstance(s, KernelCall):
                 for o in s.outputs:
@@ -254,38 +249,21 @@ class Planner:
                         break
         return taken
 
-    def _hoist_memory_neutral_kernels(self, outputs: set[str]) -> None:
-        """Run a kernel that frees at least what it allocates right after the steps it
-        reads, not where the schedule put it: from there on it holds its output instead
-        of its inputs, no more memory, and every step it no longer waits for runs with
-        less alive. BERT's backward pads the logits weight's saved bfloat16 cast for
-        cuBLAS; run after the logits gradient and its padded copy (476 MB), both copies of
-        the weight (45 MB each) were alive at the step's peak. Only kernels: library calls
-        keep their order (random number generators, collectives)."""
+    def _reorder_for_memory(self, outputs: set[str]) -> None:
+        """Steps hoisted and sunk for a lower peak (plan_order.py)."""
+        order = self._memory_order(outputs)
+        order.hoist()
+        order.sink()
+        self.plan = order.plan
+
+    def _memory_order(self, outputs: set[str]) -> PlanOrder:
+        """The plan with what each step touches and what the graph frees: all but its
+        outputs and constants, and the inputs it may release."""
         keep = {self._root(o) for o in outputs} | outputs | set(self.g.constants)
         inputs = {x.name for x in self.g.inputs}
         released = self._freeable_inputs()
         freeable = {n for n in self.g.buffers if n not in keep and (n not in inputs or n in released)}
-        producer, touches = self._step_maps()
-        i = 0
-        while i < len(self.plan):
-            step = self.plan[i]
-            to = self._hoist_target(i, step, producer, touches, freeable) if isinstance(step, KernelCall) else None
-            if to is not None:
-                self.plan.insert(to, self.plan.pop(i))
-                producer, touches = self._step_maps()
-            i += 1
-
-    def _step_maps(self) -> tuple[dict[str, int], dict[str, list[int]]]:
-        """Which step makes each buffer, and which steps touch each root buffer."""
-        producer: dict[str, int] = {}
-        touches: dict[str, list[int]] = {}
-        for j, s in enumerate(self.plan):
-            for o in _step_outputs(s):
-                producer[o] = j
-            for b in _step_buffers(s):
-                touches.setdefault(self._root(b), []).append(j)
-        return producer, touches
+        return PlanOrder(self.plan, self.g, self._root, self.views, freeable)
 
     def _freeable_inputs(self) -> set[str]:
         """Graph inputs whose memory the graph's last use releases: a backward's saved
@@ -296,22 +274,6 @@ class Planner:
         if not any(n.startswith("tangents_") for n in names):
             return set()
         return {n for n in names if not n.startswith("primals_")}
-
-    def _hoist_target(self, i: int, step: KernelCall, producer: dict[str, int], touches: dict[str, list[int]],
-                      freeable: set[str]) -> Optional[int]:
-        """Where `step` (at `i`) moves up to, if it frees there at least what it allocates."""
-        alloc = sum(self.g.nbytes(o) for o in step.outputs)
-        if alloc < _HOIST_MIN_BYTES:
-            return None
-        reads = set(step.buffers) - set(step.outputs)
-        after = 1 + max((producer[b] for b in reads if b in producer), default=-1)
-        if after >= i:
-            return None
-        freed = 0
-        for r in {self._root(b) for b in reads} & freeable:
-            if all(t < after for t in touches.get(r, []) if t != i):
-                freed += self.g.nbytes(r)
-        return after if freed >= alloc * _HOIST_SLACK else None
 
     def _not_takeable(self) -> tuple[set[str], set[str]]:
         """Buffers no step may write over: graph inputs, constants and outputs, and
@@ -346,12 +308,12 @@ class Planner:
 
     def _insert_frees(self, outputs: list) -> None:
         self._output_bufs = set()
-        for b in _bufs(outputs):
+        for b in buffers_in(outputs):
             self._output_bufs.add(b)
         keep = {self._root(b) for b in self._output_bufs}
         last: dict[str, int] = {}
         for i, step in enumerate(self.plan):
-            for n in _step_buffers(step):
+            for n in step_buffers(step):
                 last[self._root(n)] = i
                 last[n] = max(last.get(n, -1), i)
         groups: dict[str, list[str]] = {}
@@ -394,25 +356,6 @@ def _compile_slots(se: SymEval) -> Any:
     return evaluate
 
 
-def _step_outputs(step: Any) -> list[str]:
-    """The buffers a plan step makes (a view step makes its view)."""
-    if isinstance(step, KernelCall):
-        return list(step.outputs)
-    if isinstance(step, ExternCall):
-        return [o for o in (step.outputs if isinstance(step.outputs, list) else [step.outputs]) if o is not None]
-    return []
-
-
-def _step_buffers(step: Any) -> list[str]:
-    """Every buffer a plan step touches: what it reads and writes, and an input a kernel
-    overwrites in place."""
-    if isinstance(step, KernelCall):
-        return list(step.buffers) + list(step.reuse.values())
-    if isinstance(step, ExternCall):
-        return list(_bufs((step.args, step.kwargs))) + _step_outputs(step)
-    return []
-
-
 def _reads_only_overwritten_element(group: KernelGroup, node: ir.ComputeNode, dst: str, graph: GraphIR) -> bool:
     """Whether `node` may store into input `dst` inside its kernel: every member that
     loads `dst` comes before `node`, is pointwise over `node`'s sizes, at `node`'s level
@@ -436,17 +379,6 @@ def _reads_only_overwritten_element(group: KernelGroup, node: ir.ComputeNode, ds
     else:
         return False
     return not any(b == dst for m in group.nodes[group.nodes.index(node) + 1:] for b, _ in ir.record_loads(m))
-
-
-def _bufs(a: Any):
-    if isinstance(a, tuple) and len(a) == 2 and a[0] == "buf":
-        yield a[1]
-    elif isinstance(a, (list, tuple)):
-        for x in a:
-            yield from _bufs(x)
-    elif isinstance(a, dict):
-        for x in a.values():
-            yield from _bufs(x)
 
 
 def make_runner(graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any,
