@@ -58,18 +58,20 @@ def _where(frames: list[dict]) -> str:
 class Peak(NamedTuple):
     """A step's peak, replayed from the allocator's history."""
 
-    bytes: int  # above what was alive before the step
+    bytes: int  # requested bytes alive at the peak, what was alive before the step included
     groups: list[dict]  # the allocations alive then, by the line that made them, largest first
     alive: list[tuple[int, str]]  # each allocation alive then: (bytes, the line that made it)
     where: str  # the line whose allocation reached the peak
     at: float  # how far into the step's allocations the peak came (0: first, 1: last)
 
 
-def live_at_peak(trace: list[dict], before: int) -> Peak:
-    """The step's peak (`before` included in its bytes) and what is alive at it."""
-    live: dict[int, tuple[int, str]] = {}
-    cur = peak = 0
-    at_peak: dict[int, tuple[int, str]] = {}
+def live_at_peak(trace: list[dict], held: dict[int, tuple[int, str]]) -> Peak:
+    """The step's peak in requested bytes (what the program asked for, not the
+    allocator's rounded blocks) and what is alive at it; `held` is what was alive
+    before the step, by address (the step frees some of it: last step's gradients)."""
+    live = dict(held)
+    cur = peak = sum(size for size, _ in held.values())
+    at_peak = dict(live)
     peak_where, peak_i, allocs = "", 0, 0
     for ev in trace:
         action, addr, size = ev.get("action"), ev.get("addr"), ev.get("size", 0)
@@ -81,14 +83,15 @@ def live_at_peak(trace: list[dict], before: int) -> Peak:
                 peak, at_peak, peak_where, peak_i = cur, dict(live), live[addr][1], allocs
         elif action in ("free_requested", "free") and addr in live:
             cur -= live.pop(addr)[0]
+    made_in_step = {a: v for a, v in at_peak.items() if a not in held}
     groups: dict[str, list[int]] = {}
-    for size, where in at_peak.values():
+    for size, where in made_in_step.values():
         g = groups.setdefault(where, [0, 0])
         g[0] += size
         g[1] += 1
     rows = [{"where": w, "mb": round(b / 2**20, 1), "count": n} for w, (b, n) in groups.items()]
     rows.sort(key=lambda r: -r["mb"])
-    return Peak(before + peak, rows, sorted(at_peak.values(), reverse=True), peak_where, peak_i / max(allocs, 1))
+    return Peak(peak, rows, sorted(at_peak.values(), reverse=True), peak_where, peak_i / max(allocs, 1))
 
 
 def size_difference(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> list[dict]:
@@ -133,7 +136,8 @@ def measure(name: str, mode: str, backend: str) -> dict:
     torch.cuda.synchronize()
     pre = torch.cuda.memory._snapshot()
     mark = len(pre["device_traces"][device])  # the measured step's events start here
-    held = held_blocks(pre, device)
+    held_by_address = held_blocks(pre, device)
+    held = sorted(held_by_address.values(), reverse=True)
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     saved: dict[int, tuple[tuple, str, int]] = {}  # storage -> (shape, dtype, bytes) of what autograd saved
@@ -153,7 +157,7 @@ def measure(name: str, mode: str, backend: str) -> dict:
     if len(trace) >= _HISTORY_ENTRIES:
         raise RuntimeError("the allocator's history wrapped: raise _HISTORY_ENTRIES")
     trace = trace[mark:]
-    p = live_at_peak(trace, before)
+    p = live_at_peak(trace, held_by_address)
     wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
     return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(p.bytes / 2**20, 1), "wrappers": wrappers,
             "allocator_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
@@ -164,19 +168,20 @@ def measure(name: str, mode: str, backend: str) -> dict:
             "saved_by_shape": _by_shape(saved.values())}
 
 
-def held_blocks(snapshot: dict, device: int) -> list[tuple[int, str]]:
-    """Every allocation alive in `snapshot`, as (bytes, the line that made it); one made
-    before the allocator's history began (the model's parameters) has no line."""
-    held = []
+def held_blocks(snapshot: dict, device: int) -> dict[int, tuple[int, str]]:
+    """Every allocation alive in `snapshot`, by address: (requested bytes, the line that
+    made it); one made before the allocator's history began (the model's parameters)
+    has no line."""
+    held = {}
     for seg in snapshot["segments"]:
         if seg.get("device", device) != device:
             continue
         for blk in seg["blocks"]:
             if blk["state"] == "active_allocated":
                 frames = blk.get("frames") or []
-                held.append((blk.get("requested_size") or blk["size"],
-                             _where(frames) if frames else "(before the compile)"))
-    return sorted(held, reverse=True)
+                held[blk["address"]] = (blk.get("requested_size") or blk["size"],
+                                        _where(frames) if frames else "(before the compile)")
+    return held
 
 
 def _by_shape(saved: Any) -> list[dict]:
@@ -205,7 +210,7 @@ def main(argv: Any = None) -> int:
                 except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
                     r = {"model": m, "mode": mode, "backend": b, "error": f"{type(e).__name__}: {e}"[:400]}
                 results.append(r)
-                print(f"\n{m} {mode} {b}: peak {r.get('peak_mb')} MB (allocator {r.get('allocator_peak_mb')}, "
+                print(f"\n{m} {mode} {b}: peak {r.get('peak_mb')} MB requested (allocator {r.get('allocator_peak_mb')}, "
                       f"alive before the step {r.get('before_step_mb')}) {r.get('error', '')}", flush=True)
                 print(f"  peak reached {r.get('peak_at', 0):.0%} into the step's allocations, by {r.get('peak_where')}")
                 print(f"  saved for the backward: {r.get('saved_mb')} MB in {r.get('saved_storages')} storages")

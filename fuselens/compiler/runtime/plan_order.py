@@ -6,14 +6,16 @@ The schedule's order is the FX graph's, give or take fusion; two moves improve o
   while the steps it no longer waits for run;
 - **sink**: a step whose outputs wait for a late reader (a gradient only the caller
   reads waits for the graph's end) runs just before that reader, when the inputs
-  whose lives this lengthens weigh less than what it allocates.
+  whose lives this lengthens weigh at most what it allocates: it then holds them, not
+  its outputs, while the steps between run, and its own moment (inputs and outputs
+  alive together) comes where less is alive.
 
-A step that moves allocates next to what is alive where it lands: hoisted to a
-backward's start, where every saved activation is still alive, even a step that frees
-as much as it allocates raises the peak (ResNet-50's input image copied to
-channels-last, 9 MB, for the first convolution's gradient at the backward's end). So
-every move is replayed op by op over the steps it passes and kept only if the graph's
-peak does not rise.
+A step that moves allocates next to what is alive where it lands: at a backward's
+start, where every saved activation is still alive, even a step that frees as much as
+it allocates raises the peak (ResNet-50's input image copied to channels-last, 9 MB,
+for the first convolution's gradient at the backward's end, was the step's peak
+there). So every move is replayed op by op over the steps it passes and kept only if
+the graph's peak does not rise.
 
 Kernels move, and pure library calls (`MOVABLE_LIBRARY_CALLS`); other library calls
 keep their order (random number generators, collectives).
@@ -246,4 +248,4 @@ class PlanOrder:
         for r in (set(self._touched(step)) - made) & self.freeable:
             if all(t < to for t in self.touches.get(r, []) if t != i):
                 longer += self._nbytes(r)
-        return to if longer < alloc else None
+        return to if longer <= alloc else None
