@@ -122,3 +122,19 @@ def test_no_move_that_would_raise_the_graphs_peak() -> None:
     assert order._hoist_target(1) == (0, [])  # it would free what it allocates there
     order.hoist()
     assert _order(p) == ["k_a", "k_clone", "out"]
+
+
+def test_the_index_kept_across_moves_equals_one_built_afresh() -> None:
+    # each accepted move re-indexes only the steps it passed: the result must be the full index's
+    sizes = {"tangents_1": MB // 4, "pooled": MB // 4, "saved": 16 * MB, "img": 4 * MB, "wg16": 4 * MB,
+             "wg": 8 * MB, "g": 16 * MB, "gin": 16 * MB, "clone": 4 * MB, "out": 2 * MB}
+    p = _planner(["tangents_1", "pooled", "saved", "img"], sizes, [
+        _kernel("clone", "img"), _mm("wg16", "tangents_1", "pooled"), _kernel("wg", "wg16"),
+        _mm("g", "tangents_1", "saved"), _kernel("gin", "g", "saved"), _mm("out", "gin", "clone")])
+    order = p._memory_order({"wg", "out"})
+    order.hoist()
+    order.sink()
+    assert _order(p) != ["k_clone", "wg16", "k_wg", "g", "k_gin", "out"]  # something moved
+    kept = (order.before, order.during, order.touches, order.producer, order.peak)
+    fresh = p._memory_order({"wg", "out"})
+    assert kept == (fresh.before, fresh.during, fresh.touches, fresh.producer, fresh.peak)

@@ -93,6 +93,7 @@ class PlanOrder:
         self._index()
 
     def hoist(self) -> None:
+        """Walks from the start: a step moved up is not looked at again."""
         i = 0
         while i < len(self.plan):
             move = self._hoist_target(i) if self.movable(self.plan[i]) else None
@@ -167,37 +168,55 @@ class PlanOrder:
             mem += grow[j]
             self.during[j] = mem
             mem -= shrink[j]
+        self._maxima()
+
+    def _maxima(self) -> None:
         self.peak = max(self.during, default=0)
         self._max_to = list(accumulate(self.during, max))
         self._max_from = list(accumulate(reversed(self.during), max))[::-1]
 
     def _try(self, lo: int, hi: int, order: list[Any]) -> bool:
         """Put `order` (the steps lo..hi, rearranged) in their place if the graph's peak
-        does not rise."""
+        does not rise. Only what the steps lo..hi touch is indexed again."""
         outside = max(self._max_to[lo - 1] if lo > 0 else 0, self._max_from[hi + 1] if hi + 1 < len(self.plan) else 0)
-        if max(outside, self._peak_of(lo, hi, order)) > self.peak:
+        before, during = self._replay(lo, hi, order)
+        if max(outside, max(during)) > self.peak:
             return False
         self.plan[lo:hi + 1] = order
-        self._index()
+        self.before[lo:hi + 1], self.during[lo:hi + 1] = before, during
+        roots = {r for s in order for r in self._touched(s)}
+        for r in roots:
+            self.touches[r] = [t for t in self.touches[r] if t < lo or t > hi]
+        for k, s in enumerate(order, lo):
+            for o in step_outputs(s):
+                self.producer[o] = k
+            for r in self._touched(s):
+                self.touches[r].append(k)
+        for r in roots:
+            self.touches[r].sort()
+        self._maxima()
         return True
 
-    def _peak_of(self, lo: int, hi: int, order: list[Any]) -> int:
-        """The most alive while `order` runs in place of the steps lo..hi."""
+    def _replay(self, lo: int, hi: int, order: list[Any]) -> tuple[list[int], list[int]]:
+        """The memory alive before and while each step of `order` runs, in place of the
+        steps lo..hi."""
         last: dict[str, int] = {}
         for k, s in enumerate(order):
             for r in self._touched(s):
                 last[r] = k
-        mem, peak, made = self.before[lo], 0, set()
+        mem, made = self.before[lo], set()
+        before, during = [0] * len(order), [0] * len(order)
         for k, s in enumerate(order):
+            before[k] = mem
             for o in self._made(s):
                 if o not in made:
                     made.add(o)
                     mem += self._nbytes(o)
-            peak = max(peak, mem)
+            during[k] = mem
             for r in self._touched(s):
                 if last[r] == k and r in self.freeable and self.touches[r][-1] <= hi:
                     mem -= self._nbytes(r)
-        return peak
+        return before, during
 
     def _views_read(self, step: Any, before: int) -> list[int]:
         """The view steps (before `before`) that make what `step` reads, and theirs in turn."""
