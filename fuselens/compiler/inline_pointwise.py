@@ -143,7 +143,7 @@ def _counted(node: ComputeNode) -> _CountingOps:
 
 def _amplified(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
     """Whether the readers together evaluate `p` more times than it has elements."""
-    evaluations = sum(graph.hint(ir.numel(_space(u))) * _loads_of(p, u) for u in readers)
+    evaluations = sum(graph.hint(ir.numel(_space(u))) * _loads_of(graph, p, u) for u in readers)
     return evaluations > graph.hint(ir.numel(p.size))
 
 
@@ -242,7 +242,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
             compute_users = [u for u in compute_users if not _in_space_of(p, u)]
             if ops > TRIVIAL_OPS:
                 continue
-        elif any(ops * _loads_of(p, u) > MAX_OPS for u in compute_users):
+        elif any(ops * _loads_of(graph, p, u) > MAX_OPS for u in compute_users):
             continue
         elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
             continue  # each reader would load all of its inputs instead of one buffer: more memory traffic
@@ -319,9 +319,10 @@ def _large_reads(graph: GraphIR, p: ComputeNode, elements: Optional[int] = None)
     return [b for b in p.reads if b not in graph.buffers or numel(graph.buffers[b].size) * SMALL_READ > mine]
 
 
-def _loads_of(p: ComputeNode, reader: ComputeNode) -> int:
-    """How many times `reader` loads `p` per element it computes."""
-    return sum(1 for b, _ in ir.record_loads(reader) if b == p.name) or 1
+def _loads_of(graph: GraphIR, p: ComputeNode, reader: ComputeNode) -> int:
+    """How many times `reader` loads `p` per element it computes (its loads traced once
+    while its body and reads stay: inlining into it changes its reads)."""
+    return sum(1 for b, _ in ir.traced_loads(graph, reader) if b == p.name) or 1
 
 
 def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_sources: set[str], *,
@@ -355,7 +356,8 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
             continue
         counts = [_counted(n) for n in chain]
         ops = sum(c.count for c in counts)
-        if (costly_math and any(c.math for c in counts)) or any(ops * _loads_of(p, u) > MAX_OPS for u in outside):
+        if (costly_math and any(c.math for c in counts)
+                or any(ops * _loads_of(graph, p, u) > MAX_OPS for u in outside)):
             continue
         if _chain_bytes(graph, p, chain) >= p.dtype.itemsize:
             continue
