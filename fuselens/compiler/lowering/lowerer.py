@@ -107,8 +107,10 @@ class Lowerer:
             stack_trace=node.meta.get("stack_trace") or "",
             list_element=hasattr(node, "fx_name"),
         )
-        cn.reads = {b for b, _ in ir.record_loads(cn)}
+        loads = ir.record_loads(cn)
+        cn.reads = {b for b, _ in loads}
         self.graph.steps.append(cn)
+        ir.analysis_of(self.graph, cn)[2] = loads  # the passes and the scheduler ask for them again
         self.graph.buffers[name] = BufferSpec(name, size, list(stride), dtype)
         strides = list(stride)
 
