@@ -4,29 +4,31 @@
     python -m benchmarks.memory_peak --models bert,resnet50 --modes train --out DIR
 
 Each backend compiles and runs the step of `benchmarks.models` (same models, same
-inputs) twice, then one more step runs under the CUDA allocator's history
-(`torch.cuda.memory._record_memory_history`). Replaying that history gives the
-moment of the step's peak and every allocation alive then; they are grouped by the
-innermost Python frame that is not torch's own (a line of a generated wrapper, a
-model's forward), largest first. The rest of the peak is what was alive before
-the step began: parameters, gradients, optimizer state. Two backends' peaks then
-differ by named lines, not by a number: each backend after the first is also shown
-by the allocation sizes alive at its peak more or fewer times than at the first's.
-The same step records what autograd saved for the backward (each storage once),
-which is where two partitions of a training graph differ. The history starts before
-the compile, so what a backend holds from one step to the next (constants, caches,
-workspaces: memory that counts in every step's peak) is listed by the line that
-allocated it and compared by size with the first backend's.
+inputs) twice, then once more, all under the CUDA allocator's history
+(`torch.cuda.memory._record_memory_history`, started before the compile).
+Replaying the last step's part of that history, from what was alive before it,
+gives the moment of the step's peak in requested bytes (what the program asked
+for; `max_memory_allocated`, also reported, counts the allocator's blocks, up to
+1 MB larger each) and every allocation alive then; those the step made are grouped
+by the innermost Python frame that is not torch's own (a line of a generated
+wrapper, a model's forward), largest first. Two backends' peaks then differ by
+named lines, not by a number: each backend after the first is also shown by the
+allocation sizes alive at its peak more or fewer times than at the first's. What
+each holds from one step to the next (constants, caches, workspaces: memory that
+counts in every step's peak) is compared the same way, by the line that allocated
+it. The step also records what autograd saved for the backward (each storage
+once), which is where two partitions of a training graph differ.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import linecache
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -128,36 +130,35 @@ def measure(name: str, mode: str, backend: str) -> dict:
         del linecache.cache[k]  # the wrappers of this measurement only, in the JSON
     kw: dict[str, Any] = {"backend": "fuselens"} if backend == "fuselens" else {}
     device = torch.cuda.current_device()
-    torch.cuda.memory._record_memory_history(stacks="python", max_entries=_HISTORY_ENTRIES)
-    compiled = module if backend == "eager" else torch.compile(module, **kw)
-    step = make_step(case, compiled, inputs, train, "cuda")
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    pre = torch.cuda.memory._snapshot()
-    mark = len(pre["device_traces"][device])  # the measured step's events start here
-    held_by_address = held_blocks(pre, device)
-    held = sorted(held_by_address.values(), reverse=True)
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    saved: dict[int, tuple[tuple, str, int]] = {}  # storage -> (shape, dtype, bytes) of what autograd saved
+    with _allocator_history():
+        compiled = module if backend == "eager" else torch.compile(module, **kw)
+        step = make_step(case, compiled, inputs, train, "cuda")
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        pre = torch.cuda.memory._snapshot()
+        mark = len(pre["device_traces"][device])  # the measured step's events start here
+        held_by_address = held_blocks(pre, device)
+        held = sorted(held_by_address.values(), reverse=True)
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        saved: dict[int, tuple[tuple, str, int]] = {}  # storage -> (shape, dtype, bytes) of what autograd saved
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.is_cuda:
-            st = t.untyped_storage()
-            saved[st.data_ptr()] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
-        return t
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.is_cuda:
+                st = t.untyped_storage()
+                saved[st.data_ptr()] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
+            return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        step()
-    torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snap["device_traces"][device]
-    if len(trace) >= _HISTORY_ENTRIES:
-        raise RuntimeError("the allocator's history wrapped: raise _HISTORY_ENTRIES")
-    trace = trace[mark:]
-    p = live_at_peak(trace, held_by_address)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        trace = snap["device_traces"][device]
+        if len(trace) >= _HISTORY_ENTRIES:
+            raise RuntimeError("the allocator's history wrapped: raise _HISTORY_ENTRIES")
+        trace = trace[mark:]
+        p = live_at_peak(trace, held_by_address)
     wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
     return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(p.bytes / 2**20, 1), "wrappers": wrappers,
             "allocator_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
@@ -166,6 +167,16 @@ def measure(name: str, mode: str, backend: str) -> dict:
             # what the backward reads, each storage once: two backends' partitions compared
             "saved_mb": round(sum(b for _, _, b in saved.values()) / 2**20, 1), "saved_storages": len(saved),
             "saved_by_shape": _by_shape(saved.values())}
+
+
+@contextlib.contextmanager
+def _allocator_history() -> Iterator[None]:
+    """The CUDA allocator's history recorded, with Python stacks, until the block ends."""
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=_HISTORY_ENTRIES)
+    try:
+        yield
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def held_blocks(snapshot: dict, device: int) -> dict[int, tuple[int, str]]:
