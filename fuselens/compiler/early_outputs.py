@@ -26,6 +26,7 @@ import heapq
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ComputeNode, GraphIR
 from fuselens.compiler.list_order import element_wise_graph
+from fuselens.compiler.runtime.plan_order import HOIST_SLACK
 from fuselens.compiler.scheduler import step_bytes
 
 
@@ -84,6 +85,7 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
     least what it makes early. What it makes early is its graph outputs (alive to the end
     from then on); what it frees is each step it reads, not an output itself, that it was
     the last to read (the LayerNorm's input: it now dies at its last other reader).
+    Like the plan's hoist, a set may make up to 1% more than it frees (`HOIST_SLACK`).
     A set whose steps would land right after a library call stays: nothing there takes it
     in, and the kernel it joined at the graph's end is one launch more (BERT training,
     H200: the casts of its matmuls' outputs, 390 -> 401 launches a step). So does one
@@ -123,8 +125,5 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
             if others and max(others) < j and max(users[d]) == j:
                 freed[r] = freed.get(r, 0) + step_bytes(graph, steps[d])
     return [feeds_outputs[j] and root(j) not in unanchored and freed.get(root(j), 0) > 0
-            and freed[root(j)] >= _NEUTRAL * made.get(root(j), 0) for j in range(n)]
+            and freed[root(j)] >= HOIST_SLACK * made.get(root(j), 0) for j in range(n)]
 
-
-# a move may make up to 1% more than it frees (the plan's hoisting allows as much)
-_NEUTRAL = 0.99
