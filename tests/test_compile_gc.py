@@ -46,3 +46,34 @@ def test_objects_a_program_froze_itself_stay_frozen(monkeypatch: pytest.MonkeyPa
         assert seen and max(seen) <= frozen and gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
+
+
+def _collector_as_dynamo_starts(backend: str) -> list[tuple[int, tuple]]:
+    """The freeze count and thresholds a Dynamo start callback registered after ours sees."""
+    seen: list[tuple[int, tuple]] = []
+
+    def watch(args: Any) -> None:
+        seen.append((gc.get_freeze_count(), gc.get_threshold()))
+
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    torch._dynamo.callback_handler.register_start_callback(watch)
+    try:
+        torch.compile(lambda x: (x * 2).sin().sum(), backend=backend)(torch.randn(4, 8))
+    finally:
+        torch._dynamo.callback_handler.remove_start_callback(watch)
+    return seen
+
+
+def test_dynamo_traces_a_fuselens_frame_with_old_objects_frozen_and_no_full_passes() -> None:
+    before = gc.get_threshold()
+    seen = _collector_as_dynamo_starts("fuselens")
+    assert seen and seen[0][0] > 1000
+    assert seen[0][1][2] > before[2] * 10  # full passes wait for the compile's end
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+def test_a_frame_compiled_for_another_backend_keeps_the_collector_as_it_is() -> None:
+    before = gc.get_threshold()
+    seen = _collector_as_dynamo_starts("eager")
+    assert seen == [(0, before)]

@@ -542,14 +542,34 @@ def _start_workers_as_dynamo_starts(*_: Any) -> None:
         pass
 
 
-def _install_early_worker_start() -> None:
+def _is_ours(backend: Any) -> bool:
+    return backend is fuselens_backend
+
+
+def _install_dynamo_callbacks() -> None:
+    """Our Dynamo start (and end) callbacks: the compile workers' early start, and the
+    collector frozen while a frame of ours is traced. `torch._dynamo.reset()` clears
+    every callback, to behave as a fresh process would; a fresh process that loaded
+    this module has ours, so they are installed again after the handler's clear (the
+    suite's cold compile is the first step after a reset)."""
     handler = getattr(getattr(torch, "_dynamo", None), "callback_handler", None)
     register_start = getattr(handler, "register_start_callback", None)
-    if register_start is not None and _start_workers_as_dynamo_starts not in getattr(handler, "start_callbacks", []):
+    if register_start is None:
+        return
+    if _start_workers_as_dynamo_starts not in getattr(handler, "start_callbacks", []):
         register_start(_start_workers_as_dynamo_starts)
+    compile_gc.freeze_while_dynamo_traces(handler, _is_ours)
+    clear = getattr(handler, "clear", None)
+    if clear is not None and not getattr(clear, "keeps_fuselens_callbacks", False):
+        def clear_keeping_ours() -> None:
+            clear()
+            _install_dynamo_callbacks()
+
+        clear_keeping_ours.keeps_fuselens_callbacks = True  # type: ignore[attr-defined]
+        handler.clear = clear_keeping_ours
 
 
-_install_early_worker_start()
+_install_dynamo_callbacks()
 
 
 def _target_of(opts: Any, example_inputs: Sequence[Any]) -> str:
