@@ -234,3 +234,26 @@ def test_shifted_window_gradients_through_the_moved_rolls_equal_eager():
     expected = torch.autograd.grad(shifted_windows(x, norm), [x, norm.weight, norm.bias], g)
     for got, want in zip(grads, expected):  # the weight gradients sum 392 rows in another order
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_producer_recomputed_in_its_only_reader_leaves_no_kernel_behind(monkeypatch):
+    """A float copy of a bfloat16 input, read far later (the fusion is refused as too far
+    apart: the window shrunk here, 540 ops in BERT's training backward on the GPU), is
+    recomputed in its reader; its own kernel then had nothing to store and still ran."""
+    from fuselens.compiler import scheduler
+
+    monkeypatch.setattr(scheduler.Scheduler, "PEAK_WINDOW", 2)
+
+    def fn(x16, a, w):
+        y = x16.float()
+        for _ in range(3):
+            a = a @ w
+        return y + a
+
+    x16, a, w = torch.randn(16, 16).bfloat16(), torch.randn(16, 16), torch.randn(16, 16)
+    out, events = compiled_events(fn, x16, a, w)
+    torch.testing.assert_close(out, fn(x16, a, w))
+    assert any(d.rule == "inline" and "narrower" in d.reason for d in events if isinstance(d, FusionDecision))
+    kernels = generated(events)
+    stores_nothing = [k.name for k in kernels if "* __restrict__" not in k.source.replace("const ", "@")]
+    assert kernels and not stores_nothing, stores_nothing

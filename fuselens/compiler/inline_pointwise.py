@@ -217,6 +217,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     Mutates `graph`; returns what it inlined, in graph order."""
     if any(isinstance(s, ExternNode) and _mutates(s) for s in graph.steps):
         return []  # an in-place library call could change what a moved computation reads
+    drop_unread(graph, output_sources)
     readers = _readers(graph)
     done: list[Inlined] = []
     after_reduction = _after_reduction(graph)
@@ -367,7 +368,32 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
         readers[p.name] = [u for u in users if u not in outside]
         done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in outside], ops, False,
                             "its inputs are narrower than it (fewer bytes to read than to store and load it)"))
+    drop_unread(graph, output_sources)
     return done
+
+
+def drop_unread(graph: GraphIR, output_sources: set[str]) -> int:
+    """Remove the compute steps no step reads and no output needs (a compute step has no
+    effect but its buffer), last first so that what only they read goes too; returns how
+    many. The scheduler made each a kernel that stores nothing: the producers recomputed
+    elsewhere (BERT's and ResNet-50's training graphs launched 5 to 11 a step, each
+    compiled at its first launch) and HF models' `torch.tensor([])` copies."""
+    read: dict[str, int] = {}
+    for s in graph.steps:
+        for b in s.reads:
+            read[b] = read.get(b, 0) + 1
+    dead = []
+    for s in reversed(graph.steps):
+        if isinstance(s, ComputeNode) and not read.get(s.name) and s.name not in output_sources:
+            dead.append(s)
+            for b in s.reads:
+                read[b] -= 1
+    if dead:
+        gone = {id(s) for s in dead}
+        graph.steps[:] = [s for s in graph.steps if id(s) not in gone]
+        for s in dead:
+            graph.buffers.pop(s.name, None)
+    return len(dead)
 
 
 MAX_CHAIN = 4  # producers recomputed together (a cast feeding a subtraction, ...)
