@@ -426,7 +426,8 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
     counters["aot_autograd"]["total"] += 1
     with compile_gc.old_objects_frozen():
-        return _aot_compile(gm, example_inputs, make, partition, compile_id, opts.fallback_random)
+        return _aot_compile(gm, example_inputs, make, partition, compile_id, opts.fallback_random,
+                            backward_with_forward=triton and opts.backward_with_forward and runs_on_cuda(example_inputs))
 
 
 def _reset() -> None:
@@ -441,12 +442,21 @@ fuselens_backend.reset = _reset  # type: ignore[attr-defined]
 
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: Callable[[str], Callable],
-                 partition: Callable, compile_id: str, eager_random: bool = False) -> Callable:
+                 partition: Callable, compile_id: str, eager_random: bool = False,
+                 backward_with_forward: bool = False) -> Callable:
     """AOTAutograd with our decompositions; an op whose decomposed forward its
     backward cannot read (autograd_consistency.py) is kept whole and the graph traced again.
     `eager_random` (option fallback_random): dropout stays eager's own op, which draws
-    eager's numbers (its decomposition draws them with rand_like, another stream)."""
+    eager's numbers (its decomposition draws them with rand_like, another stream).
+    `backward_with_forward` (the option): AOTAutograd compiles the backward right after
+    the forward (its non-lazy lowering, torch 2.11-2.13), not at the first backward."""
     from torch._functorch.aot_autograd import aot_module_simplified
+    import torch._functorch.config as functorch_config
+
+    def backward_timing() -> Any:
+        if backward_with_forward and hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+            return functorch_config.patch(force_non_lazy_backward_lowering=True)
+        return contextlib.nullcontext()
 
     table = decompositions()
     if eager_random:
@@ -455,18 +465,19 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: 
     while True:
         seen: list[OpPairing] = []
         try:
-            compiled = aot_module_simplified(
-                gm,
-                example_inputs,
-                fw_compiler=make("aot_forward"),
-                bw_compiler=make("aot_backward"),
-                inference_compiler=make("aot_inference"),
-                decompositions=table,
-                # BatchNorm's running stats and an optimizer's parameters are written by our
-                # kernels (lowering `copy_`), not copied back by AOTAutograd after the graph
-                keep_inference_input_mutations=True,
-                partition_fn=checked_partition(partition, _location_of, seen),
-            )
+            with backward_timing():
+                compiled = aot_module_simplified(
+                    gm,
+                    example_inputs,
+                    fw_compiler=make("aot_forward"),
+                    bw_compiler=make("aot_backward"),
+                    inference_compiler=make("aot_inference"),
+                    decompositions=table,
+                    # BatchNorm's running stats and an optimizer's parameters are written by our
+                    # kernels (lowering `copy_`), not copied back by AOTAutograd after the graph
+                    keep_inference_input_mutations=True,
+                    partition_fn=checked_partition(partition, _location_of, seen),
+                )
             break
         except ForwardBackwardMismatch as mismatch:
             # by name: the overload a trace records need not be the table's key object

@@ -114,6 +114,15 @@ class CompilerOptions:
     `configure` keeps them off), at the latest as a CUDA graph enters the backend;
     they import Triton alone (under a second); a graph compiled before they are up
     compiles in threads."""
+    backward_with_forward: bool = option(True, "backward with forward",
+                                         "Triton on CUDA: compile a training graph's backward with its forward",
+                                         choices=(True, False))
+    """Triton on CUDA: compile a training graph's backward right after its forward,
+    before the forward first runs, instead of at the first backward call (AOTAutograd's
+    default, Inductor's too). The forward's kernels compile in the workers while the
+    backward's passes run, and the backward's while the forward runs: the first step no
+    longer waits for each graph's kernels in turn. Off for a graph whose backward may
+    never run (an evaluation that forgot `torch.no_grad()`), whose compile it would add."""
     fallback_random: bool = option(False, "fallback random",
                                    "random ops (dropout) in ATen: eager's numbers, one kernel each",
                                    choices=(False, True))
