@@ -73,6 +73,14 @@ assert res["ok"], res
 def no_compile(*a, **k):
     raise AssertionError("the parent compiled: the worker's binary was not found under the same key")
 tc.ASTSource.make_ir = no_compile
+if {adopt!r}:
+    from triton.runtime.jit import JITFunction
+    from fuselens.compiler.runtime.triton_precompile import _adopt_source_hash
+    def no_parse(self):
+        raise AssertionError("the parent parsed the kernel's source for its hash")
+    JITFunction.parse = no_parse
+    assert isinstance(res["fn_hash"], str), res
+    _adopt_source_hash(mod.fl_pool_kernel, res["fn_hash"])
 k = mod.fl_pool_kernel.warmup(*args, **kw)
 assert k is not None and len(k.asm["cubin"]) > 0 and len(compiled_files()) == 1
 print("WORKER-COMPILED-PARENT-LOADED", round(res["secs"], 3))
@@ -96,7 +104,13 @@ def _run(src: str) -> subprocess.CompletedProcess:
 
 
 def test_a_worker_compiles_a_kernel_the_parent_then_loads_from_the_cache_without_compiling_even_when_their_ptxas_versions_differ(tmp_path: Path) -> None:
-    src = PARENT.format(root=str(tmp_path), kernel=KERNEL)
+    src = PARENT.format(root=str(tmp_path), kernel=KERNEL, adopt=False)
+    r = _run(src)
+    assert "WORKER-COMPILED-PARENT-LOADED" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_the_parent_finds_a_workers_binary_with_the_source_hash_the_worker_computed_without_parsing_the_kernel(tmp_path: Path) -> None:
+    src = PARENT.format(root=str(tmp_path), kernel=KERNEL, adopt=True)
     r = _run(src)
     assert "WORKER-COMPILED-PARENT-LOADED" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
 

@@ -230,7 +230,9 @@ def serve(jobs: TextIO, out: TextIO) -> None:
                 knobs.cache.dir = job["cache_dir"]
             fn = getattr(_module(job["module"], modules), job["name"])
             kernel = fn.preload(job["spec"])
-            res: dict[str, Any] = {"id": job["id"], "ok": True, "hash": getattr(kernel, "hash", None)}
+            fn_hash = getattr(fn, "hash", None)  # JITFunction.cache_key, computed by the preload
+            res: dict[str, Any] = {"id": job["id"], "ok": True, "hash": getattr(kernel, "hash", None),
+                                   "fn_hash": fn_hash if isinstance(fn_hash, str) else None}
         except Exception as e:  # noqa: BLE001 - reported to the parent, which then compiles itself
             res = {"id": job["id"], "ok": False, "error": f"{type(e).__name__}: {e}"[:1000]}
         res["secs"] = time.perf_counter() - t
