@@ -162,8 +162,8 @@ class Planner:
                 symbol_sources[s.name] = ("arg", g.inputs[src[1]].name)
             else:
                 symbol_sources[s.name] = (src[0], g.inputs[src[1]].name, src[2])
-        reusable = {n for n in self.kernel_allocated if self._root(n) == n and not any(
-            self._root(k) == n for k in self.alias_parent)} - taken
+        viewed = {self._root(k) for k in self.alias_parent}  # roots something else aliases
+        reusable = {n for n in self.kernel_allocated if self._root(n) == n and n not in viewed} - taken
         runner = GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
                              outputs, reusable - self._output_bufs - in_place, self.timer, constants=g.constants)
         names = [i.name for i in g.inputs]
