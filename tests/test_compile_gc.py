@@ -77,3 +77,31 @@ def test_a_frame_compiled_for_another_backend_keeps_the_collector_as_it_is() -> 
     before = gc.get_threshold()
     seen = _collector_as_dynamo_starts("eager")
     assert seen == [(0, before)]
+
+
+STEP_WITH_BACKWARD_INSIDE = """
+import torch
+import fuselens.compiler
+fuselens.compiler.register()
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+@torch.compile(backend="fuselens")
+def step(x):
+    loss = model(x).square().mean()
+    loss.backward()  # a graph break: the backward is compiled lazily, under the resumed frame's hook
+    return loss
+
+step(torch.randn(4, 8))
+print("STEP-DONE")
+"""
+
+
+def test_a_backward_compiled_inside_a_compiled_step_runs_our_callbacks_without_waiting_for_itself() -> None:
+    """Our Dynamo callbacks run when the backward compiles, under the hook of the step it
+    resumes: traced by Dynamo, they started a compile inside the callback handler's lock,
+    which then waited for itself (a hang, before they were hidden from Dynamo)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", STEP_WITH_BACKWARD_INSIDE], capture_output=True, text=True, timeout=300)
+    assert "STEP-DONE" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

@@ -91,12 +91,17 @@ def _backend_being_traced() -> Any:
 
 
 _traced_frozen = False  # whether this Dynamo compile entered (start and end callbacks pair up)
+_callbacks: Any = None  # (start, end) as registered: the same objects at every install
 
 
-def freeze_while_dynamo_traces(handler: Any, is_ours: Callable[[Any], bool]) -> None:
+def freeze_while_dynamo_traces(handler: Any, is_ours: Callable[[Any], bool], hide: Callable) -> None:
     """Install, on Dynamo's callback handler, start and end callbacks that freeze the old
     objects while a frame whose backend `is_ours` is traced. Dynamo calls them once
-    around its outermost compile (a nested one runs inside it)."""
+    around its outermost compile (a nested one runs inside it). `hide` keeps Dynamo from
+    tracing them (`torch._dynamo.disable`): a lazily compiled backward runs them under
+    the frame hook of the step it resumes, and a trace of them would start a compile
+    inside the handler's lock, which then waits for itself."""
+    global _callbacks
     if not hasattr(handler, "register_end_callback"):
         return
 
@@ -118,6 +123,8 @@ def freeze_while_dynamo_traces(handler: Any, is_ours: Callable[[Any], bool]) -> 
             _traced_frozen = False
             _exit()
 
-    if not any(getattr(cb, "__qualname__", "") == start.__qualname__ for cb in handler.start_callbacks):
-        handler.register_start_callback(start)
-        handler.register_end_callback(end)
+    if _callbacks is None:
+        _callbacks = (hide(start), hide(end))
+    if _callbacks[0] not in handler.start_callbacks:
+        handler.register_start_callback(_callbacks[0])
+        handler.register_end_callback(_callbacks[1])

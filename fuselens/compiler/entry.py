@@ -553,6 +553,9 @@ def _start_workers_as_dynamo_starts(*_: Any) -> None:
         pass
 
 
+_worker_start: Any = None  # _start_workers_as_dynamo_starts as registered
+
+
 def _is_ours(backend: Any) -> bool:
     return backend is fuselens_backend
 
@@ -563,13 +566,17 @@ def _install_dynamo_callbacks() -> None:
     every callback, to behave as a fresh process would; a fresh process that loaded
     this module has ours, so they are installed again after the handler's clear (the
     suite's cold compile is the first step after a reset)."""
+    global _worker_start
     handler = getattr(getattr(torch, "_dynamo", None), "callback_handler", None)
     register_start = getattr(handler, "register_start_callback", None)
     if register_start is None:
         return
-    if _start_workers_as_dynamo_starts not in getattr(handler, "start_callbacks", []):
-        register_start(_start_workers_as_dynamo_starts)
-    compile_gc.freeze_while_dynamo_traces(handler, _is_ours)
+    # hidden from Dynamo: see compile_gc.freeze_while_dynamo_traces
+    if _worker_start is None:
+        _worker_start = torch._dynamo.disable(_start_workers_as_dynamo_starts)
+    if _worker_start not in getattr(handler, "start_callbacks", []):
+        register_start(_worker_start)
+    compile_gc.freeze_while_dynamo_traces(handler, _is_ours, torch._dynamo.disable)
     clear = getattr(handler, "clear", None)
     if clear is not None and not getattr(clear, "keeps_fuselens_callbacks", False):
         def clear_keeping_ours() -> None:
