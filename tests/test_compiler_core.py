@@ -688,7 +688,12 @@ def test_substituting_loop_variables_equals_xreplace_and_builds_each_clamp_once(
     clamp = sympy.Min(sympy.Max(d0 - 21, 0, evaluate=False), 35, evaluate=False) * 56 + d1
     sub = {d0: 3 * d1 + 7, d1: d0}
     ir._min_max.cache_clear()
+    ir._substitute_once.cache_clear()
     for _ in range(3):  # the same clamp in three loop spaces
         assert ir.substitute(clamp, sub) == sympy.sympify(clamp).xreplace(sub)
-    info = ir._min_max.cache_info()
-    assert (info.misses, info.hits) == (2, 4)
+    assert ir._min_max.cache_info().misses == 2  # the Max and the Min, each built once
+    assert ir._substitute_once.cache_info().hits == 2  # the second and third substitution: computed once
+    other = {d0: d1 + 1, d1: d0}  # another loop space builds its own clamps, once each
+    assert ir.substitute(clamp, other) == sympy.sympify(clamp).xreplace(other)
+    assert ir.substitute(clamp, other) == sympy.sympify(clamp).xreplace(other)
+    assert ir._min_max.cache_info().misses == 4
