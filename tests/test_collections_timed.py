@@ -1,0 +1,19 @@
+"""`benchmarks.collections_timed` (used by `benchmarks.compile_profile`) times Python's garbage collections by generation during the
+profiled call: cProfile charges a collection to whatever function allocated when it began."""
+
+from __future__ import annotations
+
+import gc
+
+from benchmarks.collections_timed import collections_timed
+
+
+def test_the_collections_of_the_block_are_counted_and_timed_by_generation() -> None:
+    with collections_timed() as seen:
+        gc.collect(2)
+        gc.collect(0)
+    assert seen[2][0] == 1 and seen[2][1] >= 0.0
+    assert seen[0][0] >= 1
+    with collections_timed() as after:
+        pass
+    assert 2 not in after  # nothing is counted outside the block
