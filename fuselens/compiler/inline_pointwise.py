@@ -368,7 +368,8 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
         readers[p.name] = [u for u in users if u not in outside]
         done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in outside], ops, False,
                             "its inputs are narrower than it (fewer bytes to read than to store and load it)"))
-    drop_unread(graph, output_sources)
+    if done:  # what inline_pointwise left is read (it dropped the rest): only a recompute unreads
+        drop_unread(graph, output_sources)
     return done
 
 
