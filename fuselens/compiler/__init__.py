@@ -12,7 +12,8 @@ The package reads top to bottom as the pipeline:
     targets/       what differs per target (Target: kernel prefix, generate, build, finalize),
                    C++ and Triton in a registry keyed by option `target`
     phases.py      compile phases timed once: PhaseTime events and torch's compile metrics
-    compile_gc.py  the objects older than a compile (and Dynamo's trace of our frames) frozen, no full GC pass during it
+    compile_gc.py  the objects older than a compile (and Dynamo's trace of our frames) frozen, only young GC passes during it
+    aot_printouts.py  AOTAutograd's printouts of a training graph skipped when no logger reads them
     codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers: runtime/triton_prelude.py);
                    the interface in codegen/__init__.py
     runtime/       running a compiled graph:

@@ -5,9 +5,10 @@ model, Dynamo's trace (half a million objects for a BERT training step). A compi
 makes objects fast enough (sympy expressions above all) that the collector runs full
 passes during it: in BERT's training step (6 layers, CPU) three took 0.79 s of the
 first call. Objects older than the compile are frozen for its duration (`gc.freeze`),
-so those passes scan only what the compile made (0.11 s), and full passes wait for the
-compile's end; after it the old objects are collectable again, and their garbage and the
-compile's go at the next full pass as before.
+and only the youngest generation is collected during it: the compile's short-lived cycles
+go every few hundred allocations, its longer-lived objects wait in the middle generation
+for one pass after the compile, which promotes only what the compile left alive. After it
+the old objects are collectable again, at the next full pass Python runs as it would have.
 
 The same holds for Dynamo's trace before the backend is called: GPT-2's training step
 ran three full passes there (0.65 s of a 9 s first call on a 2-core CPU). A Dynamo
@@ -28,11 +29,16 @@ _lock = threading.Lock()
 _depth = 0  # compiles in progress (a backward compiled while its forward's compile runs)
 _ours = False  # whether we froze: a program that froze objects itself keeps them frozen
 _thresholds: tuple = ()  # the collector's thresholds before the compile
-# Young-generation passes (every few hundred allocations) still free a compile's short-lived
-# cycles; full passes wait for its end. Frozen alone, the collector counted only the
-# compile's own survivors as long-lived, so a full pass came every time they grew by a
-# quarter: ResNet-50 training ran nine during AOTAutograd's partition and our pipeline.
-_FULL_PASS_EVERY = 1000  # young-generation passes per full pass during a compile (default 10)
+# Only the youngest generation is collected during a compile (every few hundred allocations:
+# it frees the compile's short-lived cycles). Python runs a full pass once the objects that
+# survived a middle-generation pass since the last full one reach a quarter of those it kept:
+# the compile's survivors, promoted pass after pass, counted as new long-lived objects.
+# Frozen alone, ResNet-50 training ran nine full passes during AOTAutograd's partition and
+# our pipeline; with full passes held back, one came after the compile (0.4-0.7 s of the first
+# call on the H200, a pass over every object of the process). Held in the middle generation,
+# the compile's objects are scanned once after it by a middle-generation pass, which promotes
+# only what the compile left alive.
+_NEVER = 1 << 30  # passes of the younger generation before an older one is collected
 
 
 def _enter() -> None:
@@ -45,7 +51,7 @@ def _enter() -> None:
                 gc.freeze()
             _thresholds = gc.get_threshold()
             if len(_thresholds) == 3:
-                gc.set_threshold(_thresholds[0], _thresholds[1], _FULL_PASS_EVERY)
+                gc.set_threshold(_thresholds[0], _NEVER, _NEVER)
 
 
 def _exit() -> None:

@@ -37,7 +37,7 @@ import torch
 import torch.fx
 
 from fuselens import sink
-from fuselens.compiler import compile_gc, layout_passes, options as options_mod
+from fuselens.compiler import aot_printouts, compile_gc, layout_passes, options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
@@ -465,7 +465,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: 
     while True:
         seen: list[OpPairing] = []
         try:
-            with backward_timing():
+            with backward_timing(), aot_printouts.skipped_when_unread():
                 compiled = aot_module_simplified(
                     gm,
                     example_inputs,
