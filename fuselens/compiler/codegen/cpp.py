@@ -751,7 +751,8 @@ class CppKernel(KernelBuilder):
 
 def generate(group: KernelGroup, graph: GraphIR, options: Any) -> KernelSource:
     """The C++ source of one kernel (a function definition; the prelude is added by `library_source`)."""
-    return CppKernel(group, graph, options).generate()
+    with CppKernel(group, graph, options) as kernel:
+        return kernel.generate()
 
 
 def canonical_source(ks: KernelSource) -> str:

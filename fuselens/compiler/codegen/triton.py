@@ -748,7 +748,8 @@ def generate(group: KernelGroup, graph: GraphIR, options: Any) -> TritonKernelSo
         from fuselens.compiler.codegen.triton_combo import generate_combo
 
         return generate_combo(group, graph, options)
-    return TritonKernel(group, graph, options).generate()
+    with TritonKernel(group, graph, options) as kernel:
+        return kernel.generate()
 
 
 def canonical_source(ks: KernelSource) -> str:

@@ -22,9 +22,9 @@ def combo_part(group: KernelGroup, graph: GraphIR, options: Any) -> bool:
     Planned, not printed: this is asked of every kernel of an optimizer step's graph."""
     if group.rflags is not None or graph.symbols:
         return False
-    k = TritonKernel(group, graph, options)
-    k.plan()
-    return k.kind == "pointwise" and k.xnumel.is_Integer
+    with TritonKernel(group, graph, options) as k:
+        k.plan()
+        return k.kind == "pointwise" and k.xnumel.is_Integer
 
 
 def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKernelSource:
@@ -79,9 +79,12 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
             alone = [c for c in cands if c not in others]
             if alone:
                 inplace[o] = alone
-    return TritonKernelSource(
+    source = TritonKernelSource(
         name=group.name, source=src, buffers=buffers, outputs=writes, symbols=[],
         bytes_accessed=sum(graph.nbytes(b) for b in buffers), language="python", kernel_kind="combo",
         xnumel=sympy.Integer(sum(int(k.xnumel) for k in parts)), elem_bytes=max(k.elem_bytes for k in parts),
         device="cpu" if parts[0].math.interpret else "cuda", buffer_dtypes=[graph.buffers[b].dtype for b in buffers],
         long_math=bool(_LONG_MATH.search(src)), inplace=inplace, parts=[int(k.xnumel) for k in parts])
+    for k in parts:
+        k.__exit__()  # printed: each part lets go of its ops (KernelBuilder.__exit__)
+    return source
