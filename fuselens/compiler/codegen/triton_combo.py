@@ -67,6 +67,7 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
         bodies.append(k.body_lines())
         lines += ["    " + line for line in bodies[-1]]
         describe.append(" ".join(k._describe()))
+        k.__exit__()  # printed: the part lets go of its ops (KernelBuilder.__exit__)
     params = [f"in_{cname(b)}" for b in reads] + [f"out_{cname(b)}" for b in writes] + ["XBLOCK: tl.constexpr"]
     doc = f'    """combo of {len(parts)}: {" | ".join(describe)}"""'
     src = "@triton.jit\n" + f"def {group.name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
@@ -79,12 +80,9 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
             alone = [c for c in cands if c not in others]
             if alone:
                 inplace[o] = alone
-    source = TritonKernelSource(
+    return TritonKernelSource(
         name=group.name, source=src, buffers=buffers, outputs=writes, symbols=[],
         bytes_accessed=sum(graph.nbytes(b) for b in buffers), language="python", kernel_kind="combo",
         xnumel=sympy.Integer(sum(int(k.xnumel) for k in parts)), elem_bytes=max(k.elem_bytes for k in parts),
         device="cpu" if parts[0].math.interpret else "cuda", buffer_dtypes=[graph.buffers[b].dtype for b in buffers],
         long_math=bool(_LONG_MATH.search(src)), inplace=inplace, parts=[int(k.xnumel) for k in parts])
-    for k in parts:
-        k.__exit__()  # printed: each part lets go of its ops (KernelBuilder.__exit__)
-    return source
