@@ -67,7 +67,7 @@ def generate_combo(group: ComboGroup, graph: GraphIR, options: Any) -> TritonKer
         bodies.append(k.body_lines())
         lines += ["    " + line for line in bodies[-1]]
         describe.append(" ".join(k._describe()))
-        k.__exit__()  # printed: the part lets go of its ops (KernelBuilder.__exit__)
+        k.release()  # printed: the part lets go of its ops
     params = [f"in_{cname(b)}" for b in reads] + [f"out_{cname(b)}" for b in writes] + ["XBLOCK: tl.constexpr"]
     doc = f'    """combo of {len(parts)}: {" | ".join(describe)}"""'
     src = "@triton.jit\n" + f"def {group.name}({', '.join(params)}):\n" + doc + "\n" + "\n".join(lines) + "\n"
