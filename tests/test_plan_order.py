@@ -111,6 +111,23 @@ def test_a_gradient_nothing_reads_is_made_at_the_graphs_end_with_its_matmul() ->
     assert _order(p) == ["g", "k_gin", "wg16", "k_wg"]
 
 
+def test_a_backwards_incoming_gradient_counts_alive_until_the_graph_returns() -> None:
+    # GPT-2's backward: autograd's engine holds the logits gradient (tangents_1) through
+    # the call, so padding it frees nothing. Counted freed, the saved weight cast's padded
+    # copy (a little larger than the cast) could not move to the start: the peak at the
+    # gradient's padding would rise by the padding. It now runs first and frees the cast
+    # before the weight gradient is made (147 MB lower at the H100's measured peak).
+    sizes = {"tangents_1": 16 * MB, "w16": 4 * MB, "hidden": MB, "gpad": 16 * MB + 1024,
+             "wgrad": 4 * MB + 1024, "wpad": 4 * MB + 1024, "gin": MB}
+    plan = [_kernel("gpad", "tangents_1"), _mm("wgrad", "gpad", "hidden"), _kernel("wpad", "w16"),
+            _mm("gin", "gpad", "wpad")]
+    p = _planner(["tangents_1", "w16", "hidden"], sizes, plan)
+    assert "tangents_1" not in p._memory_order({"wgrad", "gin"}).freeable
+    _hoist(p, {"wgrad", "gin"})
+    assert _order(p)[0] == "k_wpad"
+    assert _order(p).index("gin") < _order(p).index("wgrad")  # the padded copy dies before wgrad is made
+
+
 def test_no_move_that_would_raise_the_graphs_peak() -> None:
     # ResNet-50's backward: the input image copied to channels-last for the first
     # convolution's gradient, at the end, frees as much as it allocates; hoisted to the
