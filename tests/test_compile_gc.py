@@ -127,35 +127,3 @@ def test_a_compile_runs_only_young_generation_passes_and_promotes_nothing_into_t
     finally:
         gc.callbacks.remove(watch)
     assert during and set(during) == {0}  # young passes still free the compile's short-lived cycles
-
-
-def _small_training_compile() -> None:
-    fuselens.compiler.register()
-    torch._dynamo.reset()
-    w = torch.randn(8, 8, requires_grad=True)
-    torch.compile(lambda x: (x @ w).relu().sum(), backend="fuselens")(torch.randn(4, 8)).backward()
-
-
-def test_a_compiles_survivors_join_the_oldest_generation_unscanned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No middle-generation pass over the compile's objects after it (0.3 s of ResNet-50
-    training's first call on a 2-core CPU): its garbage (AOTAutograd's FX graphs) waits
-    for the next full pass, which frees it."""
-    from fuselens.compiler import compile_gc
-
-    monkeypatch.setattr(compile_gc, "DEFERRED_BLOCKS", 1 << 40, raising=False)
-    gc.collect()
-    _small_training_compile()
-    assert gc.collect(1) < 100  # the middle generation holds none of the compile's garbage
-    assert gc.collect() > 1000  # the full pass finds it
-
-
-def test_a_compiles_end_runs_a_full_pass_once_compiles_left_enough_unscanned(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fuselens.compiler import compile_gc
-
-    monkeypatch.setattr(compile_gc, "DEFERRED_BLOCKS", 0)
-    gc.collect()
-    full = gc.get_stats()[-1]["collections"]
-    _small_training_compile()
-    assert gc.get_stats()[-1]["collections"] > full
-    assert compile_gc._deferred == 0
-    assert gc.collect() < 1000  # the compile's garbage went with that pass
