@@ -116,7 +116,7 @@ def test_a_backwards_incoming_gradient_counts_alive_until_the_graph_returns() ->
     # the call, so padding it frees nothing. Counted freed, the saved weight cast's padded
     # copy (a little larger than the cast) could not move to the start: the peak at the
     # gradient's padding would rise by the padding. It now runs first and frees the cast
-    # before the weight gradient is made (147 MB lower at the H100's measured peak).
+    # before the weight gradient is made (GPT-2 training on the H100: step peak 3001.6 -> 2866.3 MB).
     sizes = {"tangents_1": 16 * MB, "w16": 4 * MB, "hidden": MB, "gpad": 16 * MB + 1024,
              "wgrad": 4 * MB + 1024, "wpad": 4 * MB + 1024, "gin": MB}
     plan = [_kernel("gpad", "tangents_1"), _mm("wgrad", "gpad", "hidden"), _kernel("wpad", "w16"),
