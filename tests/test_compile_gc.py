@@ -23,11 +23,16 @@ def _freeze_counts_while_compiling(monkeypatch: pytest.MonkeyPatch) -> list[int]
         return real(*args, **kwargs)
 
     monkeypatch.setattr(entry, "_compile_pipeline", watching)
+    _compile_a_training_step()
+    return seen
+
+
+def _compile_a_training_step() -> None:
+    """A fresh fuselens compile of a small step, forward and backward."""
     fuselens.compiler.register()
     torch._dynamo.reset()
     w = torch.randn(8, 8, requires_grad=True)
     torch.compile(lambda x: (x @ w).relu().sum(), backend="fuselens")(torch.randn(4, 8)).backward()
-    return seen
 
 
 def test_a_compile_freezes_older_objects_and_leaves_them_collectable_after(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,12 +123,9 @@ def test_a_compile_runs_only_young_generation_passes_and_promotes_nothing_into_t
         if phase == "start" and compile_gc._depth > 0:
             during.append(info["generation"])
 
-    fuselens.compiler.register()
-    torch._dynamo.reset()
     gc.callbacks.append(watch)
     try:
-        w = torch.randn(8, 8, requires_grad=True)
-        torch.compile(lambda x: (x @ w).relu().sum(), backend="fuselens")(torch.randn(4, 8)).backward()
+        _compile_a_training_step()
     finally:
         gc.callbacks.remove(watch)
     assert during and set(during) == {0}  # young passes still free the compile's short-lived cycles
