@@ -30,6 +30,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from fuselens.compiler import ir
 from fuselens.compiler.graph_passes import GraphRewrite, _static
 
 aten = torch.ops.aten
@@ -101,11 +102,6 @@ def _data_inputs(n: torch.fx.Node) -> list[torch.fx.Node]:
     return found
 
 
-def _is_view(n: torch.fx.Node) -> bool:
-    rets = n.target._schema.returns
-    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
-
-
 def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dict, folded: set,
              rewrites: list[GraphRewrite]) -> None:
     """Fold `n`, or where folding it costs more than it saves, the constants it reads."""
@@ -114,7 +110,7 @@ def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dic
     inputs = [i for i in _data_inputs(n) if i.op == "call_function"]
     val = n.meta["val"]
     too_big = val.numel() * val.element_size() > MAX_FOLDED_BYTES
-    if _is_view(n) or too_big:
+    if ir.returns_alias(n) or too_big:
         for i in inputs:
             _fold_at(gm, i, const, values, folded, rewrites)
         return

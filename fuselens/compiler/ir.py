@@ -409,6 +409,28 @@ class GraphIR:
             return 1
 
 
+def returns_alias(fx_node: Any) -> bool:
+    """Whether an FX node's op returns a view of an input (its schema says so)."""
+    schema = getattr(getattr(fx_node, "target", None), "_schema", None)
+    rets = schema.returns if schema is not None else ()
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def released_inputs(graph: "GraphIR") -> set[str]:
+    """Graph inputs whose memory the graph's last use releases: a backward's saved
+    activations (AOTAutograd clears its saved tensors before the call). Never
+    parameters (`primals_*`, which the module holds), nor incoming gradients
+    (`tangents_*`: autograd's engine holds the gradients it passes a node until the
+    node returns; GPT-2's logits gradient, 393 MB, was alive at the backward's peak
+    after the plan had counted it freed), nor a forward's or an inference graph's
+    inputs (the caller holds them). The scheduler's peak estimates and the run-time
+    plan's memory order both count memory this way."""
+    names = [i.name for i in graph.inputs]
+    if not any(n.startswith("tangents_") for n in names):
+        return set()
+    return {n for n in names if not n.startswith(("primals_", "tangents_"))}
+
+
 class IndexedLoads:
     """An ops handler that also takes loads of compute nodes at their logical index
     (`load_at(name, index, strides)`): inline_pointwise.py evaluates an inlined

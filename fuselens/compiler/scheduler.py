@@ -173,8 +173,11 @@ def _fmt(sizes: Sequence[Expr]) -> str:
 
 
 def step_bytes(graph: GraphIR, s: Any) -> int:
-    """Bytes a step stores when it runs alone (each output of a library call)."""
-    names = [s.name] + [o for o in (getattr(s, "outputs", None) or []) if o]
+    """Bytes a step stores when it runs alone: each output of a library call once (its
+    name is among its outputs), nothing for a view (it shares its input's memory)."""
+    if isinstance(s, ExternNode) and ir.returns_alias(s.fx_node):
+        return 0
+    names = dict.fromkeys([s.name] + [o for o in (getattr(s, "outputs", None) or []) if o])
     total = 0
     for n in names:
         if n in graph.buffers:
@@ -184,17 +187,21 @@ def step_bytes(graph: GraphIR, s: Any) -> int:
     return total
 
 
-def op_by_op_liveness(nbytes: Sequence[int], users: Sequence[Sequence[int]], out_steps: set[int]) -> tuple[list[int], int]:
+def op_by_op_liveness(nbytes: Sequence[int], users: Sequence[Sequence[int]], out_steps: set[int],
+                      released: Sequence[tuple[int, int]] = ()) -> tuple[list[int], int]:
     """Bytes live before each step, and the peak, when the graph runs op by op in
-    order (each buffer from its step to its last reader, outputs to the end). The
-    bytes before a window over-count what its simulation counts again (producers it
-    reads), which only makes the whole-graph test stricter."""
+    order (each buffer from its step to its last reader, outputs to the end; each
+    input the graph releases, given as (bytes, last reader), from the start to that
+    reader). The bytes before a window over-count what its simulation counts again
+    (producers and inputs it reads), which only makes the whole-graph test stricter."""
     n = len(nbytes)
     dies = [0] * (n + 1)
     for j in range(n):
         last = n if j in out_steps else max(users[j], default=j)
         dies[min(last + 1, n)] += nbytes[j]  # dies[n] is never subtracted: live to the end
-    before, live, peak = [0] * (n + 1), 0, 0
+    for size, last in released:
+        dies[min(last + 1, n)] += size
+    before, live, peak = [0] * (n + 1), sum(size for size, _ in released), 0
     for t in range(n):
         live -= dies[t]
         before[t] = live
@@ -236,11 +243,41 @@ class Scheduler:
                 self.readers_of.setdefault(r, []).append(i)
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
         self.nbytes = [step_bytes(graph, s) for s in self.steps]
-        self._live_before, self.graph_peak = op_by_op_liveness(self.nbytes, self.users, self.out_steps)
+        self._memory_edges(graph)
+        self._live_before, self.graph_peak = op_by_op_liveness(
+            self.nbytes, self.mem_users, self.out_steps,
+            [(graph.nbytes(b), readers[-1]) for b, readers in self.released_readers.items()])
         self._bytes_upto = list(itertools.accumulate(self.nbytes, initial=0))  # bytes made by steps before i
         self.group_of: dict[str, KernelGroup] = {}
         self.decisions: list[Decision] = []
         self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
+
+    def _memory_edges(self, graph: GraphIR) -> None:
+        """Who keeps each buffer alive, for the peak estimates. A view stores nothing
+        (`step_bytes`): its readers keep what it views alive (`mem_users`, `mem_deps`).
+        Inputs freed at their last reader (a backward's saved activations,
+        `ir.released_inputs`) count from the start: a fusion that delays a reader keeps
+        one alive longer, and near a backward's start, where they all are, is its peak."""
+        views = [i for i, s in enumerate(self.steps) if isinstance(s, ExternNode) and ir.returns_alias(s.fx_node)]
+        self.mem_users: list[list[int]] = [list(u) for u in self.users]
+        for v in reversed(views):  # a view of a view hands its readers on first
+            for d in self.deps[v]:
+                self.mem_users[d] = sorted(set(self.mem_users[d]) | set(self.mem_users[v]))
+        self.mem_deps: list[set[int]] = [set() for _ in self.steps]
+        for d, users in enumerate(self.mem_users):
+            for u in users:
+                self.mem_deps[u].add(d)
+        is_view = set(views)
+        self.released_readers: dict[str, list[int]] = {}
+        for b in sorted(ir.released_inputs(graph)):
+            direct = self.readers_of.get(b, [])
+            readers = set(direct).union(*(self.mem_users[r] for r in direct if r in is_view))
+            if readers:
+                self.released_readers[b] = sorted(readers)
+        self.released_read_by: list[list[str]] = [[] for _ in self.steps]
+        for b, readers in self.released_readers.items():
+            for j in readers:
+                self.released_read_by[j].append(b)
 
     # -- rules: each returns None (fuse) or a Refusal -------------------------
     def rule_enabled(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
@@ -530,21 +567,26 @@ class Scheduler:
         born: list[int] = [0] * (end + 1)
         dies: list[int] = [0] * (end + 2)
         # buffers made before the window and read inside it
-        outside_producers = {d for j in range(lo, hi + 1) for d in self.deps[j] if d < lo}
+        outside_producers = {d for j in range(lo, hi + 1) for d in self.mem_deps[j] if d < lo}
         for d in outside_producers:
-            last = max((pos[u] for u in self.users[d] if lo <= u <= hi), default=-1)
-            if d in self.out_steps or any(u > hi for u in self.users[d]):
+            last = max((pos[u] for u in self.mem_users[d] if lo <= u <= hi), default=-1)
+            if d in self.out_steps or any(u > hi for u in self.mem_users[d]):
                 last = end
             born[0] += self.nbytes[d]
             dies[last + 1] += self.nbytes[d]
+        for b in {b for j in range(lo, hi + 1) for b in self.released_read_by[j]}:
+            readers = self.released_readers[b]
+            last = end if readers[-1] > hi else max(pos[u] for u in readers if lo <= u)
+            born[0] += self.g.nbytes(b)
+            dies[last + 1] += self.g.nbytes(b)
         for j in range(lo, hi + 1):
             u = unit_of.get(j, ("s", j))
             users = self.users[j]
             if isinstance(self.steps[j], ComputeNode) and u[0] == "k" and users and j not in self.out_steps and all(
                     unit_of.get(c) == u for c in users):
                 continue  # stays inside the kernel: never materialized
-            last = max((pos[c] for c in users if c <= hi), default=pos[j])
-            if j in self.out_steps or any(c > hi for c in users):
+            last = max((pos[c] for c in self.mem_users[j] if c <= hi), default=pos[j])
+            if j in self.out_steps or any(c > hi for c in self.mem_users[j]):
                 last = end
             born[pos[j]] += self.nbytes[j]
             dies[last + 1] += self.nbytes[j]

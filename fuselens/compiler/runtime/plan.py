@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue
+from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue, released_inputs
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval
 from fuselens.compiler.runtime.plan_order import PlanOrder, buffers_in, step_buffers
 from fuselens.compiler.scheduler import KernelGroup, Schedule
@@ -261,22 +261,9 @@ class Planner:
         outputs and constants, and the inputs it may release."""
         keep = {self._root(o) for o in outputs} | outputs | set(self.g.constants)
         inputs = {x.name for x in self.g.inputs}
-        released = self._freeable_inputs()
+        released = released_inputs(self.g)
         freeable = {n for n in self.g.buffers if n not in keep and (n not in inputs or n in released)}
         return PlanOrder(self.plan, self.g, self._root, self.views, freeable)
-
-    def _freeable_inputs(self) -> set[str]:
-        """Graph inputs whose memory the graph's last use releases: a backward's saved
-        activations (AOTAutograd clears its saved tensors before the call). Never
-        parameters (`primals_*`, which the module holds), nor incoming gradients
-        (`tangents_*`: autograd's engine holds the gradients it passes a node until the
-        node returns; GPT-2's logits gradient, 393 MB, was alive at the backward's peak
-        after the plan had counted it freed), nor a forward's or an inference graph's
-        inputs (the caller holds them)."""
-        names = [i.name for i in self.g.inputs]
-        if not any(n.startswith("tangents_") for n in names):
-            return set()
-        return {n for n in names if not n.startswith(("primals_", "tangents_"))}
 
     def _not_takeable(self) -> tuple[set[str], set[str]]:
         """Buffers no step may write over: graph inputs, constants and outputs, and
