@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
+import sympy
 import torch
 
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
@@ -124,6 +125,7 @@ def test_bfloat16_producer_recomputed_in_a_reader_rounds_as_the_stored_value_did
     assert any(isinstance(d, FusionDecision) and d.rule == "inline" for d in events)
     torch._dynamo.reset()
     monkeypatch.setattr(inline_pointwise, "inline_pointwise", lambda graph, outputs, **kw: [])
+    monkeypatch.setattr(inline_pointwise, "recompute_narrow_stores", lambda graph, groups, outputs, **kw: [])
     stored, events = compiled_events(fn, x, w)
     assert not any(isinstance(d, FusionDecision) and d.rule == "inline" for d in events)
     assert torch.equal(out, stored)
@@ -257,3 +259,34 @@ def test_a_producer_recomputed_in_its_only_reader_leaves_no_kernel_behind(monkey
     kernels = generated(events)
     stores_nothing = [k.name for k in kernels if "* __restrict__" not in k.source.replace("const ", "@")]
     assert kernels and not stores_nothing, stores_nothing
+
+
+def test_a_product_read_by_a_column_sum_is_recomputed_there_when_its_inputs_are_as_wide():
+    """ViT's last LayerNorm backward: the gradient times the saved normalized input (float32)
+    feeds the row sums of the input gradient and the column sum of the weight gradient, two
+    kernels. Stored, it was a buffer as large as the saved input, written, read once, and
+    alive at the backward's peak; the column sum loads the saved input instead (4 bytes for 4)."""
+    def fn(xhat, g, w):
+        p = xhat * g  # g broadcasts: a per-column gradient, small next to p
+        return ((p * w).sum(-1, keepdim=True) * xhat).sum(-1), p.sum(0)
+
+    xhat, g, w = torch.randn(64, 32), torch.randn(32), torch.randn(32)
+    out, events = compiled_events(fn, xhat, g, w)
+    for got, want in zip(out, fn(xhat, g, w)):
+        torch.testing.assert_close(got, want)
+    kernels = generated(events)
+    assert len(kernels) == 2
+    assert not [k for k in kernels if "out_mul " in k.source.split(")")[0] + " "], \
+        [k.source.split(")")[0] for k in kernels]
+    (d,) = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert d.nodes[0] == "mul" and "no wider" in d.reason
+
+
+def test_a_constant_in_a_body_costs_no_operation():
+    from fuselens.compiler.inline_pointwise import _counted
+    from fuselens.compiler.ir import ComputeNode
+
+    node = ComputeNode("n", [sympy.Integer(4)], [sympy.Integer(1)], torch.float32,
+                       lambda ops, idx: ops.add(ops.mul(ops.load("x", idx[0]), ops.constant(2.0, torch.float32)),
+                                                ops.constant(1.0, torch.float32)), ["n"], ["aten.add.Tensor"])
+    assert _counted(node).count == 3  # the load, the multiply, the add

@@ -155,3 +155,19 @@ def test_the_index_kept_across_moves_equals_one_built_afresh() -> None:
     kept = (order.before, order.during, order.touches, order.producer, order.peak)
     fresh = p._memory_order({"wg", "out"})
     assert kept == (fresh.before, fresh.during, fresh.touches, fresh.producer, fresh.peak)
+
+
+def test_a_step_freeing_a_saved_activation_runs_right_after_its_other_reader_and_before_a_larger_one() -> None:
+    # ViT's last LayerNorm: its column sums (tiny partials) free the saved normalized input
+    # the row kernel also reads; a weight gradient's matmul (4 MB, freeing a wider saved
+    # activation) was hoisted ahead of them, and the saved input stayed alive under it
+    sizes = {"tangents_1": 4 * MB, "saved": 16 * MB, "wide": 32 * MB, "row": 8 * MB, "big": 16 * MB,
+             "wg": 4 * MB, "col": 256}
+    p = _planner(["tangents_1", "saved", "wide"], sizes, [
+        _kernel("row", "tangents_1", "saved"), _mm("big", "row", "row"), _kernel("col", "saved", "row"),
+        _mm("wg", "row", "wide")])
+    order = p._memory_order({"big", "col", "wg"})
+    order.hoist()
+    assert [s.name for s in order.plan] == ["k_row", "k_col", "wg", "big"]
+    # the saved 48 MB, the row kernel's 8 and the sums' 1 KB; before, the matmul's 4 MB instead
+    assert order.peak == 56 * MB * 4 + 256 * 4

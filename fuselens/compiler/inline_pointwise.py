@@ -34,10 +34,13 @@ TRIVIAL_OPS operations: a negation, a constant).
 
 After scheduling, `recompute_narrow_stores` takes the same step for a producer
 that a kernel would store only for readers in other kernels, when recomputing
-it reads fewer bytes than loading it: BatchNorm's backward kept `x - mean` and
-a float32 copy of a bfloat16 gradient, 4 bytes an element written and read
-again, where its readers could load the 2-byte operands (ResNet-50 training).
-The scheduler then runs again on the changed readers.
+it reads no more bytes than loading it (and it is then not written): BatchNorm's
+backward kept `x - mean` and a float32 copy of a bfloat16 gradient, 4 bytes an
+element written and read again, where its readers could load the 2-byte operands
+(ResNet-50 training); ViT's last LayerNorm stored the float32 product of its
+output gradient and the saved normalized input for the weight gradient's column
+sum, which loads the saved input instead, and the buffer is gone from the
+backward's peak. The scheduler then runs again on the changed readers.
 
 Readers reach an inlined producer through its loader, which hands over the
 logical index (`ir.IndexedLoads`); a load by flat offset is mapped back to the
@@ -59,7 +62,7 @@ TRIVIAL_OPS = 2
 MATH = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh", "cosh",
         "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "sigmoid", "atan2", "rand", "randn"}
 # ops that are many operations each: a Philox draw is ten rounds of two 32-bit multiplies
-OP_COST = {"rand": 24, "randn": 40}
+OP_COST = {"rand": 24, "randn": 40, "constant": 0}
 SMALL_READ = 16  # a read of a buffer this many times smaller than the producer is not counted as traffic
 
 
@@ -95,7 +98,7 @@ class _CountingOps:
 
     def __getattr__(self, name: str) -> Any:
         def op(*args: Any, **kwargs: Any) -> str:
-            self.count += OP_COST.get(name, 1)
+            self.count += OP_COST.get(name, 1)  # a constant is free: a literal in the kernel
             self.math += name in MATH
             return "v"
 
@@ -360,14 +363,18 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
         if (costly_math and any(c.math for c in counts)
                 or any(ops * _loads_of(graph, p, u) > MAX_OPS for u in outside)):
             continue
-        if _chain_bytes(graph, p, chain) >= p.dtype.itemsize:
+        read = _chain_bytes(graph, p, chain)
+        if read > p.dtype.itemsize:
             continue
         for u in outside:
             for n in chain:  # p first: the others are what p (or one before) loads
                 _inline_into(u, n, readers)
         readers[p.name] = [u for u in users if u not in outside]
+        stored.discard(p.name)  # read only in its kernel now: a later producer reading it recomputes it too
         done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in outside], ops, False,
-                            "its inputs are narrower than it (fewer bytes to read than to store and load it)"))
+                            "its inputs are narrower than it (fewer bytes to read than to store and load it)"
+                            if read < p.dtype.itemsize else
+                            "its inputs are no wider than it (as many bytes to read, and it is not written)"))
     if done:  # what inline_pointwise left is read (it dropped the rest): only a recompute unreads
         drop_unread(graph, output_sources)
     return done

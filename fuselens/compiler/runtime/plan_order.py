@@ -31,9 +31,10 @@ import torch
 from fuselens.compiler.ir import GraphIR
 from fuselens.compiler.runtime.interpreter import ExternCall, KernelCall
 
-# A step moves when it allocates this much (smaller ones cannot matter at a peak), and is
-# hoisted when it frees this share of what it allocates (a padded copy is a little larger
-# than what it pads).
+# A step is hoisted when it frees this much and this share of what it allocates (a padded
+# copy is a little larger than what it pads; a column sum's partials are tiny next to the
+# activation it frees), and sunk when it allocates this much (smaller ones cannot matter at
+# a peak).
 MIN_BYTES = 1 << 20
 HOIST_SLACK = 0.99
 
@@ -99,11 +100,27 @@ class PlanOrder:
             move = self._hoist_target(i) if self.movable(self.plan[i]) else None
             if move is not None:
                 to, along = move
-                moving = set(along) | {i}
-                order = [self.plan[j] for j in along] + [self.plan[i]]
-                order += [self.plan[j] for j in range(to, i + 1) if j not in moving]
-                self._try(to, i, order)
+                # after the steps there that free more than they allocate, and allocate less
+                # than this one: each then runs while less is alive (ViT: a weight gradient's
+                # matmul hoisted ahead of the column sums freeing a saved activation)
+                alloc = sum(self._nbytes(o) for o in self._made(self.plan[i]))
+                while to < i and to not in along and self._frees_first(to, alloc):
+                    to += 1
+                if to < i:
+                    moving = set(along) | {i}
+                    order = [self.plan[j] for j in along] + [self.plan[i]]
+                    order += [self.plan[j] for j in range(to, i + 1) if j not in moving]
+                    self._try(to, i, order)
             i += 1
+
+    def _frees_first(self, j: int, alloc: int) -> bool:
+        """Whether the step at `j` allocates less than `alloc` and frees at least that."""
+        step = self.plan[j]
+        if not self.movable(step):
+            return False
+        made = sum(self._nbytes(o) for o in self._made(step))
+        frees = sum(self._nbytes(r) for r in self._touched(step) if r in self.freeable and self.touches[r][-1] == j)
+        return made < alloc and frees >= made
 
     def sink(self) -> None:
         """Walks from the end, so that a chain (a weight gradient's matmul, then its
@@ -232,24 +249,30 @@ class PlanOrder:
 
     def _hoist_target(self, i: int) -> Optional[tuple[int, list[int]]]:
         """Where the step at `i` moves up to, if it frees there at least what it
-        allocates, and the view steps that move with it."""
+        allocates, and the view steps that move with it: right after the steps it reads
+        when it frees enough there, else right after the last other step touching what
+        it frees (ViT's last LayerNorm: its column sums read a saved activation that the
+        LayerNorm's row kernel reads too, and waited behind a weight gradient's matmul)."""
         step = self.plan[i]
         outs = step_outputs(step)
         alloc = sum(self._nbytes(o) for o in outs)
-        if alloc < MIN_BYTES:
-            return None
         views = self._views_read(step, i)
         own = {o for j in views for o in step_outputs(self.plan[j])} | set(outs)
         reads = {b for s in [step, *(self.plan[j] for j in views)] for b in step_buffers(s)} - own
         after = 1 + max((self.producer[b] for b in reads if b in self.producer), default=-1)
-        if after >= i:
-            return None
-        moving = {j for j in views if j >= after} | {i}
-        freed = 0
+        need = max(alloc * HOIST_SLACK, MIN_BYTES)
+        last_other: dict[str, int] = {}  # what this step frees -> the last other step touching it
         for r in {self.root(b) for b in reads} & self.freeable:
-            if all(t < after for t in self.touches.get(r, []) if t not in moving):
-                freed += self._nbytes(r)
-        return (after, sorted(moving - {i})) if freed >= alloc * HOIST_SLACK else None
+            others = [t for t in self.touches.get(r, []) if t != i and t not in views]
+            if all(t < i for t in others):
+                last_other[r] = max(others, default=-1)
+        for to in sorted({after, *(t + 1 for t in last_other.values() if t + 1 > after)}):
+            if to >= i:
+                break
+            freed = sum(self._nbytes(r) for r, t in last_other.items() if t < to)
+            if freed >= need:
+                return to, sorted(j for j in views if j >= to)
+        return None
 
     def _sink_target(self, i: int) -> Optional[int]:
         """The first step after `i` that touches what the step at `i` makes (or the
