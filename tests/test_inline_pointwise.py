@@ -290,3 +290,21 @@ def test_a_constant_in_a_body_costs_no_operation():
                        lambda ops, idx: ops.add(ops.mul(ops.load("x", idx[0]), ops.constant(2.0, torch.float32)),
                                                 ops.constant(1.0, torch.float32)), ["n"], ["aten.add.Tensor"])
     assert _counted(node).count == 3  # the load, the multiply, the add
+
+
+def test_a_layer_norm_output_read_at_one_token_is_computed_there_not_stored_whole():
+    """ViT's head reads its last LayerNorm's output at the class token, one of 197: the
+    normalized values were written for all of them (an 18 MB float32 buffer at the
+    training step's peak, the forward's end); the token's reader now computes them."""
+    def fn(x, w, b):
+        y = torch.nn.functional.layer_norm(x, (32,), w, b)
+        return y[:, 0] * 2
+
+    x, w, b = torch.randn(4, 50, 32), torch.randn(32), torch.randn(32)
+    out, events = compiled_events(fn, x, w, b)
+    torch.testing.assert_close(out, fn(x, w, b))
+    inlined = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline"]
+    assert inlined, [(d.rule, d.nodes) for d in events if isinstance(d, FusionDecision)]
+    params = [k.source.split(")")[0].split("(", 1)[1].split(", ") for k in generated(events)]
+    written = [p for ps in params for p in ps if "b_add_1" in p and not p.startswith("const ")]
+    assert not written, params  # the normalized output, 4x50x32

@@ -150,6 +150,15 @@ def _amplified(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -
     return evaluations > graph.hint(ir.numel(p.size))
 
 
+def _evaluated_on_part(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
+    """Whether the readers together evaluate `p` on fewer elements than it has: stored,
+    it is written where nobody reads it (ViT's last LayerNorm, 197 tokens an image,
+    of which the head reads the class token's: an 18 MB float32 buffer alive at the
+    training step's peak, the forward's end)."""
+    evaluations = sum(graph.hint(ir.numel(_space(u))) * _loads_of(graph, p, u) for u in readers)
+    return evaluations < graph.hint(ir.numel(p.size))
+
+
 class _InliningOps(ir.IndexedLoads):
     """Forwards every op to `ops`, except loads of inlined producers, which
     evaluate the producer's body (through this handler: producers nest)."""
@@ -235,7 +244,8 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
         if all(_in_space_of(p, u) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
         if after_reduction[p.name] and not (len(compute_users) == 1 and _moves_data(p)
-                                            and not _amplified(graph, p, compute_users)):
+                                            and not _amplified(graph, p, compute_users)
+                                            or _evaluated_on_part(graph, p, compute_users)):
             continue  # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
         counted = _counted(p)
         ops = counted.count
