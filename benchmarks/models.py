@@ -287,10 +287,11 @@ def step_peaks_mb(step: Callable[[], Any], steps: int = 3) -> list[float]:
 
 # torch's compile timers (`compilation_time_metrics`) that split a cold compile: Dynamo's whole
 # compile and the backend's share of it (AOTAutograd, then Inductor's or fuselens' own phases),
-# and a backward compiled at its first call
+# and a backward compiled at its first call; Dynamo's collection after each frame's compile
+# (`gc`, config.run_gc_after_compile: it scans what the compile left in the young generations)
 _PHASES = ("_compile.compile_inner", "OutputGraph.call_user_compiler", "create_aot_dispatcher_function",
            "aot_trace_joint_graph", "backward._backward_impl", "compile_fx.<locals>.fw_compiler_base",
-           "compile_fx.<locals>.bw_compiler", "GraphLowering.compile_to_module", "async_compile.wait")
+           "compile_fx.<locals>.bw_compiler", "GraphLowering.compile_to_module", "async_compile.wait", "gc")
 
 
 def compile_phases() -> dict[str, float]:

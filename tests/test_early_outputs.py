@@ -10,7 +10,7 @@ import torch.nn as nn
 from fuselens import sink
 from fuselens.compiler import ir
 from fuselens.compiler.early_outputs import outputs_early
-from fuselens.compiler.scheduler import op_by_op_liveness, step_bytes
+from fuselens.compiler.step_memory import op_by_op_liveness, step_bytes
 from fuselens.events import Kernel
 
 

@@ -15,7 +15,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from fuselens.compiler import options
 from fuselens.compiler.entry import _output_sources
 from fuselens.compiler.lowering import lower
-from fuselens.compiler.scheduler import Scheduler, op_by_op_liveness, schedule, step_bytes
+from fuselens.compiler.scheduler import Scheduler, schedule
+from fuselens.compiler.step_memory import op_by_op_liveness, step_bytes
 
 N, C = 1024, 1024  # a float32 [N, C] is 4 MiB
 MiB = 1 << 20

@@ -27,7 +27,7 @@ from fuselens.compiler import ir
 from fuselens.compiler.ir import ComputeNode, GraphIR
 from fuselens.compiler.list_order import element_wise_graph
 from fuselens.compiler.runtime.plan_order import HOIST_SLACK
-from fuselens.compiler.scheduler import step_bytes
+from fuselens.compiler.step_memory import step_bytes
 
 
 def _movable(step: object) -> bool:

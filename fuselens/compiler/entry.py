@@ -268,7 +268,8 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         element_major(graph)
         outputs_early(graph, out_sources)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
-        recomputed = recompute_narrow_stores(graph, sched.groups, out_sources, costly_math=target.costly_math)
+        recomputed = (recompute_narrow_stores(graph, sched.groups, out_sources, costly_math=target.costly_math)
+                      if opts.fusion else [])  # a producer recomputed in its reader is fused into it
         if recomputed:  # their readers changed: schedule them again
             inlined += recomputed
             sched = schedule(graph, opts, out_sources, target.kernel_prefix)

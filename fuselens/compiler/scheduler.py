@@ -28,6 +28,7 @@ import sympy
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
+from fuselens.compiler.step_memory import memory_edges, op_by_op_liveness, step_bytes
 
 
 @dataclass
@@ -172,44 +173,6 @@ def _fmt(sizes: Sequence[Expr]) -> str:
     return ir.format_sizes(sizes)
 
 
-def step_bytes(graph: GraphIR, s: Any) -> int:
-    """Bytes a step stores when it runs alone: each output of a library call once (its
-    name is among its outputs), nothing for a view (it shares its input's memory)."""
-    if isinstance(s, ExternNode) and ir.returns_alias(s.fx_node):
-        return 0
-    names = dict.fromkeys([s.name] + [o for o in (getattr(s, "outputs", None) or []) if o])
-    total = 0
-    for n in names:
-        if n in graph.buffers:
-            total += graph.nbytes(n)
-        elif isinstance(s, ComputeNode) and n == s.name:
-            total += graph.hint(ir.numel(s.size)) * s.dtype.itemsize
-    return total
-
-
-def op_by_op_liveness(nbytes: Sequence[int], users: Sequence[Sequence[int]], out_steps: set[int],
-                      released: Sequence[tuple[int, int]] = ()) -> tuple[list[int], int]:
-    """Bytes live before each step, and the peak, when the graph runs op by op in
-    order (each buffer from its step to its last reader, outputs to the end; each
-    input the graph releases, given as (bytes, last reader), from the start to that
-    reader). The bytes before a window over-count what its simulation counts again
-    (producers and inputs it reads), which only makes the whole-graph test stricter."""
-    n = len(nbytes)
-    dies = [0] * (n + 1)
-    for j in range(n):
-        last = n if j in out_steps else max(users[j], default=j)
-        dies[min(last + 1, n)] += nbytes[j]  # dies[n] is never subtracted: live to the end
-    for size, last in released:
-        dies[min(last + 1, n)] += size
-    before, live, peak = [0] * (n + 1), sum(size for size, _ in released), 0
-    for t in range(n):
-        live -= dies[t]
-        before[t] = live
-        live += nbytes[t]
-        peak = max(peak, live)
-    return before, peak
-
-
 class Scheduler:
     def __init__(self, graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> None:
         self.g = graph
@@ -243,7 +206,9 @@ class Scheduler:
                 self.readers_of.setdefault(r, []).append(i)
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
         self.nbytes = [step_bytes(graph, s) for s in self.steps]
-        self._memory_edges(graph)
+        mem = memory_edges(graph, self.steps, self.deps, self.users, self.readers_of)
+        self.mem_users, self.mem_deps = mem.users, mem.deps
+        self.released_readers, self.released_read_by = mem.released_readers, mem.released_read_by
         self._live_before, self.graph_peak = op_by_op_liveness(
             self.nbytes, self.mem_users, self.out_steps,
             [(graph.nbytes(b), readers[-1]) for b, readers in self.released_readers.items()])
@@ -251,33 +216,6 @@ class Scheduler:
         self.group_of: dict[str, KernelGroup] = {}
         self.decisions: list[Decision] = []
         self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
-
-    def _memory_edges(self, graph: GraphIR) -> None:
-        """Who keeps each buffer alive, for the peak estimates. A view stores nothing
-        (`step_bytes`): its readers keep what it views alive (`mem_users`, `mem_deps`).
-        Inputs freed at their last reader (a backward's saved activations,
-        `ir.released_inputs`) count from the start: a fusion that delays a reader keeps
-        one alive longer, and near a backward's start, where they all are, is its peak."""
-        views = [i for i, s in enumerate(self.steps) if isinstance(s, ExternNode) and ir.returns_alias(s.fx_node)]
-        self.mem_users: list[list[int]] = [list(u) for u in self.users]
-        for v in reversed(views):  # a view of a view hands its readers on first
-            for d in self.deps[v]:
-                self.mem_users[d] = sorted(set(self.mem_users[d]) | set(self.mem_users[v]))
-        self.mem_deps: list[set[int]] = [set() for _ in self.steps]
-        for d, users in enumerate(self.mem_users):
-            for u in users:
-                self.mem_deps[u].add(d)
-        is_view = set(views)
-        self.released_readers: dict[str, list[int]] = {}
-        for b in sorted(ir.released_inputs(graph)):
-            direct = self.readers_of.get(b, [])
-            readers = set(direct).union(*(self.mem_users[r] for r in direct if r in is_view))
-            if readers:
-                self.released_readers[b] = sorted(readers)
-        self.released_read_by: list[list[str]] = [[] for _ in self.steps]
-        for b, readers in self.released_readers.items():
-            for j in readers:
-                self.released_read_by[j].append(b)
 
     # -- rules: each returns None (fuse) or a Refusal -------------------------
     def rule_enabled(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
