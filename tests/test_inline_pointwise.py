@@ -308,3 +308,24 @@ def test_a_layer_norm_output_read_at_one_token_is_computed_there_not_stored_whol
     params = [k.source.split(")")[0].split("(", 1)[1].split(", ") for k in generated(events)]
     written = [p for ps in params for p in ps if "b_add_1" in p and not p.startswith("const ")]
     assert not written, params  # the normalized output, 4x50x32
+
+
+def test_a_residual_sum_read_at_one_token_is_recomputed_there_not_stored_whole():
+    """ViT's forward ends with the last residual sum, normalized in a row kernel, and the
+    head's reader of the class token: with the LayerNorm's output computed there, the sum
+    (float32, 4 + 2 bytes to read an element) was stored whole for it. The reader computes
+    one token of 50, which costs less than writing all of them."""
+    def fn(x, h, w, b):
+        s = x + h.float()
+        y = torch.nn.functional.layer_norm(s, (32,), w, b)
+        return y[:, 0] * 2
+
+    x, h = torch.randn(4, 50, 32), torch.randn(4, 50, 32).bfloat16()
+    w, b = torch.randn(32), torch.randn(32)
+    out, events = compiled_events(fn, x, h, w, b)
+    torch.testing.assert_close(out, fn(x, h, w, b), rtol=1e-4, atol=1e-4)
+    params = [k.source.split(")")[0].split("(", 1)[1].split(", ") for k in generated(events)]
+    written = [p for ps in params for p in ps if not p.startswith("const ")]
+    assert not [p for p in written if p.endswith(" b_add")], params  # the residual sum, 4x50x32
+    assert any(d.rule == "inline" and "part of its elements" in d.reason for d in events
+               if isinstance(d, FusionDecision))

@@ -146,8 +146,12 @@ def _counted(node: ComputeNode) -> _CountingOps:
 
 def _amplified(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
     """Whether the readers together evaluate `p` more times than it has elements."""
-    evaluations = sum(graph.hint(ir.numel(_space(u))) * _loads_of(graph, p, u) for u in readers)
-    return evaluations > graph.hint(ir.numel(p.size))
+    return _evaluations(graph, p, readers) > graph.hint(ir.numel(p.size))
+
+
+def _evaluations(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> int:
+    """How many times the readers together evaluate `p`."""
+    return sum(graph.hint(ir.numel(_space(u))) * _loads_of(graph, p, u) for u in readers)
 
 
 def _evaluated_on_part(graph: GraphIR, p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
@@ -155,8 +159,7 @@ def _evaluated_on_part(graph: GraphIR, p: ComputeNode, readers: Sequence[Compute
     it is written where nobody reads it (ViT's last LayerNorm, 197 tokens an image,
     of which the head reads the class token's: an 18 MB float32 buffer alive at the
     training step's peak, the forward's end)."""
-    evaluations = sum(graph.hint(ir.numel(_space(u))) * _loads_of(graph, p, u) for u in readers)
-    return evaluations < graph.hint(ir.numel(p.size))
+    return _evaluations(graph, p, readers) < graph.hint(ir.numel(p.size))
 
 
 class _InliningOps(ir.IndexedLoads):
@@ -374,7 +377,9 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
                 or any(ops * _loads_of(graph, p, u) > MAX_OPS for u in outside)):
             continue
         read = _chain_bytes(graph, p, chain)
-        if read > p.dtype.itemsize:
+        part = _evaluated_on_part(graph, p, outside)
+        if read > p.dtype.itemsize and not (part and read * _evaluations(graph, p, outside)
+                                            <= p.dtype.itemsize * graph.hint(ir.numel(p.size))):
             continue
         for u in outside:
             for n in chain:  # p first: the others are what p (or one before) loads
@@ -384,7 +389,10 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
         done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in outside], ops, False,
                             "its inputs are narrower than it (fewer bytes to read than to store and load it)"
                             if read < p.dtype.itemsize else
-                            "its inputs are no wider than it (as many bytes to read, and it is not written)"))
+                            "its inputs are no wider than it (as many bytes to read, and it is not written)"
+                            if read == p.dtype.itemsize else
+                            "its readers compute it on part of its elements (reading its inputs there costs "
+                            "less than writing it whole)"))
     if done:  # what inline_pointwise left is read (it dropped the rest): only a recompute unreads
         drop_unread(graph, output_sources)
     return done
