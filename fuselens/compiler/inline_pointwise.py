@@ -40,7 +40,10 @@ element written and read again, where its readers could load the 2-byte operands
 (ResNet-50 training); ViT's last LayerNorm stored the float32 product of its
 output gradient and the saved normalized input for the weight gradient's column
 sum, which loads the saved input instead, and the buffer is gone from the
-backward's peak. The scheduler then runs again on the changed readers.
+backward's peak. Readers that evaluate it on part of its elements (a select of one
+token) recompute it when reading its inputs for those costs less than writing it
+whole: ViT's last residual sum was stored for the class token alone. The scheduler
+then runs again on the changed readers.
 
 Readers reach an inlined producer through its loader, which hands over the
 logical index (`ir.IndexedLoads`); a load by flat offset is mapped back to the
@@ -377,9 +380,8 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
                 or any(ops * _loads_of(graph, p, u) > MAX_OPS for u in outside)):
             continue
         read = _chain_bytes(graph, p, chain)
-        part = _evaluated_on_part(graph, p, outside)
-        if read > p.dtype.itemsize and not (part and read * _evaluations(graph, p, outside)
-                                            <= p.dtype.itemsize * graph.hint(ir.numel(p.size))):
+        evaluated, elements = _evaluations(graph, p, outside), graph.hint(ir.numel(p.size))
+        if read > p.dtype.itemsize and not (evaluated < elements and read * evaluated <= p.dtype.itemsize * elements):
             continue
         for u in outside:
             for n in chain:  # p first: the others are what p (or one before) loads
