@@ -388,13 +388,15 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
                 _inline_into(u, n, readers)
         readers[p.name] = [u for u in users if u not in outside]
         stored.discard(p.name)  # read only in its kernel now: a later producer reading it recomputes it too
+        if read < p.dtype.itemsize:
+            why = "its inputs are narrower than it (fewer bytes to read than to store and load it)"
+        elif read == p.dtype.itemsize:
+            why = "its inputs are no wider than it (as many bytes to read, and it is not written)"
+        else:
+            why = ("its readers compute it on part of its elements (reading its inputs there costs less "
+                   "than writing it whole)")
         done.append(Inlined(p.name, p.aten_ops[0] if p.aten_ops else p.name, [u.name for u in outside], ops, False,
-                            "its inputs are narrower than it (fewer bytes to read than to store and load it)"
-                            if read < p.dtype.itemsize else
-                            "its inputs are no wider than it (as many bytes to read, and it is not written)"
-                            if read == p.dtype.itemsize else
-                            "its readers compute it on part of its elements (reading its inputs there costs "
-                            "less than writing it whole)"))
+                            why))
     if done:  # what inline_pointwise left is read (it dropped the rest): only a recompute unreads
         drop_unread(graph, output_sources)
     return done
