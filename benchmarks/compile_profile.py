@@ -7,7 +7,8 @@ fresh `torch._dynamo.reset()` and the backend's first call, timed and profiled:
 - the wall seconds of that call, torch's compile timers and fuselens' phases
   (`PhaseTime`: graph passes, lowering, scheduling, code generation, Triton
   compiles and the first call's wait for the compile workers);
-- Python's garbage collections during that call, by generation (passes, seconds);
+- Python's garbage collections during that call, by generation (passes, seconds), and
+  each pass of an older generation with where it began (`older_gc_passes`);
 - the functions with the most cumulative and own time (cProfile; it slows Python
   code about 1.5x, so the shares matter, not the seconds), and the `.prof` file
   for `pstats`;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import pstats
@@ -71,7 +73,8 @@ def profile_compile(name: str, mode: str, backend: str, device: str, top: int, o
     step = make_step(case, torch.compile(module, backend=backend), inputs, train, device)
     torch._dynamo.utils.compilation_time_metrics.clear()
     prof = cProfile.Profile()
-    with sink.collect() as events, collections_timed() as collections:
+    older: list = []
+    with sink.collect() as events, collections_timed(older) as collections:
         t0 = time.perf_counter()
         if profile:
             prof.enable()
@@ -87,7 +90,8 @@ def profile_compile(name: str, mode: str, backend: str, device: str, top: int, o
             phases[e.phase] = round(phases.get(e.phase, 0.0) + e.seconds, 3)
     rec: dict[str, Any] = {"model": name, "mode": mode, "backend": backend, "first_call_s": round(wall, 3),
                            "torch_phases": compile_phases(), "fuselens_phases": phases,
-                           "gc": {f"gen{g}": {"passes": n, "s": round(t, 3)} for g, (n, t) in sorted(collections.items())}}
+                           "gc": {f"gen{g}": {"passes": n, "s": round(t, 3)} for g, (n, t) in sorted(collections.items())},
+                           "older_gc_passes": [dataclasses.asdict(p) for p in older]}
     pool = compile_pool.get_pool(0)
     if pool is not None:
         ready = [getattr(w, "ready_after_s", None) for w in pool.workers]  # None: not ready (or older code)

@@ -17,3 +17,17 @@ def test_the_collections_of_the_block_are_counted_and_timed_by_generation() -> N
     with collections_timed() as after:
         pass
     assert 2 not in after  # nothing is counted outside the block
+
+
+def test_each_older_pass_is_listed_with_where_it_began() -> None:
+    def allocating_function() -> None:
+        gc.collect(1)
+
+    older: list = []
+    with collections_timed(older) as seen:
+        allocating_function()
+        gc.collect(0)
+    assert seen[1][0] == 1
+    assert [p.generation for p in older] == [1]  # the young pass is not listed
+    assert older[0].where[0].endswith(":allocating_function")
+    assert older[0].seconds >= 0.0 and older[0].frozen == gc.get_freeze_count()
