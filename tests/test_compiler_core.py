@@ -681,6 +681,27 @@ def test_two_kernels_reading_one_input_at_the_same_elements_read_it_once():
     assert len(cpp_kernels(run(far_apart, p, g, others))) == 11
 
 
+def test_a_reader_joining_its_producer_also_takes_the_earlier_kernel_reading_its_input():
+    """In a backward the softmax backward's first product joins its incoming gradient's
+    kernel (its producer), while the cast of the same saved probabilities for the value
+    gradient's bmm made a kernel of its own before it: that kernel is pulled into the
+    later one, and the probabilities are read once."""
+    def fn(p, a, b):
+        cast = p.view(6, 16, 16).to(torch.float64)
+        g = torch.bmm(a, b).view(2, 3, 16, 16) * 2  # a kernel after the library call
+        return cast, p * g - p * (p * g).sum(-1, keepdim=True)
+
+    p, a, b = torch.rand(2, 3, 16, 16), torch.randn(6, 16, 8), torch.randn(6, 8, 16)
+    assert len(cpp_kernels(run(fn, p, a, b))) == 1
+
+    def transposed(p, a, b):  # the cast reads other elements per iteration: not joined
+        cast = p.transpose(-1, -2).reshape(6, 16, 16).to(torch.float64)
+        g = torch.bmm(a, b).view(2, 3, 16, 16) * 2
+        return cast, p * g - p * (p * g).sum(-1, keepdim=True)
+
+    assert len(cpp_kernels(run(transposed, p, a, b))) == 2
+
+
 def test_substituting_loop_variables_equals_xreplace_and_builds_each_clamp_once():
     from fuselens.compiler import ir
 
