@@ -623,10 +623,10 @@ class Scheduler:
                                groups: list[KernelGroup]) -> None:
         """After `step` joined its producer's kernel `target`: an earlier kernel that reads
         what `step` reads, at the same elements, merged into `target` when the rules allow,
-        so that the shared buffer is read once. In a backward, the softmax backward joins
-        the cast of its incoming gradient, while the cast of the saved probabilities for
-        the value gradient's bmm made a kernel of its own before it: BERT's 100 MB of
-        float32 probabilities a layer were read twice."""
+        so that the shared buffer is read once. An attention backward whose incoming
+        gradient is cast in a kernel of its own: the softmax backward joins that kernel,
+        while the cast of the saved probabilities for the value gradient's bmm, a kernel
+        made before it, read the probabilities a second time."""
         for cand in self._horizontal_candidates(i, step, groups):
             if cand is target or cand not in groups:
                 continue
