@@ -657,7 +657,7 @@ def test_two_kernels_reading_one_input_at_the_same_elements_read_it_once():
     """The softmax backward (a row sum) and the cast of the same saved probabilities for
     the value gradient's bmm have no buffer between them, and their loops line up only
     through a view ([B*H, S, S] against [B, H, S, S]): one kernel reads the probabilities
-    once. Reading them transposed does not join (a different element per iteration)."""
+    once. Reading a transposed copy does not join (a different element per iteration)."""
     def fn(p, g):
         grad = p * g - p * (p * g).sum(-1, keepdim=True)
         return grad, p.view(6, 16, 16).to(torch.float64)
@@ -666,9 +666,9 @@ def test_two_kernels_reading_one_input_at_the_same_elements_read_it_once():
     events = run(fn, p, g)
     assert len(cpp_kernels(events)) == 1
 
-    def transposed(p, g):
+    def transposed(p, g):  # a transposed copy: its memory is in another order than p's
         grad = p * g - p * (p * g).sum(-1, keepdim=True)
-        return grad, p.transpose(-1, -2).reshape(6, 16, 16).to(torch.float64)
+        return grad, p.transpose(-1, -2).contiguous().view(6, 16, 16).to(torch.float64)
 
     assert len(cpp_kernels(run(transposed, p, g))) == 2
 
@@ -694,12 +694,36 @@ def test_a_reader_joining_its_producer_also_takes_the_earlier_kernel_reading_its
     p, a, b = torch.rand(2, 3, 16, 16), torch.randn(6, 16, 8), torch.randn(6, 8, 16)
     assert len(cpp_kernels(run(fn, p, a, b))) == 1
 
-    def transposed(p, a, b):  # the cast reads other elements per iteration: not joined
-        cast = p.transpose(-1, -2).reshape(6, 16, 16).to(torch.float64)
+    def transposed(p, a, b):  # the cast of a transposed copy reads other elements per iteration: not joined
+        cast = p.transpose(-1, -2).contiguous().view(6, 16, 16).to(torch.float64)
         g = torch.bmm(a, b).view(2, 3, 16, 16) * 2
         return cast, p * g - p * (p * g).sum(-1, keepdim=True)
 
     assert len(cpp_kernels(run(transposed, p, a, b))) == 2
+
+
+def test_the_cast_of_transposed_probabilities_loops_in_their_memory_order_to_read_them_once():
+    """The value gradient's bmm reads the probabilities transposed, and their cast keeps
+    that layout (eager's `_to_copy`): it is their memory in their own order. Looped in
+    its logical (transposed) order it read each probability elsewhere than the softmax
+    backward does, so the two kernels read them twice (BERT's attention backward under
+    torch 2.11: 100 MB of float32 a layer); looped in memory order it joins. Square and
+    non-square (cross-attention) rows, the cast made before or after the softmax backward."""
+    def cast_first(p, g):
+        cast = p.transpose(-1, -2).reshape(6, p.shape[-1], p.shape[-2]).to(torch.float64)
+        return cast, p * g - p * (p * g).sum(-1, keepdim=True)
+
+    def cast_last(p, g):
+        grad = p * g - p * (p * g).sum(-1, keepdim=True)
+        return grad, p.transpose(-1, -2).reshape(6, p.shape[-1], p.shape[-2]).to(torch.float64)
+
+    for shape in ((2, 3, 16, 16), (2, 3, 16, 8)):
+        p, g = torch.rand(shape), torch.randn(shape)
+        for fn in (cast_first, cast_last):
+            # static shapes: the second shape would recompile with symbolic strides
+            assert len(cpp_kernels(run(fn, p, g, dynamic=False))) == 1, (shape, fn.__name__)
+            out = torch.compile(fn, backend="fuselens", dynamic=False)(p, g)
+            assert [o.stride() for o in out] == [o.stride() for o in fn(p, g)]
 
 
 def test_substituting_loop_variables_equals_xreplace_and_builds_each_clamp_once():

@@ -557,7 +557,8 @@ class Scheduler:
             target = None
             for pg in producer_groups:
                 ref = self.check(pg, [step])
-                if ref is not None and ref.rule == "same-index" and self._in_memory_order(pg, step):
+                if ref is not None and ref.rule == "same-index" and \
+                        self._in_memory_order(step, lambda: self.check(pg, [step]) is None):
                     ref = None
                 if ref is None:
                     target = pg
@@ -603,21 +604,35 @@ class Scheduler:
             shared = step.reads & set().union(*(n.reads for n in cand.nodes))
             if not same and not shared:
                 continue  # other loops and no shared input: nothing to gain
-            if self.check(cand, [step]) is not None:
-                continue
             chain = self.g.chains.get(step.name, 1)
             if chain > 1 and len(cand.nodes) + chain > self.opt.max_fusion_size:
                 continue  # a list element's chain starts where it fits whole (list_order.py)
-            if same:
+            legal = self.check(cand, [step]) is None
+            if legal and same:
                 self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
                            "between them, same loops)")
-            elif self._reads_alike(cand, [step], shared):
+            elif legal and self._reads_alike(cand, [step], shared):
                 self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
                            "elements (horizontal fusion: one read of their shared input)")
+            elif shared and self._alike_in_memory_order(cand, [step], shared):
+                self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
+                           "elements, looped in its output's memory order (horizontal fusion: one read of "
+                           "their shared input)")
             else:
                 continue
             return cand
         return None
+
+    def _alike_in_memory_order(self, g: KernelGroup, new: list[ComputeNode], shared: set[str]) -> bool:
+        """Whether kernel `g` may take `new`, reading a `shared` buffer at the same elements,
+        once a lone pointwise node of either side loops in its output's memory order
+        (`_in_memory_order`; the node keeps that order if so)."""
+        def joins() -> bool:
+            return self.check(g, new) is None and self._reads_alike(g, new, shared)
+
+        if len(new) == 1 and self._in_memory_order(new[0], joins):
+            return True
+        return len(g.nodes) == 1 and g.rflags is None and self._in_memory_order(g.nodes[0], joins, g)
 
     def _pull_in_shared_reader(self, i: int, step: ComputeNode, target: KernelGroup,
                                groups: list[KernelGroup]) -> None:
@@ -631,9 +646,11 @@ class Scheduler:
             if cand is target or cand not in groups:
                 continue
             shared = step.reads & set().union(*(n.reads for n in cand.nodes))
-            if not shared or self.check(target, cand.nodes) is not None:
+            if not shared:
                 continue
-            if not self._reads_alike(target, cand.nodes, shared):
+            legal = self.check(target, cand.nodes) is None
+            if not (legal and self._reads_alike(target, cand.nodes, shared)) and \
+                    not self._alike_in_memory_order(target, cand.nodes, shared):
                 continue
             self._join(target, cand.nodes, f"{_label(cand.nodes[0])}: reads what {_label(step)} reads, at the same "
                        "elements (horizontal fusion: one read of their shared input)")
@@ -654,22 +671,30 @@ class Scheduler:
                     out.append(g)
         return out
 
-    def _in_memory_order(self, g: KernelGroup, node: ComputeNode) -> bool:
-        """Whether `node`, looping over its dims in its output's memory order, may join
-        `g`; if so it now loops that way. Eager's `_to_copy` keeps its input's layout:
-        attention's probabilities cast for the transposed bmm of the backward are the
-        probabilities' memory in the probabilities' order, but a loop in the logical
-        (transposed) order reads them at other positions than their kernel writes them."""
+    def _in_memory_order(self, node: ComputeNode, accept: Callable[[], bool],
+                         group: Optional[KernelGroup] = None) -> bool:
+        """Whether `accept()` holds once pointwise `node` loops over its dims in its
+        output's memory order; it keeps that order if so (`group`: the kernel it is the
+        lone member of, whose loops are its). Eager's `_to_copy` keeps its input's layout:
+        the cast of attention's probabilities, transposed for a bmm, is the probabilities'
+        memory in the probabilities' order. Looped in its logical (transposed) order it
+        reads them at other positions than their softmax kernel computes them, or than
+        the softmax backward reads them; looped in memory order it joins that kernel."""
         order = None if node.is_reduction else ir.memory_order(node)
         if order is None:
             return False
         size, stride, body = node.size, node.stride, node.body
+        full = group.full if group is not None else None
         ir.permute_loops(node, order)
         self._forget(node)
-        if self.check(g, [node]) is None:
+        if group is not None:
+            group.full = _space(node)[0]
+        if accept():
             return True
         node.size, node.stride, node.body = size, stride, body
         self._forget(node)
+        if group is not None:
+            group.full = full
         return False
 
     def _forget(self, node: ComputeNode) -> None:
