@@ -21,7 +21,8 @@ from triton_worker import interpreted_worker_records
 
 from fuselens.compiler import ir
 from fuselens.compiler.combo_kernels import ComboGroup, join_list_kernels
-from fuselens.compiler.scheduler import KernelGroup, Schedule
+from fuselens.compiler.kernel_group import KernelGroup
+from fuselens.compiler.scheduler import Schedule
 
 
 def _parameters() -> list[torch.nn.Parameter]:

@@ -9,6 +9,7 @@ The package reads top to bottom as the pipeline:
                    tables (pointwise.py, reductions.py, views.py) registered in registry.py
     inline_pointwise.py cheap producers recomputed in readers of another iteration space
     scheduler.py   fusion into kernels; every decision (and refusal) with its reason
+    kernel_group.py  a kernel of the scheduler's: members, loop space, the words of its decisions
     targets/       what differs per target (Target: kernel prefix, generate, build, finalize),
                    C++ and Triton in a registry keyed by option `target`
     phases.py      compile phases timed once: PhaseTime events and torch's compile metrics

@@ -31,7 +31,8 @@ import sympy
 from fuselens.compiler import ir
 from fuselens.compiler.ir import GraphIR
 from fuselens.compiler.list_order import element_wise_graph
-from fuselens.compiler.scheduler import KernelGroup, Schedule, kernel_name
+from fuselens.compiler.kernel_group import KernelGroup, kernel_name
+from fuselens.compiler.scheduler import Schedule
 
 # At most this many parts in one kernel, and buffers among them: each part is one more
 # branch for Triton to compile, and each buffer a kernel parameter (Inductor keeps its

@@ -17,7 +17,8 @@ import torch.fx
 from fuselens.compiler import library_epilogues  # noqa: F401  (registers fuselens::conv2d_bias_relu)
 from fuselens.compiler.ir import ComputeNode, ExternNode, GraphIR, op_name
 from fuselens.compiler.random_ops import SEEDS
-from fuselens.compiler.scheduler import Decision, Schedule, _label
+from fuselens.compiler.kernel_group import label
+from fuselens.compiler.scheduler import Decision, Schedule
 from fuselens.events import (
     CompiledGraph,
     ErrorEntry,
@@ -188,8 +189,8 @@ def _why_apart(p: Any, c: Any, decision: Optional[Decision], ext_names: dict[str
     for s in (c, p):
         if isinstance(s, ExternNode):
             if s.kind == "fallback":
-                return "fallback", f"{_label(s)} is not lowered ({s.reason}); it runs in ATen between kernels", "lower"
-            return ("extern", f"{_label(s)} is a library call ({ext_names.get(s.name, s.name)}); fuselens "
+                return "fallback", f"{label(s)} is not lowered ({s.reason}); it runs in ATen between kernels", "lower"
+            return ("extern", f"{label(s)} is a library call ({ext_names.get(s.name, s.name)}); fuselens "
                     "generates no matmul/convolution kernels to fuse pointwise work into (on the GPU, in inference, "
                     "ReLU/tanh-GELU after a Linear and batch norm+ReLU after a conv2d run in the library's epilogue)",
                     "")

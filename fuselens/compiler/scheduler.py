@@ -1,12 +1,5 @@
-"""Scheduler: groups compute nodes into kernels and explains every decision.
-
-A kernel (`KernelGroup`) iterates one space: a "full" shape (the squeezed sizes
-of its pointwise nodes / the inputs of its reductions) of which some dims may be
-reduced. Its members are *full-level* nodes (one value per full index: pointwise
-chains, reduction prologues, row-wise epilogues such as softmax's division) and
-*outer-level* nodes (one value per kept index: reductions and what follows them,
-such as layernorm's rsqrt(var + eps)). The code generator turns a row kernel into
-an outer parallel loop with one inner pass per reduction dependency level.
+"""Scheduler: groups compute nodes into kernels (`KernelGroup`, kernel_group.py) and
+explains every decision.
 
 Fusion is greedy in graph order. Each rule is one function returning `None`
 (allowed) or a `Refusal` with the reason in a user's words and the option that
@@ -18,16 +11,15 @@ not fused" is never reconstructed after the fact.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Sequence
 
-import sympy
-
 from fuselens.compiler import ir
-from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
+from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
+from fuselens.compiler.kernel_group import (KernelGroup, fmt_sizes, join_reason, kernel_name, label, lines_up,
+                                            loop_space, mb, same_space, space_key)
 from fuselens.compiler.step_memory import memory_edges, op_by_op_liveness, step_bytes
 
 
@@ -56,74 +48,6 @@ class Decision:
     option: str = ""  # the compiler option that would change a refusal
 
 
-@dataclass(eq=False)
-class KernelGroup:
-    """One generated kernel."""
-
-    nodes: list[ComputeNode]
-    full: list[Expr]  # squeezed iteration space
-    rflags: Optional[list[bool]] = None  # which full dims are reduced; None: no reduction yet
-    name: str = ""
-    stores: set[str] = field(default_factory=set)  # members written to memory
-    reasons: list[str] = field(default_factory=list)  # why members joined, in order
-    order: int = 0  # position of the first member in the graph
-
-    @property
-    def has_reduction(self) -> bool:
-        return self.rflags is not None
-
-    def outer(self) -> list[Expr]:
-        if self.rflags is None:
-            return list(self.full)
-        return [s for s, r in zip(self.full, self.rflags) if not r]
-
-    def names(self) -> set[str]:
-        return {n.name for n in self.nodes}
-
-    def fx_nodes(self) -> list[str]:
-        seen: list[str] = []
-        for n in self.nodes:
-            for f in n.fx_nodes:
-                if f not in seen:
-                    seen.append(f)
-        return seen
-
-    def level(self, node: ComputeNode) -> str:
-        """"full", "outer" or "reduction" (computed in the inner loop, a value per outer index)."""
-        if node.is_reduction:
-            return "reduction"
-        if self.rflags is None or _fills(tuple(node.size), tuple(self.full)):
-            return "full"
-        return "outer"
-
-    def gvars(self) -> list[sympy.Symbol]:
-        return [ir.index_var("g", d) for d in range(len(self.full))]
-
-    def full_index(self, size: Sequence[Expr]) -> list[Expr]:
-        """The index of a full-level node (or a reduction's input) at the group's variables;
-        a node whose dims merge or split the group's is reindexed (ir.reindex)."""
-        return _index_in(self.full, self.gvars(), size)
-
-    def outer_index(self, size: Sequence[Expr]) -> list[Expr]:
-        g = self.gvars()
-        keep = [d for d in range(len(self.full)) if not (self.rflags and self.rflags[d])]
-        return _index_in([self.full[d] for d in keep], [g[d] for d in keep], size)
-
-    def own_index(self, node: ComputeNode) -> list[Expr]:
-        lvl = self.level(node)
-        return self.full_index(node.size) if lvl == "full" else self.outer_index(node.size)
-
-    def ranges(self) -> dict:
-        return dict(zip(self.gvars(), self.full))
-
-
-# asked for every member of every candidate kernel (ResNet-50 training: 27816 times)
-@functools.lru_cache(maxsize=16384)
-def _fills(size: tuple, full: tuple) -> bool:
-    """Whether a node of `size` has as many elements as the loop space `full`."""
-    return ir.same_expr(ir.numel(ir.squeeze(size)), ir.numel(full))
-
-
 @dataclass
 class Schedule:
     """The scheduler's result: units (KernelGroup | ExternNode) in execution order."""
@@ -136,41 +60,6 @@ class Schedule:
     def last_decisions(self) -> dict[tuple[str, str], Decision]:
         """The standing decision per (producer, consumer) edge: the last one made."""
         return {(d.producer, d.consumer): d for d in self.decisions}
-
-
-def _index_in(space: Sequence[Expr], variables: Sequence[sympy.Symbol], size: Sequence[Expr]) -> list[Expr]:
-    if ir.same_sizes(ir.squeeze(size), space):
-        it = iter(variables)
-        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
-    index = ir.reindex(space, variables, size)
-    if index is None:  # rule_iteration_space admits no such member
-        raise AssertionError(f"{ir.format_sizes(size)} does not line up with the loop over {ir.format_sizes(space)}")
-    return index
-
-
-def _space_key(g: KernelGroup) -> tuple:
-    """A kernel's loop space as a dict key."""
-    return tuple(g.full), tuple(g.rflags) if g.rflags is not None else None
-
-
-def _lines_up(space: Sequence[Expr], size: Sequence[Expr]) -> bool:
-    """Whether a pointwise node over `size` can run in a loop over `space`: the same
-    sizes, or the same elements with dims merged or split (a view between them)."""
-    if ir.same_sizes(ir.squeeze(size), space):
-        return True
-    return ir.reindex(space, [ir.index_var("g", d) for d in range(len(space))], size) is not None
-
-
-def _space(node: ComputeNode) -> tuple[list[Expr], Optional[list[bool]]]:
-    if node.is_reduction:
-        full = [s for s in node.full_size if s != 1]
-        rflags = [d in node.rdims for d, s in enumerate(node.full_size) if s != 1]
-        return full, rflags
-    return ir.squeeze(node.size), None
-
-
-def _fmt(sizes: Sequence[Expr]) -> str:
-    return ir.format_sizes(sizes)
 
 
 class Scheduler:
@@ -235,40 +124,40 @@ class Scheduler:
     def rule_iteration_space(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
         full, rflags = list(g.full), g.rflags
         for n in new:
-            nfull, nflags = _space(n)
+            nfull, nflags = loop_space(n)
             if n.is_reduction:
                 if rflags is None:
                     # the kernel's pointwise members run in the reduction's loop: it must be
                     # theirs, or theirs with dims merged or split (`new`'s own are checked in turn)
-                    if not all(_lines_up(nfull, m.size) for m in g.nodes):
-                        return Refusal("iteration-space", f"different iteration space: {_fmt(full)} vs {_fmt(nfull)} "
-                                       f"reduced to {_fmt(n.outer_size())}")
+                    if not all(lines_up(nfull, m.size) for m in g.nodes):
+                        return Refusal("iteration-space", f"different iteration space: {fmt_sizes(full)} vs {fmt_sizes(nfull)} "
+                                       f"reduced to {fmt_sizes(n.outer_size())}")
                     full = nfull
                     if not self.opt.reduction_fusion:
                         return Refusal("reduction-fusion", "pointwise work before a reduction is not fused into it "
                                        "(reduction_fusion is off)", "reduction_fusion")
                     rflags = nflags
                 elif not (ir.same_sizes(nfull, full) and nflags == rflags):
-                    return Refusal("iteration-space", f"different iteration space: rows of {_fmt(full)} vs "
-                                   f"{_fmt(nfull)} reduced over other dims")
+                    return Refusal("iteration-space", f"different iteration space: rows of {fmt_sizes(full)} vs "
+                                   f"{fmt_sizes(nfull)} reduced over other dims")
                 elif not self.opt.reduction_fusion:
                     return Refusal("reduction-fusion", "several reductions over the same rows are not fused "
                                    "(reduction_fusion is off)", "reduction_fusion")
             else:
                 outer = full if rflags is None else [s for s, r in zip(full, rflags) if not r]
-                if _lines_up(full, n.size):
+                if lines_up(full, n.size):
                     continue
-                if rflags is not None and _lines_up(outer, n.size):
+                if rflags is not None and lines_up(outer, n.size):
                     continue
-                what = f"{_fmt(full)}" if rflags is None else f"{_fmt(full)} and {_fmt(outer)} after reduction"
-                return Refusal("iteration-space", f"different iteration space: {_fmt(nfull)} vs {what}")
+                what = f"{fmt_sizes(full)}" if rflags is None else f"{fmt_sizes(full)} and {fmt_sizes(outer)} after reduction"
+                return Refusal("iteration-space", f"different iteration space: {fmt_sizes(nfull)} vs {what}")
         return None
 
     def _merged(self, g: KernelGroup, new: Sequence[ComputeNode]) -> KernelGroup:
         full, rflags = list(g.full), g.rflags
         for n in new:
             if n.is_reduction and rflags is None:
-                full, rflags = _space(n)  # the pointwise members join the reduction's loop
+                full, rflags = loop_space(n)  # the pointwise members join the reduction's loop
         return KernelGroup(sorted(g.nodes + list(new), key=lambda x: self.index[x.name]), full, rflags)
 
     def rule_epilogue(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
@@ -288,7 +177,7 @@ class Scheduler:
         m = self._merged(g, new)
         members = {n.name: n for n in m.nodes}
         ranges = m.ranges()
-        space = _space_key(m)
+        space = space_key(m)
         # the pairs among g's own members passed in this loop space already when g was
         # checked as it grew: only those with a new member can fail (a kernel of 60 members
         # was checked pair by pair again for each candidate)
@@ -301,7 +190,7 @@ class Scheduler:
                 want = self._cached(p, m, "own", lambda: ir.simplify_index(ir.offset_of(m.own_index(p), p.stride),
                                                                            ranges))
                 if not ir.same_expr(want, got):
-                    return Refusal("same-index", f"{_label(c)} reads {_label(p)} at other positions (a transpose, "
+                    return Refusal("same-index", f"{label(c)} reads {label(p)} at other positions (a transpose, "
                                    f"broadcast or shifted view), which one loop iteration does not have")
         self._clean[tuple(members)] = space
         return None
@@ -323,7 +212,7 @@ class Scheduler:
     def _cached(self, node: ComputeNode, m: KernelGroup, what: str, make: Callable[[], Any]) -> Any:
         """`make()` for `node` in kernel `m`'s loop space, computed once per space."""
         per = ir.analysis_of(self.g, node)[3]
-        key = (what, _space_key(m))
+        key = (what, space_key(m))
         got = per.get(key)
         if got is None:
             got = per[key] = make()
@@ -374,7 +263,7 @@ class Scheduler:
             return None
         through = next((j for j in range(len(self.steps)) if (reach >> j) & 1 and j not in members
                         and self.anc[j] & mmask), None)
-        where = _label(self.steps[through]) if through is not None else "another kernel"
+        where = label(self.steps[through]) if through is not None else "another kernel"
         return Refusal("cycle", f"fusing would create a cycle through {where}, which needs one of these results "
                        "and produces (or runs in one kernel with) an input of another")
 
@@ -404,8 +293,8 @@ class Scheduler:
         if all(j in a or j in b for j in range(lo, hi + 1)):
             return None  # nothing in between: fusing only removes a buffer
         if hi - lo > self.PEAK_WINDOW:
-            return Refusal("peak-memory", f"{_label(self.steps[max(b)])} comes {hi - lo} ops after "
-                           f"{_label(self.steps[min(a)])}; fusing across that many ops could keep buffers alive "
+            return Refusal("peak-memory", f"{label(self.steps[max(b)])} comes {hi - lo} ops after "
+                           f"{label(self.steps[min(a)])}; fusing across that many ops could keep buffers alive "
                            "much longer than eager")
         joining = {c for c in self._joining_later(g, new, max(b)) if c - lo <= self.PEAK_WINDOW}
         end = max(joining | {hi})
@@ -422,8 +311,8 @@ class Scheduler:
             return None  # below the graph's peak whatever the window's own was
         before = self._peak(lo, end, [a, b])
         if after > before + self.PEAK_SLACK:
-            return Refusal("peak-memory", f"fusing would raise peak memory from {_mb(before)} to {_mb(after)}: "
-                           f"{_label(self.steps[max(b)])} would run together with {_label(self.steps[min(a)])}, "
+            return Refusal("peak-memory", f"fusing would raise peak memory from {mb(before)} to {mb(after)}: "
+                           f"{label(self.steps[max(b)])} would run together with {label(self.steps[min(a)])}, "
                            f"across {hi - lo + 1 - len(a | b)} ops in between, keeping their buffers alive longer")
         return None
 
@@ -449,7 +338,7 @@ class Scheduler:
                 continue
             seen.add(c)
             step = self.steps[c]
-            if not isinstance(step, ComputeNode) or not ir.same_sizes(_space(step)[0], merged.full):
+            if not isinstance(step, ComputeNode) or not ir.same_sizes(loop_space(step)[0], merged.full):
                 continue
             if all(d in inside or d in joining or d < lo for d in self.deps[c]):
                 joining.add(c)
@@ -565,7 +454,7 @@ class Scheduler:
                     break
                 self._decide(pg, step, ref)
             if target is not None:
-                reason = _join_reason(target, step)
+                reason = join_reason(target, step)
                 self._decide(target, step, reason)
                 self._join(target, [step], reason)
                 # several producer kernels: pull the others in too when the rules allow
@@ -574,7 +463,7 @@ class Scheduler:
                         continue
                     ref = self.check(target, pg.nodes)
                     if ref is None:
-                        reason = f"{_label(step)} needs both: merged kernels"
+                        reason = f"{label(step)} needs both: merged kernels"
                         self._decide(pg, step, reason)
                         self._join(target, pg.nodes, reason)
                         groups.remove(pg)
@@ -587,8 +476,8 @@ class Scheduler:
             if self.opt.fusion and self.opt.horizontal_fusion:
                 target = self._join_horizontally(i, step, groups, producer_groups)
             if target is None:
-                full, rflags = _space(step)
-                ng = KernelGroup([step], full, rflags, reasons=[f"{_label(step)}: {step.describe()}"])
+                full, rflags = loop_space(step)
+                ng = KernelGroup([step], full, rflags, reasons=[f"{label(step)}: {step.describe()}"])
                 groups.append(ng)
                 self.group_of[step.name] = ng
                 self._track(ng)
@@ -600,7 +489,7 @@ class Scheduler:
         for cand in self._horizontal_candidates(i, step, groups):
             if cand in producer_groups:
                 continue
-            same = _same_space(cand, step)
+            same = same_space(cand, step)
             shared = step.reads & set().union(*(n.reads for n in cand.nodes))
             if not same and not shared:
                 continue  # other loops and no shared input: nothing to gain
@@ -609,13 +498,13 @@ class Scheduler:
                 continue  # a list element's chain starts where it fits whole (list_order.py)
             legal = self.check(cand, [step]) is None
             if legal and same:
-                self._join(cand, [step], _join_reason(cand, step) + " (horizontal fusion: no buffer "
+                self._join(cand, [step], join_reason(cand, step) + " (horizontal fusion: no buffer "
                            "between them, same loops)")
             elif legal and self._reads_alike(cand, [step], shared):
-                self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
+                self._join(cand, [step], f"{label(step)}: reads what the kernel reads, at the same "
                            "elements (horizontal fusion: one read of their shared input)")
             elif shared and self._alike_in_memory_order(cand, [step], shared):
-                self._join(cand, [step], f"{_label(step)}: reads what the kernel reads, at the same "
+                self._join(cand, [step], f"{label(step)}: reads what the kernel reads, at the same "
                            "elements, looped in its output's memory order (horizontal fusion: one read of "
                            "their shared input)")
             else:
@@ -652,7 +541,7 @@ class Scheduler:
             if not (legal and self._reads_alike(target, cand.nodes, shared)) and \
                     not self._alike_in_memory_order(target, cand.nodes, shared):
                 continue
-            self._join(target, cand.nodes, f"{_label(cand.nodes[0])}: reads what {_label(step)} reads, at the same "
+            self._join(target, cand.nodes, f"{label(cand.nodes[0])}: reads what {label(step)} reads, at the same "
                        "elements (horizontal fusion: one read of their shared input)")
             groups.remove(cand)
             del self._unit_masks[id(cand)]
@@ -688,7 +577,7 @@ class Scheduler:
         ir.permute_loops(node, order)
         self._forget(node)
         if group is not None:
-            group.full = _space(node)[0]
+            group.full = loop_space(node)[0]
         if accept():
             return True
         node.size, node.stride, node.body = size, stride, body
@@ -776,47 +665,6 @@ class Scheduler:
                 raise RuntimeError("fuselens scheduler produced a cycle")
         del pos
         return out
-
-
-def _mb(n: int) -> str:
-    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB"
-
-
-def _same_space(g: KernelGroup, n: ComputeNode) -> bool:
-    full, rflags = _space(n)
-    return ir.same_sizes(full, g.full) and (rflags == g.rflags or (not n.is_reduction and g.rflags is None))
-
-
-def _label(s: Any) -> str:
-    if isinstance(s, ComputeNode):
-        return f"{s.fx_nodes[0]} ({s.aten_ops[0]})"
-    if isinstance(s, ExternNode):
-        return f"{s.name} ({s.fx_node.target})"
-    return str(s)
-
-
-def _join_reason(g: KernelGroup, n: ComputeNode) -> str:
-    lvl = g.level(n)
-    if n.is_reduction:
-        if g.rflags is None:
-            return f"{_label(n)}: its pointwise producers become the reduction's prologue (same {_fmt(g.full)} rows)"
-        return f"{_label(n)}: another reduction over the same rows of {_fmt(g.full)}, in the same row pass"
-    if g.rflags is None:
-        return f"{_label(n)}: pointwise over the same {_fmt(g.full)} iteration space"
-    if lvl == "outer":
-        return f"{_label(n)}: pointwise on the reduced values ({_fmt(g.outer())}), epilogue of the row pass"
-    return f"{_label(n)}: pointwise over the rows after the reduction (epilogue, one more pass over each row)"
-
-
-def _short(op: str) -> str:
-    name = op.split(".")[1] if op.startswith(("aten.", "prims.", "fuselens.")) else op
-    return name.strip("_").replace("convert_element_type", "convert")
-
-
-def kernel_name(g: KernelGroup, counter: int, prefix: str) -> str:
-    ops = sorted({_short(o) for n in g.nodes for o in n.aten_ops})
-    label = "_".join(ops[:6]) + ("_etc" if len(ops) > 6 else "")
-    return f"{prefix}_{label}_{counter}"
 
 
 def schedule(graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> Schedule:

@@ -57,7 +57,7 @@ from fuselens.compiler.runtime.triton_prelude import prelude_header
 from fuselens.compiler.codegen.triton_patterns import (drop_dead, online_softmax_pairs, share_sincos,
                                                        welford_pairs)
 from fuselens.compiler.ir import ComputeNode, Expr, FloorDiv, GraphIR, ModularIndexing
-from fuselens.compiler.scheduler import KernelGroup
+from fuselens.compiler.kernel_group import KernelGroup
 
 PERSISTENT_MAX = 16384  # static rows up to this many elements stay in registers
 COLUMN_PERSISTENT_MAX = 128  # columns up to this long (launch_config keeps 32 of them a block)

@@ -13,7 +13,7 @@ from fuselens.compiler.codegen.triton import _LONG_MATH, TritonKernel, TritonKer
 from fuselens.compiler.codegen.triton_inplace import inplace_candidates
 from fuselens.compiler.combo_kernels import ComboGroup
 from fuselens.compiler.ir import GraphIR
-from fuselens.compiler.scheduler import KernelGroup
+from fuselens.compiler.kernel_group import KernelGroup
 
 
 def combo_part(group: KernelGroup, graph: GraphIR, options: Any) -> bool:

@@ -14,7 +14,8 @@ from fuselens.compiler import ir
 from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue, released_inputs
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval
 from fuselens.compiler.runtime.plan_order import PlanOrder, buffers_in, step_buffers
-from fuselens.compiler.scheduler import KernelGroup, Schedule
+from fuselens.compiler.kernel_group import KernelGroup
+from fuselens.compiler.scheduler import Schedule
 from fuselens.kernel_timing import KernelTimer
 
 
