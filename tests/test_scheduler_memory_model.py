@@ -64,12 +64,12 @@ def test_a_backwards_saved_activations_count_from_its_start_to_their_last_reader
     graph, out_sources = _lowered(_layer_norms_tail, _tail_args(), backward)
     s = Scheduler(graph, options.current(), out_sources, "k")
     names = [step.name for step in s.steps]
-    assert s.released_readers == {"saved": [names.index("mul"), names.index("mul_1")],
+    assert s.mem.released_readers == {"saved": [names.index("mul"), names.index("mul_1")],
                                   "saved_wide": [names.index("t_1"), names.index("mm_3")]}  # through its view
     # the same graph as a forward: its inputs are the caller's
     graph, out_sources = _lowered(_layer_norms_tail, _tail_args(), ["x", "y", "primals_1", "primals_2", "z"])
     f = Scheduler(graph, options.current(), out_sources, "k")
-    assert f.released_readers == {} and f._live_before[0] == 0
+    assert f.mem.released_readers == {} and f._live_before[0] == 0
     extra = [(b - a) // MiB for a, b in zip(f._live_before, s._live_before)][:len(names)]
     # both (4 + 32 MiB) until mul_1 reads `saved` last, then the wide one until mm_3
     assert extra == [36] * (names.index("mul_1") + 1) + [32] * (len(names) - names.index("mul_1") - 1)

@@ -95,12 +95,10 @@ class Scheduler:
                 self.readers_of.setdefault(r, []).append(i)
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
         self.nbytes = [step_bytes(graph, s) for s in self.steps]
-        mem = memory_edges(graph, self.steps, self.deps, self.users, self.readers_of)
-        self.mem_users, self.mem_deps = mem.users, mem.deps
-        self.released_readers, self.released_read_by = mem.released_readers, mem.released_read_by
+        self.mem = memory_edges(graph, self.steps, self.deps, self.users, self.readers_of)
         self._live_before, self.graph_peak = op_by_op_liveness(
-            self.nbytes, self.mem_users, self.out_steps,
-            [(graph.nbytes(b), readers[-1]) for b, readers in self.released_readers.items()])
+            self.nbytes, self.mem.users, self.out_steps,
+            [(graph.nbytes(b), readers[-1]) for b, readers in self.mem.released_readers.items()])
         self._bytes_upto = list(itertools.accumulate(self.nbytes, initial=0))  # bytes made by steps before i
         self.group_of: dict[str, KernelGroup] = {}
         self.decisions: list[Decision] = []
@@ -393,15 +391,15 @@ class Scheduler:
         born: list[int] = [0] * (end + 1)
         dies: list[int] = [0] * (end + 2)
         # buffers made before the window and read inside it
-        outside_producers = {d for j in range(lo, hi + 1) for d in self.mem_deps[j] if d < lo}
+        outside_producers = {d for j in range(lo, hi + 1) for d in self.mem.deps[j] if d < lo}
         for d in outside_producers:
-            last = max((pos[u] for u in self.mem_users[d] if lo <= u <= hi), default=-1)
-            if d in self.out_steps or any(u > hi for u in self.mem_users[d]):
+            last = max((pos[u] for u in self.mem.users[d] if lo <= u <= hi), default=-1)
+            if d in self.out_steps or any(u > hi for u in self.mem.users[d]):
                 last = end
             born[0] += self.nbytes[d]
             dies[last + 1] += self.nbytes[d]
-        for b in {b for j in range(lo, hi + 1) for b in self.released_read_by[j]}:
-            readers = self.released_readers[b]
+        for b in {b for j in range(lo, hi + 1) for b in self.mem.released_read_by[j]}:
+            readers = self.mem.released_readers[b]
             last = end if readers[-1] > hi else max(pos[u] for u in readers if lo <= u)
             born[0] += self.g.nbytes(b)
             dies[last + 1] += self.g.nbytes(b)
@@ -411,8 +409,8 @@ class Scheduler:
             if isinstance(self.steps[j], ComputeNode) and u[0] == "k" and users and j not in self.out_steps and all(
                     unit_of.get(c) == u for c in users):
                 continue  # stays inside the kernel: never materialized
-            last = max((pos[c] for c in self.mem_users[j] if c <= hi), default=pos[j])
-            if j in self.out_steps or any(c > hi for c in self.mem_users[j]):
+            last = max((pos[c] for c in self.mem.users[j] if c <= hi), default=pos[j])
+            if j in self.out_steps or any(c > hi for c in self.mem.users[j]):
                 last = end
             born[pos[j]] += self.nbytes[j]
             dies[last + 1] += self.nbytes[j]
