@@ -150,7 +150,8 @@ def join_reason(g: KernelGroup, n: ComputeNode) -> str:
     lvl = g.level(n)
     if n.is_reduction:
         if g.rflags is None:
-            return f"{label(n)}: its pointwise producers become the reduction's prologue (same {fmt_sizes(g.full)} rows)"
+            return (f"{label(n)}: its pointwise producers become the reduction's prologue "
+                    f"(same {fmt_sizes(g.full)} rows)")
         return f"{label(n)}: another reduction over the same rows of {fmt_sizes(g.full)}, in the same row pass"
     if g.rflags is None:
         return f"{label(n)}: pointwise over the same {fmt_sizes(g.full)} iteration space"

@@ -128,8 +128,8 @@ class Scheduler:
                     # the kernel's pointwise members run in the reduction's loop: it must be
                     # theirs, or theirs with dims merged or split (`new`'s own are checked in turn)
                     if not all(lines_up(nfull, m.size) for m in g.nodes):
-                        return Refusal("iteration-space", f"different iteration space: {fmt_sizes(full)} vs {fmt_sizes(nfull)} "
-                                       f"reduced to {fmt_sizes(n.outer_size())}")
+                        return Refusal("iteration-space", f"different iteration space: {fmt_sizes(full)} vs "
+                                       f"{fmt_sizes(nfull)} reduced to {fmt_sizes(n.outer_size())}")
                     full = nfull
                     if not self.opt.reduction_fusion:
                         return Refusal("reduction-fusion", "pointwise work before a reduction is not fused into it "
@@ -147,7 +147,8 @@ class Scheduler:
                     continue
                 if rflags is not None and lines_up(outer, n.size):
                     continue
-                what = f"{fmt_sizes(full)}" if rflags is None else f"{fmt_sizes(full)} and {fmt_sizes(outer)} after reduction"
+                what = (f"{fmt_sizes(full)}" if rflags is None
+                        else f"{fmt_sizes(full)} and {fmt_sizes(outer)} after reduction")
                 return Refusal("iteration-space", f"different iteration space: {fmt_sizes(nfull)} vs {what}")
         return None
 
