@@ -391,30 +391,30 @@ class Scheduler:
         """Peak live bytes when step j of the window runs at position pos[j] (of `end`)."""
         born: list[int] = [0] * (end + 1)
         dies: list[int] = [0] * (end + 2)
+
+        def last_read(readers: Sequence[int], to_end: bool, default: int) -> int:
+            """Position of the last reader in the window, or `end` if it is held past it."""
+            if to_end or any(r > hi for r in readers):
+                return end
+            return max((pos[r] for r in readers if lo <= r <= hi), default=default)
+
         # buffers made before the window and read inside it
         outside_producers = {d for j in range(lo, hi + 1) for d in self.mem.deps[j] if d < lo}
         for d in outside_producers:
-            last = max((pos[u] for u in self.mem.users[d] if lo <= u <= hi), default=-1)
-            if d in self.out_steps or any(u > hi for u in self.mem.users[d]):
-                last = end
             born[0] += self.nbytes[d]
-            dies[last + 1] += self.nbytes[d]
+            dies[last_read(self.mem.users[d], d in self.out_steps, -1) + 1] += self.nbytes[d]
+        # inputs the graph releases, read inside the window
         for b in {b for j in range(lo, hi + 1) for b in self.mem.released_read_by[j]}:
-            readers = self.mem.released_readers[b]
-            last = end if readers[-1] > hi else max(pos[u] for u in readers if lo <= u)
             born[0] += self.g.nbytes(b)
-            dies[last + 1] += self.g.nbytes(b)
+            dies[last_read(self.mem.released_readers[b], False, -1) + 1] += self.g.nbytes(b)
         for j in range(lo, hi + 1):
             u = unit_of.get(j, ("s", j))
             users = self.users[j]
             if isinstance(self.steps[j], ComputeNode) and u[0] == "k" and users and j not in self.out_steps and all(
                     unit_of.get(c) == u for c in users):
                 continue  # stays inside the kernel: never materialized
-            last = max((pos[c] for c in self.mem.users[j] if c <= hi), default=pos[j])
-            if j in self.out_steps or any(c > hi for c in self.mem.users[j]):
-                last = end
             born[pos[j]] += self.nbytes[j]
-            dies[last + 1] += self.nbytes[j]
+            dies[last_read(self.mem.users[j], j in self.out_steps, pos[j]) + 1] += self.nbytes[j]
         live = peak = 0
         for t in range(end):
             live += born[t] - dies[t]
