@@ -86,6 +86,8 @@ class CudaGraphRunner:
         self._last_hit: Optional[_Hit] = None
         self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
+        self.captures_made = 0  # captures made, replaced ones included (what a step's warm-up cost in pools)
+        self.pools: dict[tuple, Any] = {}  # signature -> its graph's memory pool handle
         CudaGraphRunner._live.add(self)
 
     @staticmethod
@@ -147,6 +149,7 @@ class CudaGraphRunner:
         """Drop the graph of `key` (its outputs and pool go once nobody else holds them)."""
         if self.graphs.pop(key, None) is None:
             return
+        self.pools.pop(key, None)
         self.handed.pop(key, None)
         self._plans.pop(key, None)
         if self._last_hit is not None and self._last_hit.key == key:
@@ -272,6 +275,8 @@ class CudaGraphRunner:
         finally:
             pool.release()  # the graph holds the pool from here on; a failed capture leaves it freeable
         self.outputs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+        self.captures_made += 1
+        self.pools[key] = pool.handle
         self.handed[key] = self._handed_out(outs)
         tensors = all(isinstance(a, torch.Tensor) for a in static)
         ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
