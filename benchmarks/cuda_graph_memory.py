@@ -24,7 +24,7 @@ import gc
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,42 +37,11 @@ import torch  # noqa: E402
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()
 from benchmarks.models import make_step, time_step  # noqa: E402
+from benchmarks.cuda_graph_pools import MB, fuselens_graphs, pools  # noqa: E402
 from benchmarks.real_models import MODELS, build  # noqa: E402
 
 BACKENDS = {"inductor_cg": {"mode": "reduce-overhead"},
             "fuselens_cg": {"backend": "fuselens", "options": {"cuda_graphs": True}}}
-MB = 2 ** 20
-
-
-def pools(segments: Optional[list[dict]] = None) -> list[dict]:
-    """Each pool the allocator holds segments of (`torch.cuda.memory_snapshot()`'s, by
-    default): MB reserved, MB allocated in it, largest first. The general pool is (0, 0)."""
-    by: dict[str, dict] = {}
-    for seg in torch.cuda.memory_snapshot() if segments is None else segments:
-        pid = str(tuple(seg.get("segment_pool_id", (0, 0))))
-        p = by.setdefault(pid, {"pool": pid, "segments": 0, "reserved_mb": 0.0, "allocated_mb": 0.0})
-        p["segments"] += 1
-        p["reserved_mb"] += seg["total_size"] / MB
-        p["allocated_mb"] += seg["allocated_size"] / MB
-    return sorted(by.values(), key=lambda p: -p["reserved_mb"])
-
-
-def fuselens_graphs() -> list[dict]:
-    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
-
-    out = []
-    for r in list(CudaGraphRunner._live):
-        outputs = copied = 0
-        for static, params, _, outs in r.graphs.values():
-            outputs += sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
-            copied += sum(a.untyped_storage().nbytes() for i, a in enumerate(static)
-                          if isinstance(a, torch.Tensor) and i not in params)
-        out.append({"graph": r.graph_id, "captures_made": r.captures_made, "signatures": len(r.graphs),
-                    "borrow": r.borrow, "failed": r.failed,
-                    "pools": [str(tuple(h)) for h in r.pools.values() if h is not None],
-                    "outputs_mb": outputs / MB, "copied_inputs_mb": copied / MB,
-                    "copied_inputs": len(r.copied_inputs())})
-    return out
 
 
 def held(reserved0: int, allocated0: int, label: str) -> dict:

@@ -240,6 +240,11 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                                    torch.cat([g.flatten().float() for g in ref_out])) if train
                             else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
+                # the error's temporaries (every gradient in float64, 2.6 GB for GPT-2) stay cached
+                # in the general pool, where a CUDA graph's steps, allocating in their own pools,
+                # never reuse them: counted, they were most of the CUDA-graph rows' reserved MB
+                # (GPT-2 training: 2.9 of 4.9 GB free in the general pool)
+                torch.cuda.empty_cache()
                 # the steps right after the compile, one by one: CUDA graphs capture in them
                 r["step_peaks_mb"] = step_peaks_mb(step)
                 torch.cuda.reset_peak_memory_stats()
@@ -251,10 +256,14 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 # what the backend added to the allocator's reservation, pools included: CUDA graphs'
                 # outputs live in pools, where Inductor's (cudagraph trees) are not counted as allocated.
                 # Until the twenty-fourth session this also counted what was allocated before the
-                # compile (the parameters, the previous backend's gradients, eager's reference
-                # gradients): GPT-2 training under CUDA graphs read 5510 MB where the backend had added
-                # 2862 (benchmarks/cuda_graph_memory.py)
+                # compile (the parameters, eager's reference gradients)
                 r["reserved_mb"] = (torch.cuda.memory_reserved() - reserved_before) / 2**20
+                if label.endswith("_cg"):  # that memory by pool, and what each of our graphs holds
+                    from benchmarks.cuda_graph_pools import fuselens_graphs, pools
+
+                    r["pools"] = pools()
+                    if label == "fuselens_cg":
+                        r["cg_graphs"] = fuselens_graphs()
             if profile or device == "cuda":
                 r.update(profile_step(step, device, top=top))
                 if not profile:
@@ -262,8 +271,6 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 else:
                     _annotate_top(r, events)
                     r["host_top"] = host_profile(step, device)
-                    if label == "fuselens_cg":
-                        r["cg_copied"] = cuda_graph_copies()
         except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
             r["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(json.dumps({"model": name, "mode": mode, "backend": label,
@@ -305,19 +312,6 @@ def compile_phases() -> dict[str, float]:
     `fuselens.*` phases, which it reports to the same timers)."""
     m = torch._dynamo.utils.compilation_time_metrics
     return {k: round(sum(v), 3) for k, v in m.items() if k in _PHASES or k.startswith("fuselens.")}
-
-
-def cuda_graph_copies() -> list[dict]:
-    """For each live fuselens CUDA graph, the inputs its replays copy (a step's extra
-    copy kernels under `cuda_graphs`, and what its peak memory holds twice)."""
-    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
-
-    out = []
-    for runner in list(CudaGraphRunner._live):
-        copied = runner.copied_inputs()
-        out.append({"graph": runner.graph_id, "captures": len(runner.graphs), "borrow": runner.borrow,
-                    "copied": len(copied), "copied_inputs": [list(c) for c in copied[:40]]})
-    return out
 
 
 def dynamo_tracing_s(case: ModelCase, module: torch.nn.Module, inputs: dict, train: bool, device: str,

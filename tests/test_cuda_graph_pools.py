@@ -1,10 +1,10 @@
-"""`benchmarks.cuda_graph_memory` splits what CUDA graphs hold by memory pool: each
+"""`benchmarks.cuda_graph_pools` splits what CUDA graphs hold by memory pool: each
 private pool's reserved and allocated MB, the general pool apart. A pure function over
 an allocator snapshot: no GPU needed."""
 
 from __future__ import annotations
 
-from benchmarks.cuda_graph_memory import pools
+from benchmarks.cuda_graph_pools import pools
 
 MB = 2 ** 20
 

@@ -1,0 +1,45 @@
+"""What CUDA graphs hold, by memory pool, and what each fuselens CUDA graph holds: read by
+`benchmarks.cuda_graph_memory` and by the suite's CUDA-graph rows (`benchmarks.models`).
+No side effects at import (the suite imports it mid-run)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+MB = 2 ** 20
+
+
+def pools(segments: Optional[list[dict]] = None) -> list[dict]:
+    """Each pool the allocator holds segments of (`torch.cuda.memory_snapshot()`'s, by
+    default): MB reserved, MB allocated in it, largest first. The general pool is (0, 0)."""
+    by: dict[str, dict] = {}
+    for seg in torch.cuda.memory_snapshot() if segments is None else segments:
+        pid = str(tuple(seg.get("segment_pool_id", (0, 0))))
+        p = by.setdefault(pid, {"pool": pid, "segments": 0, "reserved_mb": 0.0, "allocated_mb": 0.0})
+        p["segments"] += 1
+        p["reserved_mb"] += seg["total_size"] / MB
+        p["allocated_mb"] += seg["allocated_size"] / MB
+    return sorted(by.values(), key=lambda p: -p["reserved_mb"])
+
+
+def fuselens_graphs() -> list[dict]:
+    """Each live fuselens CUDA graph runner: captures made (replaced ones included),
+    signatures alive, their pools, their outputs' MB, and the inputs its replays copy into
+    static buffers (MB held twice; the first 40 as position, shape, dtype)."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    out = []
+    for r in list(CudaGraphRunner._live):
+        outputs = copied = 0
+        for static, params, _, outs in r.graphs.values():
+            outputs += sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
+            copied += sum(a.untyped_storage().nbytes() for i, a in enumerate(static)
+                          if isinstance(a, torch.Tensor) and i not in params)
+        out.append({"graph": r.graph_id, "captures_made": r.captures_made, "signatures": len(r.graphs),
+                    "borrow": r.borrow, "failed": r.failed,
+                    "pools": [str(tuple(h)) for h in r.pools.values() if h is not None],
+                    "outputs_mb": outputs / MB, "copied_inputs_mb": copied / MB,
+                    "copied_inputs": [list(c) for c in r.copied_inputs()[:40]]})
+    return out
