@@ -100,7 +100,8 @@ def main() -> None:
     ap.add_argument("--bench", action="store_true", help="also measure after do_bench's steps")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    results = [measure(m, mode, a.backends.split(","), a.bench) for m in a.models.split(",") for mode in a.modes.split(",")]
+    results = [measure(m, mode, a.backends.split(","), a.bench)
+               for m in a.models.split(",") for mode in a.modes.split(",")]
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

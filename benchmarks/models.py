@@ -240,10 +240,10 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                                    torch.cat([g.flatten().float() for g in ref_out])) if train
                             else relerr(_output_tensor(out), ref_out))
             if device == "cuda":
-                # the error's temporaries (every gradient in float64, 2.6 GB for GPT-2) stay cached
-                # in the general pool, where a CUDA graph's steps, allocating in their own pools,
-                # never reuse them: counted, they were most of the CUDA-graph rows' reserved MB
-                # (GPT-2 training: 2.9 of 4.9 GB free in the general pool)
+                # the error's temporaries (every gradient in float32 and float64) stay cached in the
+                # general pool, where a CUDA graph's steps, allocating in their own pools, never
+                # reuse them: counted, they were most of the CUDA-graph rows' reserved MB (GPT-2
+                # training: 2.9 of 4.9 GB, free in the general pool)
                 torch.cuda.empty_cache()
                 # the steps right after the compile, one by one: CUDA graphs capture in them
                 r["step_peaks_mb"] = step_peaks_mb(step)

@@ -86,8 +86,8 @@ class CudaGraphRunner:
         self._last_hit: Optional[_Hit] = None
         self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
-        self.captures_made = 0  # captures made, replaced ones included (what a step's warm-up cost in pools)
-        self.pools: dict[tuple, Any] = {}  # signature -> its graph's memory pool handle
+        self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
+        self.pools: dict[tuple, Any] = {}  # signature -> its graph's memory pool (benchmarks.cuda_graph_pools)
         CudaGraphRunner._live.add(self)
 
     @staticmethod
