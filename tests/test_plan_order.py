@@ -171,3 +171,15 @@ def test_a_step_freeing_a_saved_activation_runs_right_after_its_other_reader_and
     assert [s.name for s in order.plan] == ["k_row", "k_col", "wg", "big"]
     # the saved 48 MB, the row kernel's 8 and the sums' 1 KB; before, the matmul's 4 MB instead
     assert order.peak == 56 * MB * 4 + 256 * 4
+
+
+def test_a_kernel_writing_over_its_input_allocates_nothing_and_moves_up_to_free_what_it_reads() -> None:
+    # k_acc accumulates into gbig (its output acc shares gbig's memory) and is t's last
+    # reader: running it before z frees t there. Counted as allocating acc's 8 MB, it would
+    # have had to free that much to move
+    p = _planner(["x"], {"x": 4 * MB, "t": 2 * MB, "gbig": 8 * MB, "acc": 8 * MB, "z": 4 * MB, "v": 4 * MB},
+                 [_mm("t", "x"), _mm("gbig", "x"), _mm("z", "x"), KernelCall("k_acc", None, ["t", "gbig", "acc"],
+                                                                             ["acc"], [], []), _mm("v", "z", "acc")])
+    p.alias_parent = {"acc": "gbig"}
+    _hoist(p, {"v"})
+    assert _order(p) == ["t", "gbig", "k_acc", "z", "v"]

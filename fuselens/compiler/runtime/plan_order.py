@@ -103,7 +103,7 @@ class PlanOrder:
                 # after the steps there that free more than they allocate, and allocate less
                 # than this one: each then runs while less is alive (ViT: a weight gradient's
                 # matmul hoisted ahead of the column sums freeing a saved activation)
-                alloc = sum(self._nbytes(o) for o in self._made(self.plan[i]))
+                alloc = self._allocates(self.plan[i])
                 while to < i and to not in along and self._frees_first(to, alloc):
                     to += 1
                 if to < i:
@@ -118,7 +118,7 @@ class PlanOrder:
         step = self.plan[j]
         if not self.movable(step):
             return False
-        made = sum(self._nbytes(o) for o in self._made(step))
+        made = self._allocates(step)
         frees = sum(self._nbytes(r) for r in self._touched(step) if r in self.freeable and self.touches[r][-1] == j)
         return made < alloc and frees >= made
 
@@ -149,6 +149,10 @@ class PlanOrder:
             made = self._allocs[id(step)] = [o for o in step_outputs(step)
                                              if o not in self.views and self.root(o) == o and o in self.g.buffers]
         return made
+
+    def _allocates(self, step: Any) -> int:
+        """Bytes `step` allocates: its outputs that are neither views nor aliases of its inputs."""
+        return sum(self._nbytes(o) for o in self._made(step))
 
     def _touched(self, step: Any) -> list[str]:
         """The root buffers `step` touches, each once."""
@@ -255,7 +259,7 @@ class PlanOrder:
         LayerNorm's row kernel reads too, and waited behind a weight gradient's matmul)."""
         step = self.plan[i]
         outs = step_outputs(step)
-        alloc = sum(self._nbytes(o) for o in outs)
+        alloc = self._allocates(step)
         views = self._views_read(step, i)
         own = {o for j in views for o in step_outputs(self.plan[j])} | set(outs)
         reads = {b for s in [step, *(self.plan[j] for j in views)] for b in step_buffers(s)} - own
@@ -279,7 +283,7 @@ class PlanOrder:
         plan's end), if the step moves down to just before it."""
         step = self.plan[i]
         outs = step_outputs(step)
-        alloc = sum(self._nbytes(o) for o in outs)
+        alloc = self._allocates(step)
         if alloc < MIN_BYTES:
             return None
         made = {self.root(o) for o in outs}
