@@ -499,19 +499,25 @@ class Scheduler:
             if legal and same:
                 self._join(cand, [step], join_reason(cand, step) + " (horizontal fusion: no buffer "
                            "between them, same loops)")
-            elif legal and self._reads_alike(cand, [step], shared):
-                self._join(cand, [step], f"{label(step)}: reads what the kernel reads, at the same "
-                           "elements (horizontal fusion: one read of their shared input)")
-            elif shared and self._alike_in_memory_order(cand, [step], shared):
-                self._join(cand, [step], f"{label(step)}: reads what the kernel reads, at the same "
-                           "elements, looped in its output's memory order (horizontal fusion: one read of "
-                           "their shared input)")
-            else:
-                continue
-            return cand
+                return cand
+            how = self._one_read_of(cand, [step], shared, legal) if shared else None
+            if how is not None:
+                self._join(cand, [step], f"{label(step)}: reads what the kernel reads, {how}")
+                return cand
         return None
 
-    def _alike_in_memory_order(self, g: KernelGroup, new: list[ComputeNode], shared: set[str]) -> bool:
+    def _one_read_of(self, g: KernelGroup, new: Sequence[ComputeNode], shared: set[str],
+                     legal: bool) -> Optional[str]:
+        """How kernel `g` with `new` (`legal`: the rules allow it as they loop now) reads
+        a `shared` buffer once, in a decision's words; None when it cannot."""
+        if legal and self._reads_alike(g, new, shared):
+            return "at the same elements (horizontal fusion: one read of their shared input)"
+        if self._alike_in_memory_order(g, new, shared):
+            return ("at the same elements, looped in its output's memory order (horizontal fusion: one read of "
+                    "their shared input)")
+        return None
+
+    def _alike_in_memory_order(self, g: KernelGroup, new: Sequence[ComputeNode], shared: set[str]) -> bool:
         """Whether kernel `g` may take `new`, reading a `shared` buffer at the same elements,
         once a lone pointwise node of either side loops in its output's memory order
         (`_in_memory_order`; the node keeps that order if so)."""
@@ -536,12 +542,10 @@ class Scheduler:
             shared = step.reads & set().union(*(n.reads for n in cand.nodes))
             if not shared:
                 continue
-            legal = self.check(target, cand.nodes) is None
-            if not (legal and self._reads_alike(target, cand.nodes, shared)) and \
-                    not self._alike_in_memory_order(target, cand.nodes, shared):
+            how = self._one_read_of(target, cand.nodes, shared, self.check(target, cand.nodes) is None)
+            if how is None:
                 continue
-            self._join(target, cand.nodes, f"{label(cand.nodes[0])}: reads what {label(step)} reads, at the same "
-                       "elements (horizontal fusion: one read of their shared input)")
+            self._join(target, cand.nodes, f"{label(cand.nodes[0])}: reads what {label(step)} reads, {how}")
             groups.remove(cand)
             del self._unit_masks[id(cand)]
             return
