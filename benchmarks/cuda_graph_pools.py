@@ -33,13 +33,15 @@ def fuselens_graphs() -> list[dict]:
     out = []
     for r in list(CudaGraphRunner._live):
         outputs = copied = 0
-        for static, params, _, outs in r.graphs.values():
+        graph_pools = []
+        for static, params, graph, outs in r.graphs.values():
+            graph_pools.append(str(tuple(graph.pool())))
             outputs += sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
             copied += sum(a.untyped_storage().nbytes() for i, a in enumerate(static)
                           if isinstance(a, torch.Tensor) and i not in params)
         out.append({"graph": r.graph_id, "captures_made": r.captures_made, "signatures": len(r.graphs),
                     "borrow": r.borrow, "failed": r.failed,
-                    "pools": [str(tuple(h)) for h in r.pools.values() if h is not None],
+                    "pools": graph_pools,
                     "outputs_mb": outputs / MB, "copied_inputs_mb": copied / MB,
                     "copied_inputs": [list(c) for c in r.copied_inputs()[:40]]})
     return out

@@ -87,7 +87,6 @@ class CudaGraphRunner:
         self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
-        self.pools: dict[tuple, Any] = {}  # signature -> its graph's memory pool (benchmarks.cuda_graph_pools)
         CudaGraphRunner._live.add(self)
 
     @staticmethod
@@ -149,7 +148,6 @@ class CudaGraphRunner:
         """Drop the graph of `key` (its outputs and pool go once nobody else holds them)."""
         if self.graphs.pop(key, None) is None:
             return
-        self.pools.pop(key, None)
         self.handed.pop(key, None)
         self._plans.pop(key, None)
         if self._last_hit is not None and self._last_hit.key == key:
@@ -276,7 +274,6 @@ class CudaGraphRunner:
             pool.release()  # the graph holds the pool from here on; a failed capture leaves it freeable
         self.outputs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
         self.captures_made += 1
-        self.pools[key] = pool.handle
         self.handed[key] = self._handed_out(outs)
         tensors = all(isinstance(a, torch.Tensor) for a in static)
         ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
