@@ -26,7 +26,8 @@ def pools(segments: Optional[list[dict]] = None) -> list[dict]:
 
 def fuselens_graphs() -> list[dict]:
     """Each live fuselens CUDA graph runner: captures made (replaced ones included),
-    signatures alive, their pools, their outputs' MB, and the inputs its replays copy into
+    captures again alone because a tensor its replay would overwrite was held (and why),
+    signatures alive, their pools (a forward and its backward share one), their outputs' MB, and the inputs its replays copy into
     static buffers (MB held twice; the first 40 as position, shape, dtype)."""
     from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
@@ -34,13 +35,13 @@ def fuselens_graphs() -> list[dict]:
     for r in list(CudaGraphRunner._live):
         outputs = copied = 0
         graph_pools = []
-        for static, params, graph, outs in r.graphs.values():
-            graph_pools.append(str(tuple(graph.pool())))
-            outputs += sum(o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor))
-            copied += sum(a.untyped_storage().nbytes() for i, a in enumerate(static)
-                          if isinstance(a, torch.Tensor) and i not in params)
+        for cap in r.graphs.values():
+            graph_pools.append(str(tuple(cap.graph.pool())))
+            outputs += sum(b.nbytes for b in cap.outputs.buffers)
+            copied += sum(a.untyped_storage().nbytes() for i, a in enumerate(cap.static)
+                          if isinstance(a, torch.Tensor) and i not in cap.in_place)
         out.append({"graph": r.graph_id, "captures_made": r.captures_made, "signatures": len(r.graphs),
-                    "borrow": r.borrow, "failed": r.failed,
+                    "borrow": r.borrow, "failed": r.failed, "conflicts": r.conflicts, "last_conflict": r.last_conflict,
                     "pools": graph_pools,
                     "outputs_mb": outputs / MB, "copied_inputs_mb": copied / MB,
                     "copied_inputs": [list(c) for c in r.copied_inputs()[:40]]})

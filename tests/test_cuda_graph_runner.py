@@ -25,6 +25,7 @@ class _Graph:
     def __init__(self) -> None:
         self.replays = 0
         self.rerun: Any = None
+        self.memory: list[torch.Tensor] = []  # what a real graph's pool keeps: its outputs' memory
 
     def replay(self) -> None:
         self.replays += 1
@@ -80,6 +81,14 @@ def _at_address(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=t.dtype).set_(st, 0, t.shape, t.stride())
 
 
+def _in_pool(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values in memory the capturing graph keeps, as a real graph's pool keeps its
+    outputs' memory after the tensors the capture returned are gone (replays write there)."""
+    mem = t.clone()
+    _capturing[-1].memory.append(mem)
+    return _at_address(mem).copy_(t)
+
+
 class Runner:
     """A compiled graph's function: out = [x * w + k]; under capture it also records how
     to recompute into the memory it returned, reading its inputs' memory (a replay works
@@ -89,6 +98,7 @@ class Runner:
         x, w, k = args
         outs = [x * w + k]
         if _capturing:
+            outs = [_in_pool(outs[0])]
             xm, wm, om = _at_address(x), _at_address(w), _at_address(outs[0])
             _capturing[-1].rerun = lambda: om.copy_(xm * wm + k)
         return outs
@@ -104,19 +114,19 @@ def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one
         out = r([torch.full((4,), v), w, 1.0])
         assert torch.equal(out[0], torch.full((4,), 2 * v + 1))
     (entry,) = r.graphs.values()
-    assert entry[2].replays == 3 and len(r.graphs) == 1
+    assert entry.graph.replays == 3 and len(r.graphs) == 1
     with torch.no_grad():
         w.mul_(3)  # updated in place (an optimizer step): read in place, no new capture
     assert torch.equal(r([torch.ones(4), w, 1.0])[0], torch.full((4,), 7.0))
     moved = torch.nn.Parameter(torch.full((4,), 10.0))
     assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # a new address: captured again
     (again,) = r.graphs.values()
-    assert again[2] is not entry[2] and again[0][1] is moved
+    assert again.graph is not entry.graph and again.static[1] is moved
     assert torch.equal(r([torch.full((4,), 2.0), moved, 1.0])[0], torch.full((4,), 21.0))
     assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # another scalar: another graph
     assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))
     assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # back to the first: no capture
-    assert len(r.graphs) == 2 and sorted(e[2].replays for e in r.graphs.values()) == [2, 3]
+    assert len(r.graphs) == 2 and sorted(e.graph.replays for e in r.graphs.values()) == [2, 3]
 
 
 def test_a_capture_holds_neither_the_warm_ups_outputs_nor_the_graph_it_replaces(simulated_cuda: None) -> None:
@@ -189,6 +199,7 @@ def test_tensor_only_inputs_compare_addresses_in_one_call_with_the_signature_cud
         x, w = args
         out = [x * w]
         if _capturing:
+            out = [_in_pool(out[0])]
             xm, wm, om = _at_address(x), _at_address(w), _at_address(out[0])
             _capturing[-1].rerun = lambda: om.copy_(xm * wm)
         return out
@@ -215,8 +226,8 @@ def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_re
     r([torch.ones(4), w, 0.0])  # capture
     g1 = r([torch.full((4,), 1.0), w, 0.0])[0]
     (entry,) = r.graphs.values()
-    pool = entry[3][0].data_ptr()
-    assert g1.data_ptr() == pool and g1 is not entry[3][0]  # the graph's memory, a tensor of its own
+    pool = entry.outputs.buffers[0].ptr
+    assert g1.data_ptr() == pool and not r._kept  # the graph's memory, a tensor only the caller holds
     held = g1  # like p.grad while accumulating
     del g1
     g2 = r([torch.full((4,), 5.0), w, 0.0])[0]
@@ -225,8 +236,8 @@ def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_re
     if not can_move:  # the held gradient keeps the old graph's memory; the new graph hands out none
         assert held.data_ptr() == pool and g2.data_ptr() != pool
         g3 = r([torch.full((4,), 3.0), w, 0.0])[0]
-        (entry,) = r.graphs.values()
-        assert torch.equal(g3, torch.full((4,), 6.0)) and g3 is entry[3][0] and torch.equal(held, torch.full((4,), 2.0))
+        assert torch.equal(g3, torch.full((4,), 6.0)) and any(k is g3 for k in r._kept)
+        assert torch.equal(held, torch.full((4,), 2.0))
         return
     assert held.data_ptr() != pool and g2.data_ptr() == pool  # moved out before the replay
     del held, g2
@@ -246,12 +257,12 @@ def test_dynamo_reset_drops_every_captured_graph_and_what_it_held(simulated_cuda
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
     out = r([torch.ones(4), w, 1.0])
-    held = [weakref.ref(w), weakref.ref(out[0])]
+    held, output = weakref.ref(w), weakref.ref(out[0])
     del w, out
-    assert all(ref() is not None for ref in held)  # the graph holds both
+    assert held() is not None and output() is None  # the graph holds its parameter, not what it handed out
     torch._dynamo.reset()
     assert r.graphs == {} and r.outputs == set()
-    assert all(ref() is None for ref in held)
+    assert held() is None
     again = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 3.0)), 1.0])
     assert torch.equal(again[0], torch.full((4,), 4.0)) and len(r.graphs) == 1
 
@@ -305,3 +316,125 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
     assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs: its capture failed" in \
         finding.message
+
+
+class Fn:
+    """A compiled graph computing one output from its tensor inputs with `fn`; under capture
+    its output is pool memory and its replay recomputes there from its inputs' addresses."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, args: list) -> list:
+        ts = list(args)
+        args.clear()  # the boxed convention: the caller's list no longer pins the inputs
+        out = self.fn(*ts)
+        if _capturing:
+            out = _in_pool(out)
+            mem, om = [_at_address(t) for t in ts], _at_address(out)
+            _capturing[-1].rerun = lambda: om.copy_(self.fn(*mem))
+        return [out]
+
+
+def _captures() -> list:
+    return [c[1] for c in _pool_calls if c[0] == "capture"]
+
+
+def _step(fw: CudaGraphRunner, bw: CudaGraphRunner, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> list:
+    """A training step's shape: the forward's output is saved for the backward, whose
+    arguments are cleared before it runs (AOTAutograd clears the saved tensors)."""
+    args = [fw([x, w])[0], g]
+    return bw(args)
+
+
+def test_a_backward_reading_its_forwards_outputs_in_place_captures_into_the_forwards_pool(
+        simulated_cuda: None) -> None:
+    """The backward joins the forward's memory pool, so its capture may reuse the memory
+    of each saved activation once read (reduce-overhead's CUDA graph trees do the same):
+    a pool per graph held the activations between steps under the backward's own pool."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    for v in (1.0, 3.0, 5.0):
+        (out,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0))
+        assert torch.equal(out, torch.full((4,), 20.0 * v))
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert f.family is b.family and [f.index, b.index] == [0, 1]
+    assert _captures() == [f.family.handle, f.family.handle]
+    assert b.in_place == {0} and not f.outputs.held()  # read in place, and released once read
+    assert fw.conflicts == bw.conflicts == 0 and fw.captures_made == bw.captures_made == 1
+
+
+def test_a_graph_captured_after_its_family_replayed_takes_a_pool_of_its_own(simulated_cuda: None) -> None:
+    """Once a graph of the family has replayed, the allocator no longer knows every tensor on
+    the pool (replays hand out tensors it did not allocate): a capture there could take
+    memory a live tensor is on."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    fw([torch.ones(4), w])
+    fw([torch.ones(4), w])  # a replay: the family is sealed
+    (out,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.full((4,), 2.0))
+    assert torch.equal(out, torch.full((4,), 12.0))
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert b.in_place == {0} and f.family is not b.family and f.family.handle != b.family.handle
+
+
+def test_a_backward_whose_saved_activation_is_still_held_captures_again_alone_and_stays_right(
+        simulated_cuda: None) -> None:
+    """A saved activation its capture reused the memory of, still held when it replays
+    (`retain_graph=True` keeps the saved tensors for another backward): the replay would
+    write over it, so the backward captures again in a pool of its own, once."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # captures: the activation is released once read
+    for v in (3.0, 4.0, 5.0):
+        kept = fw([torch.full((4,), v), w])[0]  # kept past the backward
+        (out,) = bw([kept, torch.full((4,), 10.0)])
+        assert torch.equal(out, torch.full((4,), 20.0 * v)) and torch.equal(kept, torch.full((4,), 2.0 * v))
+    assert bw.conflicts == 1 and "still held" in bw.last_conflict and fw.conflicts == 0
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert f.family is not b.family and b.in_place == {0}
+
+
+def test_an_output_of_an_earlier_step_still_held_is_overwritten_as_reduce_overhead_does(
+        simulated_cuda: None) -> None:
+    """Outputs are valid until the next step: a loss kept from the last step (the loop's
+    variable, still bound while the next step runs) costs no capture."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    model = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    loss = CudaGraphRunner(Fn(lambda y: y + 1), "1/0:aot_forward", None)  # after a graph break
+    last = None
+    for v in (1.0, 2.0, 3.0, 4.0):
+        logits = model([torch.full((4,), v), w])[0]
+        last = loss([logits])[0]
+        assert torch.equal(last, torch.full((4,), 2 * v + 1))
+    (m,), (lo,) = model.graphs.values(), loss.graphs.values()
+    assert m.family is lo.family and model.conflicts == loss.conflicts == 0
+
+
+@pytest.mark.parametrize("can_move", [True, False], ids=["storage-moves", "torch-2.11-captures-again"])
+def test_a_gradient_accumulated_across_steps_survives_the_next_forward_replay(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, can_move: bool) -> None:
+    """The backward's gradients may lie where the forward, captured first, writes: a `.grad`
+    still held when the next forward replays is moved out first, or (a torch that cannot
+    move a storage) the forward captures again in a pool of its own and the backward stops
+    handing its gradients out."""
+    if can_move and not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    monkeypatch.setattr(cuda_graphs, "_CAN_MOVE_STORAGE", can_move)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None, gradient_outputs=[0])
+    (grad,) = _step(fw, bw, torch.ones(4), w, torch.ones(4))  # held like a .grad being accumulated into
+    (b,) = bw.graphs.values()
+    pool = b.outputs.buffers[0].ptr
+    assert grad.data_ptr() == pool and torch.equal(grad, torch.full((4,), 2.0))
+    (nxt,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.ones(4))
+    assert torch.equal(grad, torch.full((4,), 2.0)) and torch.equal(nxt, torch.full((4,), 6.0))
+    if can_move:
+        assert grad.data_ptr() != pool and fw.conflicts == 0  # moved out; the graphs replayed
+    else:
+        assert fw.conflicts == 1 and "gradient" in fw.last_conflict and not bw.hand_out
+        assert grad.data_ptr() == pool

@@ -134,18 +134,17 @@ def test_cuda_graph_training_backward_reads_the_forwards_saved_activations_in_pl
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
-    def copied(entry):  # (static inputs, indices read in place, graph, outputs)
-        static, in_place = entry[0], entry[1]
-        return sum(isinstance(a, torch.Tensor) and i not in in_place for i, a in enumerate(static))
+    def copied(entry):
+        return sum(isinstance(a, torch.Tensor) and i not in entry.in_place for i, a in enumerate(entry.static))
 
     backward = [r for r in CudaGraphRunner._live if "aot_backward" in r.graph_id
                 and not any(r is e for e in earlier)
-                and any(len(e[0]) > 4 for e in r.graphs.values())]
+                and any(len(e.static) > 4 for e in r.graphs.values())]
     assert backward
     for r in backward:
         # the user's input x is a fresh tensor each step (copied); the activations are read in place
         assert r.borrow and all(copied(e) <= 1 for e in r.graphs.values()), \
-            (r.graph_id, [(copied(e), len(e[0])) for e in r.graphs.values()])
+            (r.graph_id, [(copied(e), len(e.static)) for e in r.graphs.values()])
 
 
 def test_cuda_graph_parameter_gradients_become_grad_without_copies_and_accumulate_right():
@@ -172,8 +171,8 @@ def test_cuda_graph_parameter_gradients_become_grad_without_copies_and_accumulat
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
     (bw,) = [r for r in CudaGraphRunner._live if "aot_backward" in r.graph_id and not any(r is e for e in earlier)]
-    (outs,) = [e[3] for e in bw.graphs.values()]
-    pool = {o.data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+    (outs,) = [e.outputs for e in bw.graphs.values()]
+    pool = outs.ptrs()
     assert all(p.grad.data_ptr() in pool for p in model.parameters()), "gradients were copied"
     for p in (*model.parameters(), *ref.parameters()):
         p.grad = None
@@ -182,6 +181,31 @@ def test_cuda_graph_parameter_gradients_become_grad_without_copies_and_accumulat
         ref(x).square().mean().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_graph_backward_run_with_retain_graph_leaves_the_saved_activations_right():
+    """The backward's capture reuses the memory of the saved activations it has read (its
+    forward's pool). A backward run with `retain_graph=True` keeps them for another: that
+    backward captures again in a pool of its own instead of writing over them, and both
+    backwards' gradients match eager's."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256),
+                                torch.nn.Tanh(), torch.nn.Linear(256, 64)).cuda()
+    ref = __import__("copy").deepcopy(model)
+    step = torch.compile(lambda x: model(x).square().mean(), backend="fuselens",
+                         options={"cuda_graphs": True, "fallback_on_error": False})
+    for k in range(6):
+        x = torch.randn(128, 64, device="cuda")
+        for p in (*model.parameters(), *ref.parameters()):
+            p.grad = None
+        for loss in (step(x), ref(x).square().mean()):
+            if k >= 3:
+                loss.backward(retain_graph=True)
+            loss.backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_dynamo_reset_frees_the_memory_cuda_graphs_held():

@@ -5,15 +5,16 @@ and captures one CUDA graph; later calls copy the inputs into the graph's static
 buffers and replay it. The copies are a kernel of their own in the report
 (`cudagraph_input_copies`); parameters, buffers and the outputs other graphs replay
 into (a model's logits handed to its loss after a graph break) are not copied: their
-address is stable, and one that moves re-captures. Outputs live in the graph's memory pool and are
-overwritten by the next replay, as with Inductor's CUDA graphs.
+address is stable, and one that moves re-captures. Outputs live in a memory pool shared
+with the graphs they feed (a training forward and its backward: cuda_graph_pool.py says
+how and when that is safe) and are valid until the next step, as with Inductor's CUDA graphs.
 
-A backward's parameter gradients are handed out as fresh tensors on that memory,
-so that autograd's AccumulateGrad takes them as `.grad` instead of cloning each
-(it clones a gradient another reference holds: 57-161 copies a step in the models
-of benchmarks.models, 0.25-0.5 ms). A `.grad` still holding one when its graph replays
-again (gradient accumulation) is first moved out of the pool: its storage gets a
-copy of the values, the graph keeps the pool memory.
+Outputs are handed out as fresh tensors on that memory, which the runner does not hold:
+autograd's AccumulateGrad takes a backward's parameter gradients as `.grad` instead of
+cloning each (it clones a gradient another reference holds: 57-161 copies a step in the
+models of benchmarks.models, 0.25-0.5 ms). A `.grad` still holding one when a graph that
+writes there replays (gradient accumulation) is first moved out of the pool: its storage
+gets a copy of the values, the graph keeps the pool memory.
 
 `torch._dynamo.reset()` drops every captured graph (through the backend's `reset`), with
 the parameters and pools it held, as it resets Inductor's CUDA graph trees.
@@ -27,6 +28,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 
+from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily, PoolBuffer
 from fuselens.kernel_timing import KernelTimer
 
 
@@ -36,19 +38,44 @@ from fuselens.kernel_timing import KernelTimer
 # first move: GPT-2's training backward then copied its 79 saved activations (846 MB) into
 # static buffers on every replay (0.92x of reduce-overhead, twice its peak memory).
 MOVES_BEFORE_COPYING = 4
+# Captures again, alone in a pool, because a tensor a replay would write over was still held
+# (cuda_graph_pool.py), after which the graph runs with plain launches: each such capture
+# leaves the tensor's memory to its old pool, and a program that keeps doing it would
+# otherwise capture on every call.
+CONFLICTS_BEFORE_PLAIN = 4
+
+
+class Captured:
+    """One captured signature of a runner: what its replays read and write."""
+
+    __slots__ = ("static", "in_place", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
+                 "watch", "watch_version")
+
+    def __init__(self, static: list, in_place: set[int], graph: Any, outputs: CapturedOutputs, family: GraphFamily,
+                 allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
+        self.static = static  # inputs: copies (replays copy into them), parameters, aliases of borrowed outputs
+        self.in_place = in_place  # positions read in place (parameters, static inputs, other graphs' outputs)
+        self.graph = graph
+        self.outputs = outputs
+        self.family = family
+        self.allowed = allowed  # the family's buffers alive at the end of the capture: never written by it
+        self.parked = False  # its runner dropped it, but an output of it is still held
+        self.runner = weakref.ref(runner)
+        self.index = family.join(self)
+        self.watch: list = []
+        self.watch_version = -1
 
 
 class _Hit(NamedTuple):
     """A captured signature and what a replay of it needs, looked up once."""
 
     key: tuple  # the input signature
-    entry: tuple  # (static inputs, positions read in place, graph, outputs)
+    captured: Captured
     plan: tuple  # (positions copied or compared, positions read in place, addresses)
-    handed: Optional[list]  # the gradients handed out from its outputs
 
 
 class CudaGraphRunner:
-    """Replays a captured CUDA graph of a compiled graph ."""
+    """Replays a captured CUDA graph of a compiled graph."""
 
     _boxed_call = True
     # runners alive now: an input that is another graph's replayed output (a model's
@@ -60,9 +87,13 @@ class CudaGraphRunner:
     def __init__(self, runner: Any, graph_id: str, timer: Optional[KernelTimer], static_inputs: Optional[set[int]] = None,
                  mutated_inputs: Sequence[int] = (), gradient_outputs: Sequence[int] = ()) -> None:
         self.runner = runner
-        # outputs that are parameters' gradients (a backward's): handed out as fresh tensors
+        # outputs that are parameters' gradients (a backward's): never overwritten while held
         self.gradient_outputs = sorted(gradient_outputs) if _CAN_COUNT_REFERENCES else []
-        self.handed: dict[tuple, list] = {}  # signature -> [(output, its storage, references we hold)]
+        # gradients handed to autograd as tensors only it holds (AccumulateGrad keeps them as
+        # `.grad`); off where a held one could not be moved out (torch 2.11): the runner then
+        # keeps the last replay's, so that autograd copies them
+        self.hand_out = True
+        self._kept: list = []
         # inputs the graph overwrites: a copied one is copied back after each replay, and a
         # static one must not be overwritten by the warm-up before capture as well
         self.mutated_inputs = list(mutated_inputs)
@@ -72,9 +103,9 @@ class CudaGraphRunner:
         # the graph's timer (option time_kernels): a replay is timed whole, and the input copies
         # before it, not the kernels inside it
         self.timer = timer
-        self.graphs: dict[tuple, Any] = {}
+        self.graphs: dict[tuple, Captured] = {}
         self.reported = False
-        self.outputs: set[int] = set()  # storages of the captured graphs' outputs
+        self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
         self.borrow = True  # may read other graphs' replayed outputs in place
         self.borrowed: set[tuple] = set()  # input signatures captured reading one
         self.moves: dict[tuple, int] = {}  # signature -> captures since an input it read in place moved
@@ -87,6 +118,8 @@ class CudaGraphRunner:
         self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
+        self.conflicts = 0  # captures again because a tensor it would write over was still held
+        self.last_conflict = ""
         CudaGraphRunner._live.add(self)
 
     @staticmethod
@@ -100,11 +133,11 @@ class CudaGraphRunner:
         hit = self._last_hit
         if hit is not None and self._same_call(hit, args):
             return self._replay(hit, args)
-        del hit  # it holds the last graph's outputs, which a capture below must not keep alive
+        del hit
         key = self._key(args)
         ent = self.graphs.get(key)
         if ent is not None:
-            static, params = ent[0], ent[1]  # not its outputs: a capture below must not keep them alive
+            static, params = ent.static, ent.in_place
             if any(args[i].data_ptr() != static[i].data_ptr() for i in params):
                 ent = None  # a parameter moved: capture again
                 if key in self.borrowed:
@@ -130,38 +163,39 @@ class CudaGraphRunner:
         inputs = list(args)
         args.clear()
         try:
-            self.graphs[key] = self._capture(key, inputs)
+            outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
             self._plans.pop(key, None)
-            self.handed.pop(key, None)
+            self.graphs.pop(key, None)
             self.failed = f"{type(e).__name__}: {str(e)[:300]}"
             _report_failed_capture(self.graph_id, self.failed)
             return self.runner(inputs)
-        return self._replay(self._remember(key), inputs)
+        return self._replay(self._remember(key), inputs, first=outs)
 
     def _remember(self, key: tuple) -> _Hit:
         """Make `key` the last replayed signature; returns what a replay of it needs."""
-        self._last_hit = _Hit(key, self.graphs[key], self._plans[key], self.handed.get(key))
+        self._last_hit = _Hit(key, self.graphs[key], self._plans[key])
         return self._last_hit
 
     def _forget(self, key: tuple) -> None:
-        """Drop the graph of `key` (its outputs and pool go once nobody else holds them)."""
-        if self.graphs.pop(key, None) is None:
+        """Drop the graph of `key`; its pool goes once no graph and no output on it is left."""
+        cap = self.graphs.pop(key, None)
+        if cap is None:
             return
-        self.handed.pop(key, None)
         self._plans.pop(key, None)
         if self._last_hit is not None and self._last_hit.key == key:
             self._last_hit = None
-        self.outputs = {o.untyped_storage().data_ptr() for ent in self.graphs.values() for o in ent[3]
-                        if isinstance(o, torch.Tensor)}
+        cap.parked = True
+        cap.family.leave(cap)
+        self.outputs = {p for c in self.graphs.values() for p in c.outputs.ptrs()}
         CudaGraphRunner._captures += 1  # other runners' `_replayed` caches hold the old outputs
 
     def release(self) -> None:
-        """Drop every captured graph: its static inputs (a model's parameters among them),
-        its outputs and, once nobody else holds those, its memory pool. A later call
-        captures again."""
+        """Drop every captured graph: its static inputs (a model's parameters among them)
+        and, once no output on it is held, its memory pool. A later call captures again."""
         for key in list(self.graphs):
             self._forget(key)
+        self._kept = []
         self.moves.clear()
         self.borrowed.clear()
 
@@ -170,7 +204,8 @@ class CudaGraphRunner:
         same sizes and strides (scalars equal), the ones read in place at the same address,
         none another graph's replayed output. The slow path's checks, without building a
         signature of every input (ResNet-50's backward has 320: 1.7 ms a step)."""
-        _, (static, params, _, _), (others, in_place, ptrs), _ = hit
+        _, cap, (others, in_place, ptrs) = hit
+        static = cap.static
         if len(args) != len(static):
             return False
         for i in others:
@@ -186,16 +221,18 @@ class CudaGraphRunner:
                 return False
         elif any(args[i].data_ptr() != static[i].data_ptr() for i in in_place):
             return False
-        return not self._copies_a_replayed_output(args, params, others)
+        return not self._copies_a_replayed_output(args, cap.in_place, others)
 
-    def _replay(self, hit: _Hit, args: list) -> Any:
-        key, (static, params, graph, outs), (copied, _, _), handed = hit
-        if handed and not self._move_out_held_gradients(outs, handed):
+    def _replay(self, hit: _Hit, args: list, first: Optional[list] = None) -> Any:
+        """Replay for this call's result: `first`, the capture's own outputs, right after it."""
+        key, cap, (copied, _, _) = hit
+        self._kept = []
+        if first is None and not self._move_out_own_gradients(cap):
             # a held gradient this torch cannot move out: a new graph writes other memory,
-            # and gradients are handed out as before (autograd copies them)
-            self.gradient_outputs = []
-            self.handed.clear()
+            # and its gradients are kept by the runner until the next replay (autograd copies them)
+            self.hand_out = False
             return self._warm_up_and_capture(key, args)
+        static, params = cap.static, cap.in_place
         timer = self.timer
         t0 = timer.start() if timer is not None else None
         tensors = [i for i in copied if isinstance(args[i], torch.Tensor)]
@@ -203,47 +240,136 @@ class CudaGraphRunner:
         if timer is not None:
             timer.stop("cudagraph_input_copies", t0)
         back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
-        args.clear()
+        args.clear()  # the inputs it reads for the last time are free from here (a backward's activations)
+        family = cap.family
+        if first is None:
+            family.begin_replay(cap.index)
+            why = self._conflict(cap)
+            if why:
+                return self._capture_alone(key, cap, back, why)
+        else:
+            family.last_index = cap.index
         t1 = timer.start() if timer is not None else None
-        graph.replay()
+        cap.graph.replay()
         if timer is not None:
             timer.stop("cudagraph_replay", t1)
         _copy_all([a for a, _ in back], [s for _, s in back])
-        if not handed:
-            return list(outs)
-        result = list(outs)
-        for i, _, _ in handed:
-            result[i] = outs[i].detach()  # a tensor only autograd holds: AccumulateGrad keeps it as .grad
+        generation = family.generation
+        for b in cap.outputs.buffers:
+            b.generation = generation
+        result = first if first is not None else cap.outputs.tensors()
+        if not self.hand_out and self.gradient_outputs:
+            self._kept = [result[i] for i in self.gradient_outputs if i < len(result)]
         return result
 
-    def _move_out_held_gradients(self, outs: list, handed: list) -> bool:
+    def _move_out_own_gradients(self, cap: Captured) -> bool:
         """A gradient handed out by the last replay and still held (a `.grad` being
-        accumulated into) would be overwritten by this one: its storage takes a copy of
-        the values, and the graph's output a new storage on the pool memory. False when
-        one is held and this torch cannot move a storage's memory."""
-        for k, (i, st, refs) in enumerate(handed):
-            if torch._C._storage_Use_Count(st._cdata) <= refs:
-                continue
-            if not _CAN_MOVE_STORAGE:
-                return False
-            o = outs[i]
-            fresh = st.clone()
-            st._swap_data_ptr_(fresh)  # the holders now see the copy; `fresh` owns the pool memory
-            outs[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(fresh, o.storage_offset(), o.size(),
-                                                                          o.stride())
-            handed[k] = (i, fresh, torch._C._storage_Use_Count(fresh._cdata))
+        accumulated into) would be overwritten by this one: its holders get a copy of it.
+        False when one is held and this torch cannot move a storage's memory."""
+        for b in cap.outputs.buffers:
+            if b.gradient and b.held():
+                if not _CAN_MOVE_STORAGE:
+                    return False
+                b.move_out()
         return True
 
-    def _capture(self, key: tuple, inputs: list) -> tuple:
-        static, params = [], set()
+    def _conflict(self, cap: Captured) -> str:
+        """Why this replay must not write over its family's memory now ("" when it may):
+        a tensor of the family it may write over (see cuda_graph_pool.py) is still held.
+        Held gradients are moved out instead where torch can."""
+        family = cap.family
+        if cap.watch_version != family.version:
+            cap.watch = family.watch(cap)
+            cap.watch_version = family.version
+        generation = family.generation
+        for b, owner in cap.watch:
+            if not b.held():
+                continue
+            if b.gradient:
+                if _CAN_MOVE_STORAGE:
+                    b.move_out()
+                    continue
+                producer = owner.runner()
+                if producer is not None:
+                    producer.hand_out = False
+                return "a parameter gradient it may write over is still held (accumulated into)"
+            if b.generation == generation:
+                return "an output of this step that it may write over is still held (a saved activation " \
+                       "kept for another backward, or an output kept past its reader)"
+        return ""
+
+    def _capture_alone(self, key: tuple, cap: Captured, back: list, why: str) -> Any:
+        """Capture this signature again in a pool of its own, for this call's result (its
+        inputs: the copies this call made, the parameters, the outputs read in place)."""
+        self.conflicts += 1
+        self.last_conflict = why
+        if self.conflicts > CONFLICTS_BEFORE_PLAIN:
+            self.failed = f"its replays kept finding tensors they would overwrite still held: {why}"
+            _report_failed_capture(self.graph_id, self.failed)
+            result = self.runner(list(cap.static))
+        else:
+            result = self._warm_up_and_capture(key, list(cap.static))
+        _copy_all([a for a, _ in back], [s for _, s in back])
+        return result
+
+    def _capture(self, key: tuple, inputs: list) -> list:
+        """Capture a graph of `inputs`' signature; returns the capture's outputs (what the
+        replay right after it writes). Inputs read in place are dropped from `inputs`, so
+        that the capture may reuse the memory of those it reads for the last time."""
+        static, params, borrowed, nbytes = self._static_inputs(key, inputs)
+        graph = torch.cuda.CUDAGraph()
+        device = torch.cuda.current_device()
+        family = self._family_to_join(static, borrowed, device)
+        side = _warm_up_stream(device)
+        side.wait_stream(torch.cuda.current_stream())
+        kept = [(static[i], static[i].clone()) for i in self.mutated_inputs if i in params]
+        pool = _GraphPool(device, family.handle)
+        try:
+            # the warm-up, on the capture's stream and in its pool: the memory it frees is what
+            # the capture allocates again, as reduce-overhead's warm-ups do (H200, GPT-2 training
+            # alone in a process: 3096 -> 3030 MB reserved; reduce-overhead 2770)
+            with torch.cuda.stream(side), pool.allocating():
+                self.runner(list(static))  # its outputs die here
+                for t, before in kept:  # the replay after the capture applies this call's update; the warm-up's is undone
+                    t.copy_(before)
+            del kept
+            torch.cuda.current_stream().wait_stream(side)
+            run_args = list(static)
+            for i in borrowed:  # from here only `run_args` holds them: the run frees each after its last reader
+                static[i] = inputs[i] = _alias(static[i])
+            with torch.cuda.graph(graph, pool=family.handle, stream=side):
+                outs = list(self.runner(run_args))
+            del run_args
+        finally:
+            pool.release()  # the graph holds the pool from here on; a failed capture leaves it freeable
+        input_ptrs = {a.untyped_storage().data_ptr() for a in static if isinstance(a, torch.Tensor)}
+        gradients = set(self.gradient_outputs) if self.hand_out else set()
+        outputs = CapturedOutputs(outs, input_ptrs, gradients, family.generation)
+        allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
+        self.graphs[key] = Captured(static, params, graph, outputs, family, allowed, self)
+        self.outputs |= outputs.ptrs()
+        self.captures_made += 1
+        tensors = all(isinstance(a, torch.Tensor) for a in static)
+        ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
+        self._plans[key] = ([i for i in range(len(static)) if i not in params], sorted(params), ptrs)
+        CudaGraphRunner._captures += 1
+        if not self.reported:
+            self._report(len(inputs) - len(params), nbytes)
+        return outs
+
+    def _static_inputs(self, key: tuple, inputs: list) -> tuple[list, set[int], list[int], int]:
+        """What a capture of `inputs` reads: (static inputs, positions read in place, those of
+        them that are other graphs' outputs, bytes copied). Copied inputs get static buffers."""
+        static, params, borrowed = [], set(), []
         nbytes = 0
         replayed = self._replayed()
-        for i, a in enumerate(inputs):
-            borrowed = isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in replayed
-            if borrowed:
+        for i in range(len(inputs)):
+            a = inputs[i]
+            lent = isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in replayed
+            if lent:
                 self.borrowed.add(key)
-            if isinstance(a, torch.Tensor) and (isinstance(a, torch.nn.Parameter) or i in self.static_inputs
-                                                or borrowed):
+                borrowed.append(i)
+            if isinstance(a, torch.Tensor) and (isinstance(a, torch.nn.Parameter) or i in self.static_inputs or lent):
                 static.append(a)
                 params.add(i)
             elif isinstance(a, torch.Tensor):
@@ -253,55 +379,28 @@ class CudaGraphRunner:
                 nbytes += a.untyped_storage().nbytes()
             else:
                 static.append(a)
-        graph = torch.cuda.CUDAGraph()
-        device = torch.cuda.current_device()
-        side = _warm_up_stream(device)
-        side.wait_stream(torch.cuda.current_stream())
-        kept = [(static[i], static[i].clone()) for i in self.mutated_inputs if i in params]
-        pool = _GraphPool(device)
-        try:
-            # the warm-up, on the capture's stream and in its pool: the memory it frees is what
-            # the capture allocates again, as reduce-overhead's warm-ups do (H200, GPT-2 training
-            # alone in a process: 3096 -> 3030 MB reserved; reduce-overhead 2770)
-            with torch.cuda.stream(side), pool.allocating():
-                self.runner(list(static))  # its outputs die here
-                for t, before in kept:  # the replay after the capture applies this call's update; the warm-up's is undone
-                    t.copy_(before)
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(graph, pool=pool.handle, stream=side):
-                outs = list(self.runner(list(static)))
-        finally:
-            pool.release()  # the graph holds the pool from here on; a failed capture leaves it freeable
-        self.outputs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
-        self.captures_made += 1
-        self.handed[key] = self._handed_out(outs)
-        tensors = all(isinstance(a, torch.Tensor) for a in static)
-        ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
-        self._plans[key] = ([i for i in range(len(static)) if i not in params], sorted(params), ptrs)
-        CudaGraphRunner._captures += 1
-        if not self.reported:
-            self._report(len(inputs) - len(params), nbytes)
-        return static, params, graph, outs
+        return static, params, borrowed, nbytes
 
-    def _handed_out(self, outs: Sequence[Any]) -> list:
-        """(position, storage, references we hold to it) of each gradient output with a
-        storage of its own (one shared with another output is handed out as before)."""
-        outs = list(outs)
-        cdata = [o.untyped_storage()._cdata if isinstance(o, torch.Tensor) else None for o in outs]
-        handed = []
-        for i in self.gradient_outputs:
-            if i < len(outs) and isinstance(outs[i], torch.Tensor) and cdata.count(cdata[i]) == 1:
-                st = outs[i].untyped_storage()
-                handed.append((i, st, torch._C._storage_Use_Count(st._cdata)))
-        return handed
+    def _family_to_join(self, static: list, borrowed: list[int], device: int) -> GraphFamily:
+        """The family of a graph whose outputs this capture reads in place, if none of its
+        graphs has replayed yet (see cuda_graph_pool.py); else a family of its own."""
+        ptrs = {static[i].untyped_storage().data_ptr() for i in borrowed}
+        for r in list(CudaGraphRunner._live):
+            if r is self or not ptrs & r.outputs:
+                continue
+            for cap in r.graphs.values():
+                fam = cap.family
+                if ptrs & cap.outputs.ptrs() and not fam.sealed and fam.device == device and fam.handle is not None:
+                    return fam
+        return GraphFamily(device, torch.cuda.graph_pool_handle())
 
     def copied_inputs(self) -> list[tuple[int, tuple, str]]:
         """(position, shape, dtype) of each input a replay copies, over this runner's
         captures (what keeps a graph from reading its inputs in place)."""
         out = []
-        for static, params, _, _ in self.graphs.values():
-            out += [(i, tuple(a.shape), str(a.dtype).replace("torch.", "")) for i, a in enumerate(static)
-                    if isinstance(a, torch.Tensor) and i not in params]
+        for cap in self.graphs.values():
+            out += [(i, tuple(a.shape), str(a.dtype).replace("torch.", "")) for i, a in enumerate(cap.static)
+                    if isinstance(a, torch.Tensor) and i not in cap.in_place]
         return out
 
     def _copies_a_replayed_output(self, args: Sequence[Any], params: set[int],
@@ -340,6 +439,14 @@ class CudaGraphRunner:
                                 "this graph in one launch", language="", device="cuda"))
 
 
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor at `t`'s address that owns nothing (and does not count as holding it): what a
+    capture keeps of an input it reads in place from another graph, to compare addresses."""
+    st = t.untyped_storage()
+    mem = torch._C._construct_storage_from_data_pointer(st.data_ptr(), t.device, st.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(mem, t.storage_offset(), t.shape, t.stride())
+
+
 def _report_failed_capture(graph_id: str, error: str) -> None:
     """A finding for a capture CUDA refused (what runtime/capture_check.py did not foresee)."""
     from fuselens import sink
@@ -350,15 +457,14 @@ def _report_failed_capture(graph_id: str, error: str) -> None:
 
 
 class _GraphPool:
-    """The private memory pool one graph is captured into, with the warm-up before the capture
-    allocating from it too, as Inductor's CUDA graph trees do. Held (`allocating` to
-    `release`) from the warm-up until the capture holds it. Without torch's pool calls
-    (`_cuda_beginAllocateCurrentThreadToPool` and kin), the capture makes its own pool and the
-    warm-up allocates as usual."""
+    """The warm-up before a capture allocating from the pool the capture then uses (its
+    family's), as Inductor's CUDA graph trees do. Held (`allocating` to `release`) from the
+    warm-up until the capture holds it. Without torch's pool calls
+    (`_cuda_beginAllocateCurrentThreadToPool` and kin) the warm-up allocates as usual."""
 
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: int, handle: Any) -> None:
         self.device = device
-        self.handle = torch.cuda.graph_pool_handle() if _POOL_CALLS else None
+        self.handle = handle if _POOL_CALLS else None
         self.held = False
 
     @contextlib.contextmanager
@@ -419,6 +525,7 @@ def release_all() -> None:
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _CAN_COUNT_REFERENCES = hasattr(torch._C, "_storage_Use_Count")
 # torch 2.13 moves a held gradient out of the pool; torch 2.11 has no way to, and captures again
+# (the storage's `_swap_data_ptr_`, which PoolBuffer.move_out calls)
 _CAN_MOVE_STORAGE = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
 

@@ -1,0 +1,183 @@
+"""One memory pool shared by CUDA graphs that feed each other (option `cuda_graphs`).
+
+A training forward's graph returns the activations its backward reads. With a pool per
+graph, the forward's pool kept them between steps and the backward's temporaries and
+gradients came on top (0.5-1.2 GB over `reduce-overhead` on the suite's models). Here a
+graph captured while it reads another graph's outputs in place joins that graph's
+family, one pool: a backward's capture reuses, for its temporaries and gradients, the
+memory of each saved activation once it has read it, as Inductor's CUDA graph trees do.
+
+What makes that safe:
+- A graph's outputs are not held by its runner. Its first call hands out the capture's
+  own tensors; later replays hand out tensors over the same memory that own nothing
+  (`PoolBuffer`), so a dropped activation is memory the allocator knows is free.
+- Graphs join a family only before any of its graphs has replayed: until then the
+  allocator's view of the pool is exact (every live tensor on it is one it allocated), so
+  a capture allocates only memory nothing holds. A later capture takes a pool of its own.
+- Before each replay, after its inputs are released, a graph checks the family's outputs
+  it may write over (those not alive at the end of its capture). One still held is:
+  - a parameter gradient (`.grad` being accumulated): moved out of the pool first (its
+    storage takes a copy; torch 2.13), or, where torch cannot move a storage, the graph
+    captures again in a pool of its own and its producer stops handing gradients out;
+  - an output of this step (the family's graphs replay in capture order; a graph that
+    replays again starts a step): the graph captures again in a pool of its own, once
+    (a backward run with `retain_graph=True` keeps the activations it would reuse);
+  - an output of an earlier step: overwritten, as a graph's own outputs always were and as
+    `reduce-overhead` does. Outputs are valid until the next step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional, Sequence
+
+import torch
+
+
+class PoolBuffer:
+    """One storage a captured graph's replays write its outputs into (a pool block its
+    capture allocated), and whether anything outside the runner still holds it."""
+
+    __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "generation", "__weakref__")
+
+    def __init__(self, owning: Any, gradient: bool, generation: int) -> None:
+        self.ptr = owning.data_ptr()
+        self.nbytes = owning.nbytes()
+        self.device = owning.device
+        # the capture's own storage, which its first call hands out (the allocator's block)
+        self.first: Optional[weakref.ref] = weakref.ref(owning)
+        # what later replays hand out: the same memory, owning nothing; held by the runner,
+        # so anything else holding it shows as a use count above one
+        self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, self.device, self.nbytes)
+        self.gradient = gradient  # a parameter's gradient: never overwritten while held
+        self.generation = generation  # the family's step that last wrote it
+
+    def held(self) -> bool:
+        if self.first is not None:
+            if self.first() is not None:
+                return True
+            self.first = None
+        return torch._C._storage_Use_Count(self.storage._cdata) > 1
+
+    def move_out(self) -> None:
+        """Whoever holds this memory gets a copy of it in memory of its own, and the graph
+        keeps writing the pool's (torch 2.13's `_swap_data_ptr_`)."""
+        first = self.first() if self.first is not None else None
+        if first is not None:
+            fresh = first.clone()
+            first._swap_data_ptr_(fresh)  # `fresh` now owns the pool block, which it frees
+            del fresh
+            self.first = None
+        if torch._C._storage_Use_Count(self.storage._cdata) > 1:
+            fresh = self.storage.clone()
+            self.storage._swap_data_ptr_(fresh)  # the holders' storage now owns the copy
+            self.storage = fresh  # and this one the pool memory, owning nothing
+
+
+# CUDA builds build a tensor over a storage from its metadata in one C++ call (Inductor's
+# CUDA graph trees do); elsewhere (the CPU tests) `set_` does the same
+_FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+class CapturedOutputs:
+    """A captured graph's outputs as places in memory: each tensor output is a view of one
+    of its `buffers` (its own pool memory) or, aliasing an input, kept as it is."""
+
+    def __init__(self, outs: Sequence[Any], input_ptrs: set[int], gradients: set[int], generation: int) -> None:
+        self.buffers: list[PoolBuffer] = []
+        self.specs: list[tuple] = []  # per output: ("value", v) | ("view", buffer index, metadata)
+        by_ptr: dict[int, int] = {}
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
+                self.specs.append(("value", o))
+                continue
+            st = o.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr in input_ptrs:
+                self.specs.append(("value", o))  # a view of an input (a parameter's): no pool memory
+                continue
+            k = by_ptr.get(ptr)
+            if k is None:
+                k = by_ptr[ptr] = len(self.buffers)
+                self.buffers.append(PoolBuffer(st, False, generation))
+            if i in gradients:
+                self.buffers[k].gradient = True
+            meta = {"size": o.shape, "stride": o.stride(), "storage_offset": o.storage_offset(), "dtype": o.dtype,
+                    "device": o.device, "data_ptr": ptr, "nbytes": st.nbytes()}
+            self.specs.append(("view", k, meta))
+
+    def tensors(self) -> list:
+        """This replay's outputs: fresh tensors over the buffers (autograd's AccumulateGrad
+        keeps a fresh gradient as `.grad` instead of cloning it)."""
+        out = []
+        buffers = self.buffers
+        for spec in self.specs:
+            if spec[0] == "value":
+                out.append(spec[1])
+                continue
+            st = buffers[spec[1]].storage
+            meta = spec[2]
+            if _FROM_METADATA is not None and meta["device"].type == "cuda":
+                out.append(_FROM_METADATA(meta, st))
+            else:
+                out.append(torch.empty(0, dtype=meta["dtype"], device=meta["device"]).set_(
+                    st, meta["storage_offset"], meta["size"], meta["stride"]))
+        return out
+
+    def ptrs(self) -> set[int]:
+        return {b.ptr for b in self.buffers}
+
+    def held(self) -> bool:
+        return any(b.held() for b in self.buffers)
+
+
+class GraphFamily:
+    """Captured graphs sharing one memory pool, in the order they were captured (the order
+    they replay in within a step)."""
+
+    def __init__(self, device: int, handle: Any) -> None:
+        self.device = device
+        self.handle = handle  # the pool every member captures into
+        self.sealed = False  # a member has replayed: no capture joins from here on
+        self.members: list[Any] = []  # the captures (`Captured`), parked ones included
+        self.generation = 0  # steps begun
+        self.last_index = -1  # capture index of the member that replayed last
+        self.version = 0  # bumped when members change: each member's watch list is rebuilt
+
+    def join(self, captured: Any) -> int:
+        self.prune()
+        self.members.append(captured)
+        self.version += 1
+        return len(self.members) - 1
+
+    def begin_replay(self, index: int) -> None:
+        """A member replays: one captured no later than the last to replay starts a step."""
+        self.sealed = True
+        if index <= self.last_index:
+            self.generation += 1
+        self.last_index = index
+
+    def leave(self, captured: Any) -> None:
+        """A member's graph is dropped. While something still holds one of its outputs the
+        capture stays (parked): its graph keeps the pool's memory under those tensors, and
+        the others still must not write over them."""
+        if not captured.outputs.held() and captured in self.members:
+            self.members.remove(captured)
+            self.version += 1
+        self.prune()
+
+    def prune(self) -> None:
+        parked = [m for m in self.members if m.parked and not m.outputs.held()]
+        for m in parked:
+            self.members.remove(m)
+        if parked:
+            self.version += 1
+
+    def watch(self, captured: Any) -> list[tuple[PoolBuffer, Any]]:
+        """(buffer, its capture) for each buffer `captured`'s replay may write over that
+        someone else may hold: every member's outputs but its own non-gradient ones (a
+        graph's outputs are valid until it replays again) and those alive at the end of its
+        capture. Its own gradients are checked before its inputs are copied."""
+        allowed = captured.allowed
+        return [(b, m) for m in self.members if m is not captured
+                for b in m.outputs.buffers if b not in allowed]
