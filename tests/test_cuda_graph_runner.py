@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from fuselens.compiler.runtime import cuda_graphs
+from fuselens.compiler.runtime import cuda_graph_pool, cuda_graphs
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
 
@@ -67,7 +67,7 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})
     handles = iter(range(1, 1 << 20))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
-    monkeypatch.setattr(cuda_graphs, "_POOL_CALLS", True)
+    monkeypatch.setattr(cuda_graph_pool, "_POOL_CALLS", True)
     for name, what in (("_cuda_beginAllocateCurrentThreadToPool", "begin"), ("_cuda_endAllocateToPool", "end"),
                        ("_cuda_releasePool", "release")):
         monkeypatch.setattr(torch._C, name, lambda device, pool, what=what: _pool_calls.append((what, pool)),
@@ -108,8 +108,9 @@ def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     run = Runner()
     r = CudaGraphRunner(run, "0/0:aot_inference", None)
-    first = r([torch.ones(4), w, 1.0])  # warm-up, capture, and a replay for the result
-    assert torch.equal(first[0], torch.full((4,), 3.0))
+    first = r([torch.ones(4), w, 1.0])  # the warm-up: a real run
+    assert torch.equal(first[0], torch.full((4,), 3.0)) and not r.graphs
+    assert torch.equal(r([torch.ones(4), w, 1.0])[0], torch.full((4,), 3.0))  # capture, and a replay for the result
     for v in (5.0, 7.0):
         out = r([torch.full((4,), v), w, 1.0])
         assert torch.equal(out[0], torch.full((4,), 2 * v + 1))
@@ -123,7 +124,8 @@ def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one
     (again,) = r.graphs.values()
     assert again.graph is not entry.graph and again.static[1] is moved
     assert torch.equal(r([torch.full((4,), 2.0), moved, 1.0])[0], torch.full((4,), 21.0))
-    assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # another scalar: another graph
+    assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # another scalar: its warm-up
+    assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # and its graph
     assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))
     assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # back to the first: no capture
     assert len(r.graphs) == 2 and sorted(e.graph.replays for e in r.graphs.values()) == [2, 3]
@@ -146,7 +148,9 @@ def test_a_capture_holds_neither_the_warm_ups_outputs_nor_the_graph_it_replaces(
 
     run = Tracking()
     r = CudaGraphRunner(run, "0/0:aot_forward", None)
-    out = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 2.0)), 1.0])
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r([torch.ones(4), w, 1.0])  # the warm-up, whose output dies here
+    out = r([torch.ones(4), w, 1.0])
     assert run.alive_at_capture == [0] and torch.equal(out[0], torch.full((4,), 3.0))
     del out
     out = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 5.0)), 1.0])  # a parameter moved: captured again
@@ -154,24 +158,34 @@ def test_a_capture_holds_neither_the_warm_ups_outputs_nor_the_graph_it_replaces(
     assert len(r.graphs) == 1
 
 
-def test_the_warm_up_allocates_from_the_pool_the_capture_then_uses_on_the_same_stream(simulated_cuda: None) -> None:
-    """The warm-up's memory, freed when its outputs die, is what the capture allocates again,
-    as with reduce-overhead, whose warm-ups use its pool: outside it, the warm-up's blocks
-    stayed cached beside the pool. One pool per capture, held by the runner only until the
-    capture holds it."""
+def test_the_warm_up_is_the_first_call_run_in_the_pool_the_capture_then_uses_on_the_same_stream(
+        simulated_cuda: None) -> None:
+    """A signature's first call is a real run allocating from the pool its graph is then
+    captured into (reduce-overhead's warm-ups do the same): the memory it frees is what the
+    capture allocates again. A throwaway warm-up right before each capture ran a backward with
+    every saved activation still alive, and the pool kept room for both. The family holds
+    its pool from its first use. A parameter that moved before any replay is captured again
+    in the same pool (the allocator still knows every tensor on it); after one, in a new one."""
     class Recording(Runner):
         def __call__(self, args: list) -> list:
             _pool_calls.append(("run",))
             return super().__call__(args)
 
     r = CudaGraphRunner(Recording(), "0/0:aot_forward", None)
-    r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 2.0)), 1.0])
-    r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 5.0)), 1.0])  # a parameter moved: another capture, another pool
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r([torch.ones(4), w, 1.0])  # warm-up
+    r([torch.ones(4), w, 1.0])  # capture
+    moved = torch.nn.Parameter(torch.full((4,), 5.0))
+    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 6.0))  # captured again: the kernels are warm
+    r([torch.ones(4), moved, 1.0])  # a replay
+    again = torch.nn.Parameter(torch.full((4,), 3.0))
+    assert torch.equal(r([torch.ones(4), again, 1.0])[0], torch.full((4,), 4.0))
     first, second = (0, 1), (0, 2)
     stream = cuda_graphs._warm_up_streams[0]
-    assert _pool_calls == [("begin", first), ("run",), ("end", first), ("capture", first, stream), ("run",),
-                        ("release", first), ("begin", second), ("run",), ("end", second), ("capture", second, stream),
-                        ("run",), ("release", second)], _pool_calls
+    assert _pool_calls == [("begin", first), ("end", first),  # the family takes its pool
+                           ("begin", first), ("run",), ("end", first), ("release", first),  # the warm-up in it
+                           ("capture", first, stream), ("run",), ("capture", first, stream), ("run",),
+                           ("begin", second), ("end", second), ("capture", second, stream), ("run",)], _pool_calls
 
 
 def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_graph(simulated_cuda: None) -> None:
@@ -180,6 +194,7 @@ def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_grap
     r([torch.ones(4), w, 1.0])
     r([torch.ones(4), w, 1.0])
     wide = torch.ones(2, 4)
+    assert torch.equal(r([wide, w, 1.0])[0], torch.full((2, 4), 3.0))  # its warm-up
     assert torch.equal(r([wide, w, 1.0])[0], torch.full((2, 4), 3.0))
     assert len(r.graphs) == 2
 
@@ -207,6 +222,7 @@ def test_tensor_only_inputs_compare_addresses_in_one_call_with_the_signature_cud
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     r = CudaGraphRunner(run, "0/0:aot_inference", None)
     r([torch.ones(4), w])
+    r([torch.ones(4), w])
     assert torch.equal(r([torch.full((4,), 3.0), w])[0], torch.full((4,), 6.0))
     assert torch.equal(r([torch.full((4,), 4.0), w])[0], torch.full((4,), 8.0))
     assert calls == [[1], [1]]  # the replays after the capture took the fast path; the parameter is position 1
@@ -223,6 +239,7 @@ def test_gradients_handed_out_are_not_held_by_the_runner_and_survive_the_next_re
     monkeypatch.setattr(cuda_graphs, "_CAN_MOVE_STORAGE", can_move)
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     r = CudaGraphRunner(Runner(), "0/0:aot_backward", None, gradient_outputs=[0])
+    r([torch.ones(4), w, 0.0])  # warm-up
     r([torch.ones(4), w, 0.0])  # capture
     g1 = r([torch.full((4,), 1.0), w, 0.0])[0]
     (entry,) = r.graphs.values()
@@ -256,6 +273,7 @@ def test_dynamo_reset_drops_every_captured_graph_and_what_it_held(simulated_cuda
     torch.compile(lambda t: t + 1, backend="fuselens")(torch.ones(2))  # the backend Dynamo will reset
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
+    r([torch.ones(4), w, 1.0])
     out = r([torch.ones(4), w, 1.0])
     held, output = weakref.ref(w), weakref.ref(out[0])
     del w, out
@@ -263,7 +281,9 @@ def test_dynamo_reset_drops_every_captured_graph_and_what_it_held(simulated_cuda
     torch._dynamo.reset()
     assert r.graphs == {} and r.outputs == set()
     assert held() is None
-    again = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 3.0)), 1.0])
+    w3 = torch.nn.Parameter(torch.full((4,), 3.0))
+    r([torch.ones(4), w3, 1.0])  # warms up again
+    again = r([torch.ones(4), w3, 1.0])
     assert torch.equal(again[0], torch.full((4,), 4.0)) and len(r.graphs) == 1
 
 
@@ -284,7 +304,8 @@ def test_replaying_the_last_signature_hashes_no_signature(simulated_cuda: None) 
 
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
-    r.graphs, r._plans, r.handed = Counting(), Counting(), Counting()
+    r.graphs, r._plans = Counting(), Counting()
+    r([torch.ones(4), w, 1.0])
     r([torch.ones(4), w, 1.0])
     Counting.lookups = 0
     for v in (5.0, 7.0):
@@ -312,7 +333,7 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
         outs = [r([torch.full((4,), v), w, 1.0])[0] for v in (1.0, 5.0, 7.0)]
     assert [o.tolist() for o in outs] == [[3.0] * 4, [11.0] * 4, [15.0] * 4]
     assert r.graphs == {} and "not permitted" in r.failed
-    assert [c[0] for c in _pool_calls] == ["begin", "end", "release"]  # the pool is freeable again
+    assert [c[0] for c in _pool_calls] == ["begin", "end", "begin", "end", "release"]  # the warm-up's
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
     assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs: its capture failed" in \
         finding.message
@@ -355,7 +376,7 @@ def test_a_backward_reading_its_forwards_outputs_in_place_captures_into_the_forw
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
     bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
-    for v in (1.0, 3.0, 5.0):
+    for v in (1.0, 3.0, 5.0, 7.0):  # warm-ups, captures, replays
         (out,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0))
         assert torch.equal(out, torch.full((4,), 20.0 * v))
     (f,), (b,) = fw.graphs.values(), bw.graphs.values()
@@ -372,7 +393,8 @@ def test_a_graph_captured_after_its_family_replayed_takes_a_pool_of_its_own(simu
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
     bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
-    fw([torch.ones(4), w])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    fw([torch.ones(4), w])  # captured
     fw([torch.ones(4), w])  # a replay: the family is sealed
     (out,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.full((4,), 2.0))
     assert torch.equal(out, torch.full((4,), 12.0))
@@ -388,6 +410,7 @@ def test_a_backward_whose_saved_activation_is_still_held_captures_again_alone_an
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
     bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
     _step(fw, bw, torch.ones(4), w, torch.ones(4))  # captures: the activation is released once read
     for v in (3.0, 4.0, 5.0):
         kept = fw([torch.full((4,), v), w])[0]  # kept past the backward
@@ -427,6 +450,7 @@ def test_a_gradient_accumulated_across_steps_survives_the_next_forward_replay(
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
     bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
     (grad,) = _step(fw, bw, torch.ones(4), w, torch.ones(4))  # held like a .grad being accumulated into
     (b,) = bw.graphs.values()
     pool = b.outputs.buffers[0].ptr

@@ -28,8 +28,9 @@ What makes that safe:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -77,6 +78,10 @@ class PoolBuffer:
 # CUDA builds build a tensor over a storage from its metadata in one C++ call (Inductor's
 # CUDA graph trees do); elsewhere (the CPU tests) `set_` does the same
 _FROM_METADATA = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+_POOL_CALLS = all(hasattr(torch._C, n) for n in ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool",
+                                                  "_cuda_releasePool"))
 
 
 class CapturedOutputs:
@@ -132,17 +137,61 @@ class CapturedOutputs:
 
 
 class GraphFamily:
-    """Captured graphs sharing one memory pool, in the order they were captured (the order
-    they replay in within a step)."""
+    """Graphs sharing one memory pool: their warm-up runs (each graph's first call, a real
+    run allocating from the pool) and their captures, in the order they were captured (the
+    order they replay in within a step). The family holds the pool from its first warm-up
+    or capture until it is gone; each captured graph holds it too."""
+
+    _all: "weakref.WeakSet[GraphFamily]" = weakref.WeakSet()
 
     def __init__(self, device: int, handle: Any) -> None:
         self.device = device
-        self.handle = handle  # the pool every member captures into
+        self.handle = handle  # the pool every member allocates from
         self.sealed = False  # a member has replayed: no capture joins from here on
         self.members: list[Any] = []  # the captures (`Captured`), parked ones included
         self.generation = 0  # steps begun
         self.last_index = -1  # capture index of the member that replayed last
         self.version = 0  # bumped when members change: each member's watch list is rebuilt
+        self.out_ptrs: set[int] = set()  # addresses of what its warm-ups and captures returned
+        self._holds_pool = False
+        GraphFamily._all.add(self)
+
+    @staticmethod
+    def of(ptrs: set[int], device: int) -> Optional["GraphFamily"]:
+        """A family no capture is closed to whose warm-ups or captures returned one of `ptrs`."""
+        for fam in list(GraphFamily._all):
+            if not fam.sealed and fam.device == device and ptrs & fam.out_ptrs:
+                return fam
+        return None
+
+    def hold_pool(self) -> None:
+        """Make the pool and hold it until the family is gone (torch's pool calls; without
+        them a capture makes the pool and warm-ups allocate from the general one)."""
+        if _POOL_CALLS and not self._holds_pool:
+            torch._C._cuda_beginAllocateCurrentThreadToPool(self.device, self.handle)
+            torch._C._cuda_endAllocateToPool(self.device, self.handle)
+            self._holds_pool = True
+
+    @contextlib.contextmanager
+    def allocating(self) -> Iterator[None]:
+        """What this thread allocates meanwhile comes from the pool."""
+        self.hold_pool()
+        if not self._holds_pool:
+            yield
+            return
+        torch._C._cuda_beginAllocateCurrentThreadToPool(self.device, self.handle)
+        try:
+            yield
+        finally:
+            torch._C._cuda_endAllocateToPool(self.device, self.handle)
+            torch._C._cuda_releasePool(self.device, self.handle)
+
+    def __del__(self) -> None:
+        if self._holds_pool:
+            try:
+                torch._C._cuda_releasePool(self.device, self.handle)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
 
     def join(self, captured: Any) -> int:
         self.prune()

@@ -22,9 +22,8 @@ the parameters and pools it held, as it resets Inductor's CUDA graph trees.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -94,8 +93,7 @@ class CudaGraphRunner:
         # keeps the last replay's, so that autograd copies them
         self.hand_out = True
         self._kept: list = []
-        # inputs the graph overwrites: a copied one is copied back after each replay, and a
-        # static one must not be overwritten by the warm-up before capture as well
+        # inputs the graph overwrites: a copied one is copied back after each replay
         self.mutated_inputs = list(mutated_inputs)
         self.graph_id = graph_id
         # replayed in place, like Parameters; a moved one is captured again (see __call__)
@@ -104,6 +102,7 @@ class CudaGraphRunner:
         # before it, not the kernels inside it
         self.timer = timer
         self.graphs: dict[tuple, Captured] = {}
+        self.warm: dict[tuple, GraphFamily] = {}  # signatures whose first call ran, with the family it allocated in
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
         self.borrow = True  # may read other graphs' replayed outputs in place
@@ -150,15 +149,34 @@ class CudaGraphRunner:
             elif self._copies_a_replayed_output(args, params):
                 ent = None  # an input is now another graph's replayed output: captured again to read it in place
         if ent is None:
-            return self._warm_up_and_capture(key, args)
+            if key not in self.warm:
+                return self._warm_up(key, args)
+            return self._capture_and_replay(key, args)
         return self._replay(self._remember(key), args)
 
-    def _warm_up_and_capture(self, key: tuple, args: list) -> Any:
-        """Capture (after one warm-up run that compiles and tunes the kernels) and
-        replay for this call's result. Neither the warm-up's outputs nor a graph captured
-        before for this signature are alive during the capture: a training forward's
-        saved activations would be held twice (GPT-2: 6.1 GB at its peak against 3.3 GB
-        for reduce-overhead)."""
+    def _warm_up(self, key: tuple, args: list) -> Any:
+        """A signature's first call: a real run (compiling and tuning the kernels) on the
+        stream captures use, allocating from the pool of the family whose outputs it reads
+        (else a new one), as reduce-overhead's warm-ups do. A throwaway warm-up right before
+        each capture instead ran a backward with every saved activation still alive: its
+        pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory)."""
+        device = torch.cuda.current_device()
+        ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        family = GraphFamily.of(ptrs, device) or GraphFamily(device, torch.cuda.graph_pool_handle())
+        side = _warm_up_stream(device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), family.allocating():
+            outs = self.runner(args)
+        torch.cuda.current_stream().wait_stream(side)
+        family.out_ptrs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+        self.warm[key] = family
+        return outs
+
+    def _capture_and_replay(self, key: tuple, args: list) -> Any:
+        """Capture and replay for this call's result (the kernels ran before, in the warm-up).
+        A graph captured before for this signature is not alive during the capture: a
+        training forward's saved activations would be held twice (GPT-2: 6.1 GB at its
+        peak against 3.3 GB for reduce-overhead)."""
         self._forget(key)
         inputs = list(args)
         args.clear()
@@ -196,6 +214,7 @@ class CudaGraphRunner:
         for key in list(self.graphs):
             self._forget(key)
         self._kept = []
+        self.warm.clear()
         self.moves.clear()
         self.borrowed.clear()
 
@@ -231,7 +250,7 @@ class CudaGraphRunner:
             # a held gradient this torch cannot move out: a new graph writes other memory,
             # and its gradients are kept by the runner until the next replay (autograd copies them)
             self.hand_out = False
-            return self._warm_up_and_capture(key, args)
+            return self._capture_and_replay(key, args)
         static, params = cap.static, cap.in_place
         timer = self.timer
         t0 = timer.start() if timer is not None else None
@@ -308,7 +327,7 @@ class CudaGraphRunner:
             _report_failed_capture(self.graph_id, self.failed)
             result = self.runner(list(cap.static))
         else:
-            result = self._warm_up_and_capture(key, list(cap.static))
+            result = self._capture_and_replay(key, list(cap.static))
         _copy_all([a for a, _ in back], [s for _, s in back])
         return result
 
@@ -319,35 +338,23 @@ class CudaGraphRunner:
         static, params, borrowed, nbytes = self._static_inputs(key, inputs)
         graph = torch.cuda.CUDAGraph()
         device = torch.cuda.current_device()
-        family = self._family_to_join(static, borrowed, device)
+        family = self._family_to_join(key, static, borrowed, device)
         side = _warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
-        kept = [(static[i], static[i].clone()) for i in self.mutated_inputs if i in params]
-        pool = _GraphPool(device, family.handle)
-        try:
-            # the warm-up, on the capture's stream and in its pool: the memory it frees is what
-            # the capture allocates again, as reduce-overhead's warm-ups do (H200, GPT-2 training
-            # alone in a process: 3096 -> 3030 MB reserved; reduce-overhead 2770)
-            with torch.cuda.stream(side), pool.allocating():
-                self.runner(list(static))  # its outputs die here
-                for t, before in kept:  # the replay after the capture applies this call's update; the warm-up's is undone
-                    t.copy_(before)
-            del kept
-            torch.cuda.current_stream().wait_stream(side)
-            run_args = list(static)
-            for i in borrowed:  # from here only `run_args` holds them: the run frees each after its last reader
-                static[i] = inputs[i] = _alias(static[i])
-            with torch.cuda.graph(graph, pool=family.handle, stream=side):
-                outs = list(self.runner(run_args))
-            del run_args
-        finally:
-            pool.release()  # the graph holds the pool from here on; a failed capture leaves it freeable
+        run_args = list(static)
+        for i in borrowed:  # from here only `run_args` holds them: the run frees each after its last reader
+            static[i] = inputs[i] = _alias(static[i])
+        family.hold_pool()
+        with torch.cuda.graph(graph, pool=family.handle, stream=side):
+            outs = list(self.runner(run_args))
+        del run_args
         input_ptrs = {a.untyped_storage().data_ptr() for a in static if isinstance(a, torch.Tensor)}
         gradients = set(self.gradient_outputs) if self.hand_out else set()
         outputs = CapturedOutputs(outs, input_ptrs, gradients, family.generation)
         allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
         self.graphs[key] = Captured(static, params, graph, outputs, family, allowed, self)
         self.outputs |= outputs.ptrs()
+        family.out_ptrs |= outputs.ptrs()
         self.captures_made += 1
         tensors = all(isinstance(a, torch.Tensor) for a in static)
         ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
@@ -381,18 +388,16 @@ class CudaGraphRunner:
                 static.append(a)
         return static, params, borrowed, nbytes
 
-    def _family_to_join(self, static: list, borrowed: list[int], device: int) -> GraphFamily:
-        """The family of a graph whose outputs this capture reads in place, if none of its
-        graphs has replayed yet (see cuda_graph_pool.py); else a family of its own."""
+    def _family_to_join(self, key: tuple, static: list, borrowed: list[int], device: int) -> GraphFamily:
+        """The family of the graph whose outputs this capture reads in place, else the one its
+        warm-up ran in, if no capture is closed to it (see cuda_graph_pool.py); else a new one."""
         ptrs = {static[i].untyped_storage().data_ptr() for i in borrowed}
-        for r in list(CudaGraphRunner._live):
-            if r is self or not ptrs & r.outputs:
-                continue
-            for cap in r.graphs.values():
-                fam = cap.family
-                if ptrs & cap.outputs.ptrs() and not fam.sealed and fam.device == device and fam.handle is not None:
-                    return fam
-        return GraphFamily(device, torch.cuda.graph_pool_handle())
+        family = GraphFamily.of(ptrs, device) if ptrs else None
+        if family is None:
+            family = self.warm.get(key)
+            if family is not None and (family.sealed or family.device != device):
+                family = None
+        return family or GraphFamily(device, torch.cuda.graph_pool_handle())
 
     def copied_inputs(self) -> list[tuple[int, tuple, str]]:
         """(position, shape, dtype) of each input a replay copies, over this runner's
@@ -456,37 +461,6 @@ def _report_failed_capture(graph_id: str, error: str) -> None:
                          f"({error})"))
 
 
-class _GraphPool:
-    """The warm-up before a capture allocating from the pool the capture then uses (its
-    family's), as Inductor's CUDA graph trees do. Held (`allocating` to `release`) from the
-    warm-up until the capture holds it. Without torch's pool calls
-    (`_cuda_beginAllocateCurrentThreadToPool` and kin) the warm-up allocates as usual."""
-
-    def __init__(self, device: int, handle: Any) -> None:
-        self.device = device
-        self.handle = handle if _POOL_CALLS else None
-        self.held = False
-
-    @contextlib.contextmanager
-    def allocating(self) -> Iterator[None]:
-        if self.handle is None:
-            yield
-            return
-        torch._C._cuda_beginAllocateCurrentThreadToPool(self.device, self.handle)
-        self.held = True
-        try:
-            yield
-        finally:
-            torch._C._cuda_endAllocateToPool(self.device, self.handle)
-
-    def release(self) -> None:
-        if self.held:
-            torch._C._cuda_releasePool(self.device, self.handle)
-            self.held = False
-
-
-_POOL_CALLS = all(hasattr(torch._C, n) for n in ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool",
-                                                  "_cuda_releasePool"))
 _warm_up_streams: dict[int, Any] = {}
 
 
