@@ -11,6 +11,7 @@ tests/test_gpu_lowering.py on the GPU machine.
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from typing import Any
 
@@ -72,6 +73,7 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
                        ("_cuda_releasePool", "release")):
         monkeypatch.setattr(torch._C, name, lambda device, pool, what=what: _pool_calls.append((what, pool)),
                             raising=False)
+    gc.collect()  # earlier tests' families release their pools when they go: not among this test's calls
     _pool_calls.clear()
 
 
@@ -462,3 +464,33 @@ def test_a_gradient_accumulated_across_steps_survives_the_next_forward_replay(
     else:
         assert fw.conflicts == 1 and "gradient" in fw.last_conflict and not bw.hand_out
         assert grad.data_ptr() == pool
+
+
+def test_a_gradient_written_over_a_copied_input_is_handed_out_and_survives_the_next_input_copy(
+        simulated_cuda: None) -> None:
+    """A kernel may write its output over an input it read last: the runner's static copy of
+    that input. The output is still handed out fresh each replay (AccumulateGrad keeps it as
+    `.grad` instead of cloning it), and one still held is moved out before the next replay
+    copies its input there."""
+    if not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+
+    def in_place(args: list) -> list:
+        x, w = args
+        args.clear()
+        out = x.mul_(w)
+        if _capturing:
+            xm, wm = _at_address(x), _at_address(w)
+            _capturing[-1].rerun = lambda: xm.mul_(wm)
+        return [out]
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(in_place, "0/0:aot_backward", None, gradient_outputs=[0])
+    r([torch.ones(4), w])  # warm-up
+    r([torch.ones(4), w])  # capture
+    g = r([torch.full((4,), 3.0), w])[0]
+    (cap,) = r.graphs.values()
+    assert g.untyped_storage().data_ptr() == cap.static[0].untyped_storage().data_ptr() and g is not cap.static[0]
+    g2 = r([torch.full((4,), 5.0), w])[0]
+    assert torch.equal(g, torch.full((4,), 6.0)) and torch.equal(g2, torch.full((4,), 10.0))
+    assert g.data_ptr() != g2.data_ptr() == cap.static[0].data_ptr()

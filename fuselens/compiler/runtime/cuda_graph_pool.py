@@ -39,14 +39,16 @@ class PoolBuffer:
     """One storage a captured graph's replays write its outputs into (a pool block its
     capture allocated), and whether anything outside the runner still holds it."""
 
-    __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "generation", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "generation", "runners", "__weakref__")
 
-    def __init__(self, owning: Any, gradient: bool, generation: int) -> None:
+    def __init__(self, owning: Any, gradient: bool, generation: int, runners: bool = False) -> None:
         self.ptr = owning.data_ptr()
         self.nbytes = owning.nbytes()
         self.device = owning.device
-        # the capture's own storage, which its first call hands out (the allocator's block)
-        self.first: Optional[weakref.ref] = weakref.ref(owning)
+        # the capture's own storage, which its first call hands out (the allocator's block);
+        # none for a runner's own buffer (an input copied there each replay, reused for an output)
+        self.first: Optional[weakref.ref] = None if runners else weakref.ref(owning)
+        self.runners = runners  # outside the pool: no other graph writes there
         # what later replays hand out: the same memory, owning nothing; held by the runner,
         # so anything else holding it shows as a use count above one
         self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, self.device, self.nbytes)
@@ -86,9 +88,12 @@ _POOL_CALLS = all(hasattr(torch._C, n) for n in ("_cuda_beginAllocateCurrentThre
 
 class CapturedOutputs:
     """A captured graph's outputs as places in memory: each tensor output is a view of one
-    of its `buffers` (its own pool memory) or, aliasing an input, kept as it is."""
+    of its `buffers` (its own pool memory, or a static buffer its runner copies an input
+    into, which the graph reuses once read) or, aliasing a parameter or another graph's
+    output, kept as it is."""
 
-    def __init__(self, outs: Sequence[Any], input_ptrs: set[int], gradients: set[int], generation: int) -> None:
+    def __init__(self, outs: Sequence[Any], input_ptrs: set[int], gradients: set[int], generation: int,
+                 runners_ptrs: frozenset = frozenset()) -> None:
         self.buffers: list[PoolBuffer] = []
         self.specs: list[tuple] = []  # per output: ("value", v) | ("view", buffer index, metadata)
         by_ptr: dict[int, int] = {}
@@ -98,13 +103,13 @@ class CapturedOutputs:
                 continue
             st = o.untyped_storage()
             ptr = st.data_ptr()
-            if ptr in input_ptrs:
-                self.specs.append(("value", o))  # a view of an input (a parameter's): no pool memory
+            if ptr in input_ptrs and ptr not in runners_ptrs:
+                self.specs.append(("value", o))  # a view of a parameter or of another graph's output
                 continue
             k = by_ptr.get(ptr)
             if k is None:
                 k = by_ptr[ptr] = len(self.buffers)
-                self.buffers.append(PoolBuffer(st, False, generation))
+                self.buffers.append(PoolBuffer(st, False, generation, runners=ptr in runners_ptrs))
             if i in gradients:
                 self.buffers[k].gradient = True
             meta = {"size": o.shape, "stride": o.stride(), "storage_offset": o.storage_offset(), "dtype": o.dtype,
@@ -229,4 +234,4 @@ class GraphFamily:
         capture. Its own gradients are checked before its inputs are copied."""
         allowed = captured.allowed
         return [(b, m) for m in self.members if m is not captured
-                for b in m.outputs.buffers if b not in allowed]
+                for b in m.outputs.buffers if not b.runners and b not in allowed]
