@@ -494,3 +494,41 @@ def test_a_gradient_written_over_a_copied_input_is_handed_out_and_survives_the_n
     g2 = r([torch.full((4,), 5.0), w])[0]
     assert torch.equal(g, torch.full((4,), 6.0)) and torch.equal(g2, torch.full((4,), 10.0))
     assert g.data_ptr() != g2.data_ptr() == cap.static[0].data_ptr()
+
+
+class InPlaceFn(Fn):
+    """A backward writing its output over its first input, a saved activation it has read
+    (kernels reuse a dead input's memory)."""
+
+    def __call__(self, args: list) -> list:
+        ts = list(args)
+        args.clear()
+        if not _capturing:
+            return [self.fn(*ts)]
+        mem = [_at_address(t) for t in ts]  # a capture records the kernels, running none
+        _capturing[-1].rerun = lambda: self.fn(*mem)
+        return [ts[0]]
+
+
+@pytest.mark.parametrize("can_move", [True, False], ids=["storage-moves", "torch-2.11-captures-again"])
+def test_a_gradient_written_over_a_saved_activation_is_handed_out_and_the_next_forward_spares_it(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, can_move: bool) -> None:
+    """BERT's backward writes 29 of its 106 gradients over saved activations it has read:
+    the forward's memory. Handed out fresh, autograd keeps them as `.grad` (kept as the
+    capture's tensors, they were cloned: 177 MB a step); one still held when the next
+    forward replays over that memory is moved out first, or the forward captures again alone."""
+    if can_move and not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    monkeypatch.setattr(cuda_graphs, "_CAN_MOVE_STORAGE", can_move)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(InPlaceFn(lambda a, g: a.mul_(g)), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # captures
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert [x.ptr for x in b.outputs.buffers] == [f.outputs.buffers[0].ptr]
+    (g1,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.full((4,), 10.0))
+    (g2,) = _step(fw, bw, torch.full((4,), 5.0), w, torch.full((4,), 10.0))  # g1 still held, like a .grad
+    assert g1 is not g2 and torch.equal(g2, torch.full((4,), 100.0))
+    assert torch.equal(g1, torch.full((4,), 60.0))
+    assert (fw.conflicts == 0) == can_move

@@ -88,11 +88,13 @@ _POOL_CALLS = all(hasattr(torch._C, n) for n in ("_cuda_beginAllocateCurrentThre
 
 class CapturedOutputs:
     """A captured graph's outputs as places in memory: each tensor output is a view of one
-    of its `buffers` (its own pool memory, or a static buffer its runner copies an input
-    into, which the graph reuses once read) or, aliasing a parameter or another graph's
-    output, kept as it is."""
+    of its `buffers` or, aliasing a parameter, kept as it is. A buffer is pool memory the
+    capture allocated, or memory of an input the graph writes over once it has read it
+    (kernels reuse a dead input's memory): another graph's output it reads in place (a saved
+    activation; BERT's backward writes 29 of its 106 gradients there), or the static buffer
+    the runner copies an input into."""
 
-    def __init__(self, outs: Sequence[Any], input_ptrs: set[int], gradients: set[int], generation: int,
+    def __init__(self, outs: Sequence[Any], fixed_ptrs: set[int], gradients: set[int], generation: int,
                  runners_ptrs: frozenset = frozenset()) -> None:
         self.buffers: list[PoolBuffer] = []
         self.specs: list[tuple] = []  # per output: ("value", v) | ("view", buffer index, metadata)
@@ -103,8 +105,8 @@ class CapturedOutputs:
                 continue
             st = o.untyped_storage()
             ptr = st.data_ptr()
-            if ptr in input_ptrs and ptr not in runners_ptrs:
-                self.specs.append(("value", o))  # a view of a parameter or of another graph's output
+            if ptr in fixed_ptrs:
+                self.specs.append(("value", o))  # a view of a parameter: its own memory, not the pool's
                 continue
             k = by_ptr.get(ptr)
             if k is None:

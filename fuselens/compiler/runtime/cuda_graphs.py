@@ -348,11 +348,13 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=family.handle, stream=side):
             outs = list(self.runner(run_args))
         del run_args
-        input_ptrs = {a.untyped_storage().data_ptr() for a in static if isinstance(a, torch.Tensor)}
+        lent = set(borrowed)
+        fixed = {a.untyped_storage().data_ptr() for i, a in enumerate(static)
+                 if isinstance(a, torch.Tensor) and i in params and i not in lent}
         copies = frozenset(a.untyped_storage().data_ptr() for i, a in enumerate(static)
                            if isinstance(a, torch.Tensor) and i not in params)
         gradients = set(self.gradient_outputs) if self.hand_out else set()
-        outputs = CapturedOutputs(outs, input_ptrs, gradients, family.generation, copies)
+        outputs = CapturedOutputs(outs, fixed, gradients, family.generation, copies)
         allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
         self.graphs[key] = Captured(static, params, graph, outputs, family, allowed, self)
         self.outputs |= outputs.ptrs()
