@@ -532,3 +532,19 @@ def test_a_gradient_written_over_a_saved_activation_is_handed_out_and_the_next_f
     assert g1 is not g2 and torch.equal(g2, torch.full((4,), 100.0))
     assert torch.equal(g1, torch.full((4,), 60.0))
     assert (fw.conflicts == 0) == can_move
+
+
+def test_a_warm_up_reading_a_captured_graphs_output_allocates_in_a_pool_of_its_own(simulated_cuda: None) -> None:
+    """A first call (a real run) allocating in a pool where a graph was captured could take the
+    memory that graph's capture freed, which its replays write: nothing would keep them from
+    writing over the warm-up's outputs. Only a capture, whose outputs are watched, joins."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    late = CudaGraphRunner(Fn(lambda a: a + 1), "1/0:aot_forward", None)
+    fw([torch.ones(4), w])
+    (out,) = fw([torch.ones(4), w])  # captured; nothing replayed yet
+    (f,) = fw.graphs.values()
+    assert torch.equal(late([out])[0], torch.full((4,), 3.0))  # its warm-up
+    (family,) = late.warm.values()
+    assert family is not f.family and not f.family.sealed
+    assert torch.equal(late([fw([torch.ones(4), w])[0]])[0], torch.full((4,), 3.0))  # captured

@@ -164,10 +164,13 @@ class GraphFamily:
         GraphFamily._all.add(self)
 
     @staticmethod
-    def of(ptrs: set[int], device: int) -> Optional["GraphFamily"]:
-        """A family no capture is closed to whose warm-ups or captures returned one of `ptrs`."""
+    def of(ptrs: set[int], device: int, warm_up: bool = False) -> Optional["GraphFamily"]:
+        """A family no capture is closed to whose warm-ups or captures returned one of `ptrs`.
+        For a warm-up, only one with no capture yet: nothing would keep a captured graph's
+        replays from writing over what the warm-up allocated where that graph's capture
+        freed memory."""
         for fam in list(GraphFamily._all):
-            if not fam.sealed and fam.device == device and ptrs & fam.out_ptrs:
+            if not fam.sealed and fam.device == device and ptrs & fam.out_ptrs and not (warm_up and fam.members):
                 return fam
         return None
 

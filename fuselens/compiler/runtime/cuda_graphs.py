@@ -162,7 +162,7 @@ class CudaGraphRunner:
         pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory)."""
         device = torch.cuda.current_device()
         ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        family = GraphFamily.of(ptrs, device) or GraphFamily(device, torch.cuda.graph_pool_handle())
+        family = GraphFamily.of(ptrs, device, warm_up=True) or GraphFamily(device, torch.cuda.graph_pool_handle())
         side = _warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), family.allocating():
