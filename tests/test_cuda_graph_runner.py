@@ -548,3 +548,25 @@ def test_a_warm_up_reading_a_captured_graphs_output_allocates_in_a_pool_of_its_o
     (family,) = late.warm.values()
     assert family is not f.family and not f.family.sealed
     assert torch.equal(late([fw([torch.ones(4), w])[0]])[0], torch.full((4,), 3.0))  # captured
+
+
+def test_a_gradient_accumulated_over_steps_on_a_saved_activations_memory_costs_no_capture(
+        simulated_cuda: None) -> None:
+    """Accumulating into a `.grad` the backward wrote over a saved activation: the forward's
+    replay moves it out, once; from then on neither graph mistakes the moved tensor for one
+    still on the pool (it would capture again alone every step)."""
+    if not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(InPlaceFn(lambda a, g: a.mul_(g)), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    (grad,) = _step(fw, bw, torch.ones(4), w, torch.full((4,), 10.0))  # captures: grad is the capture's tensor
+    total = grad.clone()
+    for v in (2.0, 3.0, 4.0, 5.0):
+        (g,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0))
+        grad += g  # like AccumulateGrad into a .grad kept across steps
+        total += 20.0 * v
+        del g
+        assert torch.equal(grad, total)
+    assert fw.conflicts == bw.conflicts == 0 and fw.captures_made == bw.captures_made == 1

@@ -57,7 +57,8 @@ class PoolBuffer:
 
     def held(self) -> bool:
         if self.first is not None:
-            if self.first() is not None:
+            st = self.first()
+            if st is not None and st.data_ptr() == self.ptr:  # not if moved out (another buffer of this memory)
                 return True
             self.first = None
         return torch._C._storage_Use_Count(self.storage._cdata) > 1
