@@ -7,10 +7,14 @@ graph captured while it reads another graph's outputs in place joins that graph'
 family, one pool: a backward's capture reuses, for its temporaries and gradients, the
 memory of each saved activation once it has read it, as Inductor's CUDA graph trees do.
 
-What makes that safe:
-- A graph's outputs are not held by its runner. Its first call hands out the capture's
-  own tensors; later replays hand out tensors over the same memory that own nothing
-  (`PoolBuffer`), so a dropped activation is memory the allocator knows is free.
+A signature's first call is its warm-up, a real run allocating from the family's pool (a
+throwaway run right before the capture would run a backward with every saved activation
+still alive, and the pool would keep room for both); its second call captures.
+
+What makes sharing safe:
+- A graph's outputs are not held by its runner. The call that captures hands out the
+  capture's own tensors; later replays hand out tensors over the same memory that own
+  nothing (`PoolBuffer`), so a dropped activation is memory the allocator knows is free.
 - Graphs join a family only before any of its graphs has replayed: until then the
   allocator's view of the pool is exact (every live tensor on it is one it allocated), so
   a capture allocates only memory nothing holds. A later capture takes a pool of its own.
@@ -37,7 +41,8 @@ import torch
 
 class PoolBuffer:
     """One storage a captured graph's replays write its outputs into (a pool block its
-    capture allocated), and whether anything outside the runner still holds it."""
+    capture allocated, or an input's memory it writes over once read), and whether
+    anything outside the runner still holds it."""
 
     __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "generation", "runners", "__weakref__")
 
@@ -160,6 +165,7 @@ class GraphFamily:
         self.generation = 0  # steps begun
         self.last_index = -1  # capture index of the member that replayed last
         self.version = 0  # bumped when members change: each member's watch list is rebuilt
+        self.joined = 0  # captures that joined, parked and pruned ones included: the next one's index
         self.out_ptrs: set[int] = set()  # addresses of what its warm-ups and captures returned
         self._holds_pool = False
         GraphFamily._all.add(self)
@@ -205,10 +211,12 @@ class GraphFamily:
                 pass
 
     def join(self, captured: Any) -> int:
+        """Add a capture; returns its index, the order it replays in within a step."""
         self.prune()
         self.members.append(captured)
         self.version += 1
-        return len(self.members) - 1
+        self.joined += 1
+        return self.joined - 1
 
     def begin_replay(self, index: int) -> None:
         """A member replays: one captured no later than the last to replay starts a step."""
@@ -234,10 +242,10 @@ class GraphFamily:
             self.version += 1
 
     def watch(self, captured: Any) -> list[tuple[PoolBuffer, Any]]:
-        """(buffer, its capture) for each buffer `captured`'s replay may write over that
-        someone else may hold: every member's outputs but its own non-gradient ones (a
-        graph's outputs are valid until it replays again) and those alive at the end of its
-        capture. Its own gradients are checked before its inputs are copied."""
+        """(buffer, its capture) for each buffer of the other members that `captured`'s replay
+        may write over: all but those alive at the end of its capture and the runners' own
+        static buffers (no other graph writes there). Its own outputs are overwritten by
+        design, but for its gradients, which the runner checks before copying its inputs."""
         allowed = captured.allowed
         return [(b, m) for m in self.members if m is not captured
                 for b in m.outputs.buffers if not b.runners and b not in allowed]
