@@ -570,19 +570,3 @@ def test_a_gradient_accumulated_over_steps_on_a_saved_activations_memory_costs_n
         del g
         assert torch.equal(grad, total)
     assert fw.conflicts == bw.conflicts == 0 and fw.captures_made == bw.captures_made == 1
-
-
-def test_a_buffer_over_memory_only_the_runners_alias_refers_to_is_not_held() -> None:
-    """A capture made again from a call's static inputs reads other graphs' outputs through
-    aliases the runner made (they own nothing): an output over such an alias is held by what
-    holds the memory's tensors, not by the runner's own alias."""
-    from fuselens.compiler.runtime.cuda_graph_pool import PoolBuffer
-
-    mem = torch.ones(4)
-    alias = cuda_graphs._alias(mem)
-    b = PoolBuffer(alias.untyped_storage(), True, 0)
-    assert not b.held()
-    handed = torch.empty(0).set_(b.storage, 0, (4,), (1,))
-    assert b.held()
-    del handed
-    assert not b.held() and torch.equal(alias, mem)

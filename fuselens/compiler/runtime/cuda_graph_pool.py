@@ -50,10 +50,9 @@ class PoolBuffer:
         self.ptr = owning.data_ptr()
         self.nbytes = owning.nbytes()
         self.device = owning.device
-        # the capture's own storage, which the call that captured hands out (the allocator's
-        # block); none for a runner's own buffer (an input copied there each replay, reused for
-        # an output) or for an alias the runner made, which owns nothing (not resizable)
-        self.first: Optional[weakref.ref] = weakref.ref(owning) if not runners and owning.resizable() else None
+        # the capture's own storage, which its first call hands out (the allocator's block);
+        # none for a runner's own buffer (an input copied there each replay, reused for an output)
+        self.first: Optional[weakref.ref] = None if runners else weakref.ref(owning)
         self.runners = runners  # outside the pool: no other graph writes there
         # what later replays hand out: the same memory, owning nothing; held by the runner,
         # so anything else holding it shows as a use count above one
