@@ -12,7 +12,9 @@ last result still held:
 - each memory pool the allocator holds (CUDA graphs' private pools and the general
   one): its MB reserved and MB allocated in it (outputs a graph keeps between replays);
 - for fuselens, each graph: captures made, signatures alive, its pool, its outputs' MB,
-  and the inputs its replays copy into static buffers (MB held twice).
+  and the inputs its replays copy into static buffers (MB held twice); in training, how
+  many parameter gradients the last step left on the graphs' memory (the rest autograd
+  cloned: their MB).
 With `--bench`, the same again after `benchmarks.models.time_step` (do_bench's few
 hundred steps, as the suite times): what a long run adds (graphs captured again).
 """
@@ -37,7 +39,7 @@ import torch  # noqa: E402
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()
 from benchmarks.models import make_step, time_step  # noqa: E402
-from benchmarks.cuda_graph_pools import MB, fuselens_graphs, pools  # noqa: E402
+from benchmarks.cuda_graph_pools import MB, fuselens_graphs, gradients_in_graph_memory, pools  # noqa: E402
 from benchmarks.real_models import MODELS, build  # noqa: E402
 
 BACKENDS = {"inductor_cg": {"mode": "reduce-overhead"},
@@ -74,6 +76,8 @@ def measure(name: str, mode: str, backends: list[str], bench: bool) -> dict:
         for _ in range(4):
             out = step()
         r = held(reserved0, allocated0, label)
+        if label == "fuselens_cg" and train:
+            r["gradients"] = gradients_in_graph_memory(module)
         if bench:
             time_step(step, "cuda", 0)
             r["after_bench"] = held(reserved0, allocated0, label)

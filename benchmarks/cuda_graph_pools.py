@@ -46,3 +46,17 @@ def fuselens_graphs() -> list[dict]:
                     "outputs_mb": outputs / MB, "copied_inputs_mb": copied / MB,
                     "copied_inputs": [list(c) for c in r.copied_inputs()[:40]]})
     return out
+
+
+def gradients_in_graph_memory(module: torch.nn.Module) -> dict:
+    """Where a training step left the parameters' gradients: on the memory of a fuselens CUDA
+    graph's outputs (handed out, kept as `.grad` without a copy) or elsewhere (autograd
+    cloned them: MB a step). Read right after a step, before the next zeroes them."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    ptrs = {p for r in list(CudaGraphRunner._live) for cap in r.graphs.values() for p in cap.outputs.ptrs()}
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    copied = [g for g in grads if g.untyped_storage().data_ptr() not in ptrs]
+    return {"gradients": len(grads), "in_graph_memory": len(grads) - len(copied),
+            "copied_mb": sum(g.numel() * g.element_size() for g in copied) / MB}
+

@@ -264,6 +264,10 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                     r["pools"] = pools()
                     if label == "fuselens_cg":
                         r["cg_graphs"] = fuselens_graphs()
+                        if train:
+                            from benchmarks.cuda_graph_pools import gradients_in_graph_memory
+
+                            r["cg_gradients"] = gradients_in_graph_memory(module)
             if profile or device == "cuda":
                 r.update(profile_step(step, device, top=top))
                 if not profile:

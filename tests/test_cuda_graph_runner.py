@@ -570,3 +570,20 @@ def test_a_gradient_accumulated_over_steps_on_a_saved_activations_memory_costs_n
         del g
         assert torch.equal(grad, total)
     assert fw.conflicts == bw.conflicts == 0 and fw.captures_made == bw.captures_made == 1
+
+
+def test_the_benchmarks_count_the_gradients_left_on_graph_memory_and_the_mb_autograd_cloned(
+        simulated_cuda: None) -> None:
+    from benchmarks.cuda_graph_pools import gradients_in_graph_memory
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    module = torch.nn.Module()
+    module.w = w
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    (w.grad,) = _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    assert gradients_in_graph_memory(module) == {"gradients": 1, "in_graph_memory": 1, "copied_mb": 0.0}
+    w.grad = w.grad.clone()
+    assert gradients_in_graph_memory(module) == {"gradients": 1, "in_graph_memory": 0, "copied_mb": 16 / 2 ** 20}
