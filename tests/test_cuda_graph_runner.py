@@ -587,3 +587,36 @@ def test_the_benchmarks_count_the_gradients_left_on_graph_memory_and_the_mb_auto
     assert gradients_in_graph_memory(module) == {"gradients": 1, "in_graph_memory": 1, "copied_mb": 0.0}
     w.grad = w.grad.clone()
     assert gradients_in_graph_memory(module) == {"gradients": 1, "in_graph_memory": 0, "copied_mb": 16 / 2 ** 20}
+
+
+def test_two_forwards_before_their_backwards_keep_each_ones_saved_activations(simulated_cuda: None) -> None:
+    """A training step that runs the forward twice before the backwards (two views of a batch,
+    a siamese network): the second replay would write over the saved activations the first
+    call's backward still needs. It captures again in a pool of its own instead."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None, saved_from=0)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    for _ in range(3):  # warm-ups, captures, a replay: one forward a step
+        _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    for v in (3.0, 5.0):
+        first = [fw([torch.full((4,), v), w])[0], torch.ones(4)]
+        second = [fw([torch.full((4,), 10 * v), w])[0], torch.ones(4)]
+        assert torch.equal(bw(second)[0], torch.full((4,), 20.0 * v))
+        assert torch.equal(bw(first)[0], torch.full((4,), 2.0 * v))
+    assert fw.conflicts >= 1 and "backward" in fw.last_conflict
+
+
+def test_a_buffer_a_user_output_is_on_is_not_a_saved_activation() -> None:
+    """A forward's outputs from `saved_from` on are saved for its backward; a buffer that also
+    holds a user output (the logits, saved for the loss's backward) is the user's to keep."""
+    from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs
+
+    logits, act = torch.ones(4), torch.ones(2)
+    out = CapturedOutputs([logits, act, logits[:2]], set(), set(), 0, saved_from=1)
+    assert [b.saved for b in out.buffers] == [False, True] and out.saved == [out.buffers[1]]
+    del act
+    assert not out.saved_held()
+    held = out.tensors()[1]
+    assert out.saved_held()
+    del held
+    assert not out.saved_held()

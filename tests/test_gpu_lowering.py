@@ -210,6 +210,26 @@ def test_cuda_graph_backward_run_with_retain_graph_leaves_the_saved_activations_
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_cuda_graph_two_forwards_before_their_backwards_give_eager_gradients():
+    """Two views of a batch through one compiled model, then one backward of the summed loss
+    (contrastive and siamese training): the second forward's replay must not write over the
+    saved activations the first one's backward reads."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
+    ref = __import__("copy").deepcopy(model)
+    cmodel = torch.compile(model, backend="fuselens", options={"cuda_graphs": True, "fallback_on_error": False})
+    for _ in range(6):
+        a, b = torch.randn(128, 64, device="cuda"), torch.randn(128, 64, device="cuda")
+        for p in (*model.parameters(), *ref.parameters()):
+            p.grad = None
+        (cmodel(a).square().mean() + cmodel(b).tanh().mean()).backward()
+        (ref(a).square().mean() + ref(b).tanh().mean()).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_dynamo_reset_frees_the_memory_cuda_graphs_held():
     """After `torch._dynamo.reset()`, a model trained under `cuda_graphs` and then dropped
     leaves nothing allocated: not its parameters (static inputs of the graphs) nor the

@@ -44,7 +44,8 @@ class PoolBuffer:
     capture allocated, or an input's memory it writes over once read), and whether
     anything outside the runner still holds it."""
 
-    __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "generation", "runners", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "saved", "generation", "runners",
+                 "__weakref__")
 
     def __init__(self, owning: Any, gradient: bool, generation: int, runners: bool = False) -> None:
         self.ptr = owning.data_ptr()
@@ -58,6 +59,7 @@ class PoolBuffer:
         # so anything else holding it shows as a use count above one
         self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, self.device, self.nbytes)
         self.gradient = gradient  # a parameter's gradient: never overwritten while held
+        self.saved = False  # only saved activations on it (a forward's): held means a backward still to run
         self.generation = generation  # the family's step that last wrote it
 
     def held(self) -> bool:
@@ -101,7 +103,7 @@ class CapturedOutputs:
     the runner copies an input into."""
 
     def __init__(self, outs: Sequence[Any], fixed_ptrs: set[int], gradients: set[int], generation: int,
-                 runners_ptrs: frozenset = frozenset()) -> None:
+                 runners_ptrs: frozenset = frozenset(), saved_from: Optional[int] = None) -> None:
         self.buffers: list[PoolBuffer] = []
         self.specs: list[tuple] = []  # per output: ("value", v) | ("view", buffer index, metadata)
         by_ptr: dict[int, int] = {}
@@ -123,6 +125,13 @@ class CapturedOutputs:
             meta = {"size": o.shape, "stride": o.stride(), "storage_offset": o.storage_offset(), "dtype": o.dtype,
                     "device": o.device, "data_ptr": ptr, "nbytes": st.nbytes()}
             self.specs.append(("view", k, meta))
+        # a forward's outputs from `saved_from` on are saved for its backward; a buffer the
+        # user's outputs are not on holds only those
+        user = {spec[1] for i, spec in enumerate(self.specs)
+                if spec[0] == "view" and (saved_from is None or i < saved_from)}
+        self.saved = [b for k, b in enumerate(self.buffers) if saved_from is not None and k not in user]
+        for b in self.saved:
+            b.saved = True
 
     def tensors(self) -> list:
         """This replay's outputs: fresh tensors over the buffers (autograd's AccumulateGrad
@@ -144,6 +153,12 @@ class CapturedOutputs:
 
     def ptrs(self) -> set[int]:
         return {b.ptr for b in self.buffers}
+
+    def saved_held(self) -> bool:
+        """Whether a saved activation of the last call is still held: its backward has not run
+        (another forward came first) or kept it (`retain_graph=True`)."""
+        count = torch._C._storage_Use_Count  # asked before every replay: the usual case inline
+        return any((b.first is not None or count(b.storage._cdata) > 1) and b.held() for b in self.saved)
 
     def held(self) -> bool:
         return any(b.held() for b in self.buffers)

@@ -84,8 +84,11 @@ class CudaGraphRunner:
     _captures = 0  # bumped by every capture: what `_replayed` caches is valid until the next
 
     def __init__(self, runner: Any, graph_id: str, timer: Optional[KernelTimer], static_inputs: Optional[set[int]] = None,
-                 mutated_inputs: Sequence[int] = (), gradient_outputs: Sequence[int] = ()) -> None:
+                 mutated_inputs: Sequence[int] = (), gradient_outputs: Sequence[int] = (),
+                 saved_from: Optional[int] = None) -> None:
         self.runner = runner
+        # a forward's outputs from this one on are saved for its backward (AOTAutograd's order)
+        self.saved_from = saved_from
         # outputs that are parameters' gradients (a backward's): never overwritten while held
         self.gradient_outputs = sorted(gradient_outputs) if _CAN_COUNT_REFERENCES else []
         # gradients handed to autograd as tensors only it holds (AccumulateGrad keeps them as
@@ -251,6 +254,9 @@ class CudaGraphRunner:
             # and its gradients are kept by the runner until the next replay (autograd copies them)
             self.hand_out = False
             return self._capture_and_replay(key, args)
+        if first is None and cap.outputs.saved and cap.outputs.saved_held():
+            return self._capture_alone(key, args, "its last call's saved activations are still held: that call's "
+                                       "backward has not run (two forwards before their backwards)")
         static, params = cap.static, cap.in_place
         timer = self.timer
         t0 = timer.start() if timer is not None else None
@@ -265,7 +271,7 @@ class CudaGraphRunner:
             family.begin_replay(cap.index)
             why = self._conflict(cap)
             if why:
-                return self._capture_alone(key, cap, back, why)
+                return self._capture_alone(key, list(cap.static), why, back)
         else:
             family.last_index = cap.index
         t1 = timer.start() if timer is not None else None
@@ -317,17 +323,18 @@ class CudaGraphRunner:
                        "kept for another backward, or an output kept past its reader)"
         return ""
 
-    def _capture_alone(self, key: tuple, cap: Captured, back: list, why: str) -> Any:
-        """Capture this signature again in a pool of its own, for this call's result (its
-        inputs: the copies this call made, the parameters, the outputs read in place)."""
+    def _capture_alone(self, key: tuple, inputs: list, why: str, back: Sequence[tuple] = ()) -> Any:
+        """Capture this signature again in a pool of its own, for this call's result (`inputs`:
+        the call's, or the copies it made with the parameters and the outputs read in place;
+        `back`: the call's inputs the graph mutates, with the copies they come back from)."""
         self.conflicts += 1
         self.last_conflict = why
         if self.conflicts > CONFLICTS_BEFORE_PLAIN:
             self.failed = f"its replays kept finding tensors they would overwrite still held: {why}"
             _report_failed_capture(self.graph_id, self.failed)
-            result = self.runner(list(cap.static))
+            result = self.runner(inputs)
         else:
-            result = self._capture_and_replay(key, list(cap.static))
+            result = self._capture_and_replay(key, inputs)
         _copy_all([a for a, _ in back], [s for _, s in back])
         return result
 
@@ -354,7 +361,7 @@ class CudaGraphRunner:
         copies = frozenset(a.untyped_storage().data_ptr() for i, a in enumerate(static)
                            if isinstance(a, torch.Tensor) and i not in params)
         gradients = set(self.gradient_outputs) if self.hand_out else set()
-        outputs = CapturedOutputs(outs, fixed, gradients, family.generation, copies)
+        outputs = CapturedOutputs(outs, fixed, gradients, family.generation, copies, self.saved_from)
         allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
         self.graphs[key] = Captured(static, params, graph, outputs, family, allowed, self)
         self.outputs |= outputs.ptrs()

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from fuselens.compiler.runtime.atomic_file import write_atomically
+from fuselens.compiler.layout_passes import forward_user_outputs
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, gradient_output_indices, static_input_indices
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
@@ -90,8 +91,11 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
             la.kernel_timer = timer
     runner = wrapper_codegen.wrap(runner, fast=on_cuda) or runner  # straight-line Python, not the plan interpreter
     if on_cuda and options.cuda_graphs:
-        backward = graph_id.split("#")[0].endswith(":aot_backward")
+        stage = graph_id.split("#")[0].rsplit(":", 1)[-1]
+        backward = stage == "aot_backward"
         static = static_input_indices(backward=backward)
         grads = gradient_output_indices() if backward else set()
-        return CudaGraphRunner(runner, graph_id, timer, static, mutated, grads), []
+        # a training forward's outputs after the user's are saved for its backward
+        saved_from = forward_user_outputs() if stage == "aot_forward" else None
+        return CudaGraphRunner(runner, graph_id, timer, static, mutated, grads, saved_from), []
     return runner, []
