@@ -26,6 +26,8 @@ What makes sharing safe:
   - an output of this step (the family's graphs replay in capture order; a graph that
     replays again starts a step): the graph captures again in a pool of its own, once
     (a backward run with `retain_graph=True` keeps the activations it would reuse);
+  - a saved activation of the graph's own last call (a forward called again before that
+    call's backward ran): the same.
   - an output of an earlier step: overwritten, as a graph's own outputs always were and as
     `reduce-overhead` does. Outputs are valid until the next step.
 """
