@@ -620,3 +620,26 @@ def test_a_buffer_a_user_output_is_on_is_not_a_saved_activation() -> None:
     assert out.saved_held()
     del held
     assert not out.saved_held()
+
+
+def test_graphs_replayed_out_of_capture_order_never_overwrite_an_output_of_the_same_step(
+        simulated_cuda: None) -> None:
+    """Outputs of an earlier step may be overwritten (the loop's last loss); a step is told by
+    the family's first graph replaying again, after the others in capture order. Out of that
+    order (the head called before the model) the head's output held now may be of this step:
+    the model captures again alone rather than take it for last step's."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    model = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    head = CudaGraphRunner(Fn(lambda a: a + 1), "1/0:aot_forward", None)  # reads the model's output in place
+    for v in (1.0, 2.0, 3.0):  # warm-ups, captures, a replay in order
+        logits = model([torch.full((4,), v), w])[0]
+        kept = head([logits])[0]  # still held when the next step begins
+    (m,), (h,) = model.graphs.values(), head.graphs.values()
+    assert m.family is h.family and model.conflicts == head.conflicts == 0
+    logits = model([torch.full((4,), 4.0), w])[0]
+    kept = head([logits])[0]  # in order: the last step's `kept` was overwritten, as reduce-overhead does
+    assert model.conflicts == 0 and torch.equal(kept, torch.full((4,), 9.0))
+    fresh = head([logits])[0]  # the head again, out of order: its output is of this step
+    after = model([torch.full((4,), 5.0), w])[0]
+    assert model.conflicts == 1 and torch.equal(after, torch.full((4,), 10.0))
+    assert torch.equal(fresh, torch.full((4,), 9.0))

@@ -179,8 +179,9 @@ class GraphFamily:
         self.handle = handle  # the pool every member allocates from
         self.sealed = False  # a member has replayed: no capture joins from here on
         self.members: list[Any] = []  # the captures (`Captured`), parked ones included
-        self.generation = 0  # steps begun
+        self.generation = 0  # steps begun (replays of its first graph)
         self.last_index = -1  # capture index of the member that replayed last
+        self.disordered = False  # a member replayed out of capture order since the step began
         self.version = 0  # bumped when members change: each member's watch list is rebuilt
         self.joined = 0  # captures that joined, parked and pruned ones included: the next one's index
         self.out_ptrs: set[int] = set()  # addresses of what its warm-ups and captures returned
@@ -235,12 +236,29 @@ class GraphFamily:
         self.joined += 1
         return self.joined - 1
 
-    def begin_replay(self, index: int) -> None:
-        """A member replays: one captured no later than the last to replay starts a step."""
+    def begin_replay(self, index: int) -> bool:
+        """A member replays. The first member's replay begins a step: what the others wrote
+        before it is of the last step, and may be overwritten, if they replayed in capture
+        order. Out of that order, a member's outputs may be of this step whatever their step
+        number says: True then, for the first member, to judge them before the new step
+        begins (`end_step_check`)."""
         self.sealed = True
-        if index <= self.last_index:
-            self.generation += 1
+        first = min((m.index for m in self.members if not m.parked), default=index)
+        check_first = False
+        if index == first:
+            check_first = self.disordered
+            if not check_first:
+                self.generation += 1
+            self.disordered = False
+        elif index <= self.last_index:
+            self.disordered = True
         self.last_index = index
+        return check_first
+
+    def end_step_check(self) -> None:
+        """The first member's replay, out of order, has judged what the others wrote: the new
+        step begins."""
+        self.generation += 1
 
     def leave(self, captured: Any) -> None:
         """A member's graph is dropped. While something still holds one of its outputs the

@@ -268,10 +268,12 @@ class CudaGraphRunner:
         args.clear()  # the inputs it reads for the last time are free from here (a backward's activations)
         family = cap.family
         if first is None:
-            family.begin_replay(cap.index)
+            check_first = family.begin_replay(cap.index)
             why = self._conflict(cap)
             if why:
                 return self._capture_alone(key, list(cap.static), why, back)
+            if check_first:
+                family.end_step_check()
         else:
             family.last_index = cap.index
         t1 = timer.start() if timer is not None else None
