@@ -23,9 +23,10 @@ What makes sharing safe:
   - a parameter gradient (`.grad` being accumulated): moved out of the pool first (its
     storage takes a copy; torch 2.13), or, where torch cannot move a storage, the graph
     captures again in a pool of its own and its producer stops handing gradients out;
-  - an output of this step (the family's graphs replay in capture order; a graph that
-    replays again starts a step): the graph captures again in a pool of its own, once
-    (a backward run with `retain_graph=True` keeps the activations it would reuse);
+  - an output of this step (a step begins when the family's first graph replays after the
+    others replayed in capture order; after a replay out of that order, every output held
+    counts as this step's): the graph captures again in a pool of its own, once (a backward
+    run with `retain_graph=True` keeps the activations it would reuse);
   - a saved activation of the graph's own last call (a forward called again before that
     call's backward ran): the same.
   - an output of an earlier step: overwritten, as a graph's own outputs always were and as
