@@ -1,11 +1,14 @@
 """The CUDA-graph runner's bookkeeping (compiler/runtime/cuda_graphs.py) on the CPU.
 
 CI has no GPU, so CUDA's graph capture is simulated here, and only that: a captured
-"graph" replays by running the graph's function again into the tensors its capture
-returned, as a real replay writes the same addresses. Everything else is the runner's
-own code: which inputs are copied or read in place, when it captures again, and how a
-backward's parameter gradients are handed to autograd. The real capture runs in
-tests/test_gpu_lowering.py on the GPU machine.
+"graph" keeps its outputs' memory (as its pool does) and replays by running the graph's
+function again into the addresses its capture returned, as a real replay writes the same
+addresses; the allocator's pool calls are recorded, not made (the reuse of freed memory
+inside a pool is not simulated). Everything else is the runner's own code (cuda_graphs.py,
+cuda_graph_pool.py): which inputs are copied or read in place, when it captures again,
+which pool a graph joins, what a replay may overwrite, and how a backward's parameter
+gradients are handed to autograd. The real capture runs in tests/test_gpu_lowering.py on
+the GPU machine.
 """
 
 from __future__ import annotations
