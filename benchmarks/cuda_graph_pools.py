@@ -27,8 +27,9 @@ def pools(segments: Optional[list[dict]] = None) -> list[dict]:
 def fuselens_graphs() -> list[dict]:
     """Each live fuselens CUDA graph runner: captures made (replaced ones included),
     captures again alone because a tensor its replay would overwrite was held (and why),
-    signatures alive, their pools (a forward and its backward share one), their outputs' MB, and the inputs its replays copy into
-    static buffers (MB held twice; the first 40 as position, shape, dtype)."""
+    signatures alive, their pools (a forward and its backward share one), their outputs' MB,
+    and the inputs its replays copy into static buffers (MB held twice; the first 40 as
+    position, shape, dtype)."""
     from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
     out = []
@@ -59,4 +60,3 @@ def gradients_in_graph_memory(module: torch.nn.Module) -> dict:
     copied = [g for g in grads if g.untyped_storage().data_ptr() not in ptrs]
     return {"gradients": len(grads), "in_graph_memory": len(grads) - len(copied),
             "copied_mb": sum(g.numel() * g.element_size() for g in copied) / MB}
-

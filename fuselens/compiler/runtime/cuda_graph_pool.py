@@ -47,20 +47,18 @@ class PoolBuffer:
     capture allocated, or an input's memory it writes over once read), and whether
     anything outside the runner still holds it."""
 
-    __slots__ = ("ptr", "nbytes", "device", "first", "storage", "gradient", "saved", "generation", "runners",
-                 "__weakref__")
+    __slots__ = ("ptr", "nbytes", "first", "storage", "gradient", "saved", "generation", "runners", "__weakref__")
 
     def __init__(self, owning: Any, gradient: bool, generation: int, runners: bool = False) -> None:
         self.ptr = owning.data_ptr()
         self.nbytes = owning.nbytes()
-        self.device = owning.device
         # the capture's own storage, which its first call hands out (the allocator's block);
         # none for a runner's own buffer (an input copied there each replay, reused for an output)
         self.first: Optional[weakref.ref] = None if runners else weakref.ref(owning)
         self.runners = runners  # outside the pool: no other graph writes there
         # what later replays hand out: the same memory, owning nothing; held by the runner,
         # so anything else holding it shows as a use count above one
-        self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, self.device, self.nbytes)
+        self.storage = torch._C._construct_storage_from_data_pointer(self.ptr, owning.device, self.nbytes)
         self.gradient = gradient  # a parameter's gradient: never overwritten while held
         self.saved = False  # only saved activations on it (a forward's): held means a backward still to run
         self.generation = generation  # the family's step that last wrote it
@@ -265,12 +263,11 @@ class GraphFamily:
         """A member's graph is dropped. While something still holds one of its outputs the
         capture stays (parked): its graph keeps the pool's memory under those tensors, and
         the others still must not write over them."""
-        if not captured.outputs.held() and captured in self.members:
-            self.members.remove(captured)
-            self.version += 1
+        captured.parked = True
         self.prune()
 
     def prune(self) -> None:
+        """Drop the parked captures nothing holds an output of any more."""
         parked = [m for m in self.members if m.parked and not m.outputs.held()]
         for m in parked:
             self.members.remove(m)

@@ -206,7 +206,6 @@ class CudaGraphRunner:
         self._plans.pop(key, None)
         if self._last_hit is not None and self._last_hit.key == key:
             self._last_hit = None
-        cap.parked = True
         cap.family.leave(cap)
         self.outputs = {p for c in self.graphs.values() for p in c.outputs.ptrs()}
         CudaGraphRunner._captures += 1  # other runners' `_replayed` caches hold the old outputs
