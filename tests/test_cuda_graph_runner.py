@@ -109,6 +109,27 @@ class Runner:
         return outs
 
 
+def test_the_cycle_collector_is_held_off_during_a_capture_and_restored_after(simulated_cuda: None,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph dropped in a reference cycle, collected in the middle of another graph's
+    capture, is a CUDA call capture forbids (an illegal memory access on an H200)."""
+    collector_on: list[bool] = []
+
+    @contextlib.contextmanager
+    def recording_graph(g: _Graph, **kw: Any):
+        collector_on.append(gc.isenabled())
+        with _graph(g, **kw):
+            yield
+
+    monkeypatch.setattr(torch.cuda, "graph", recording_graph)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    r = CudaGraphRunner(Runner(), "0/0:aot_inference", None)
+    assert gc.isenabled()
+    for _ in range(3):
+        r([torch.ones(4), w, 1.0])
+    assert collector_on == [False] and gc.isenabled()
+
+
 def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one_moves(simulated_cuda: None) -> None:
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     run = Runner()

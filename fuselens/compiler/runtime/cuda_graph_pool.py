@@ -275,10 +275,12 @@ class GraphFamily:
             self.version += 1
 
     def watch(self, captured: Any) -> list[tuple[PoolBuffer, Any]]:
-        """(buffer, its capture) for each buffer of the other members that `captured`'s replay
-        may write over: all but those alive at the end of its capture and the runners' own
-        static buffers (no other graph writes there). Its own outputs are overwritten by
-        design, but for its gradients, which the runner checks before copying its inputs."""
+        """(buffer, a weak reference to its producing runner) for each buffer of the other
+        members that `captured`'s replay may write over: all but those alive at the end of
+        its capture and the runners' own static buffers (no other graph writes there). Its
+        own outputs are overwritten by design, but for its gradients, which the runner checks
+        before copying its inputs. Not the producing capture itself: two captures watching
+        each other would be a reference cycle, freed only by the cycle collector."""
         allowed = captured.allowed
-        return [(b, m) for m in self.members if m is not captured
+        return [(b, m.runner) for m in self.members if m is not captured
                 for b in m.outputs.buffers if not b.runners and b not in allowed]

@@ -22,8 +22,10 @@ the parameters and pools it held, as it resets Inductor's CUDA graph trees.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import weakref
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -308,14 +310,14 @@ class CudaGraphRunner:
             cap.watch = family.watch(cap)
             cap.watch_version = family.version
         generation = family.generation
-        for b, owner in cap.watch:
+        for b, producer_ref in cap.watch:
             if not b.held():
                 continue
             if b.gradient:
                 if _CAN_MOVE_STORAGE:
                     b.move_out()
                     continue
-                producer = owner.runner()
+                producer = producer_ref()
                 if producer is not None:
                     producer.hand_out = False
                 return "a parameter gradient it may write over is still held (accumulated into)"
@@ -353,7 +355,7 @@ class CudaGraphRunner:
         for i in borrowed:  # from here only `run_args` holds them: the run frees each after its last reader
             static[i] = inputs[i] = _alias(static[i])
         family.hold_pool()
-        with torch.cuda.graph(graph, pool=family.handle, stream=side):
+        with _no_collection(), torch.cuda.graph(graph, pool=family.handle, stream=side):
             outs = list(self.runner(run_args))
         del run_args
         lent = set(borrowed)
@@ -471,6 +473,21 @@ def _report_failed_capture(graph_id: str, error: str) -> None:
 
     sink.emit(ErrorEntry(kind="fallback", message=f"graph {graph_id} runs without CUDA graphs: its capture failed "
                          f"({error})"))
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """Python's cycle collector held off during a capture: a dropped graph that waits in a
+    reference cycle (a family and its parked captures) would be destroyed in the middle of
+    it, a CUDA call capture forbids (two forwards before their backwards on an H200: an
+    illegal memory access two steps in, when the collector ran during the backward's capture)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 _warm_up_streams: dict[int, Any] = {}
