@@ -69,15 +69,42 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})
+    monkeypatch.setattr(cuda_graphs, "_make_library_workspaces", lambda stream, device: None)  # cuBLAS's
     handles = iter(range(1, 1 << 20))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
     monkeypatch.setattr(cuda_graph_pool, "_POOL_CALLS", True)
     for name, what in (("_cuda_beginAllocateCurrentThreadToPool", "begin"), ("_cuda_endAllocateToPool", "end"),
                        ("_cuda_releasePool", "release")):
-        monkeypatch.setattr(torch._C, name, lambda device, pool, what=what: _pool_calls.append((what, pool)),
-                            raising=False)
+        monkeypatch.setattr(torch._C, name, lambda device, pool, what=what: _pool_call(what, pool), raising=False)
+    monkeypatch.setattr(torch, "empty_strided", _empty_strided)
+    _allocating.clear()
+    _pool_memory.clear()
     gc.collect()  # earlier tests' families release their pools when they go: not among this test's calls
     _pool_calls.clear()
+
+
+_allocating: list[Any] = []  # the pools this thread allocates from now (begin ... end)
+_pool_memory: list[torch.Tensor] = []  # what the pools allocated: a real pool keeps it after its tensors are freed
+_real_empty_strided = torch.empty_strided
+
+
+def _pool_call(what: str, pool: Any) -> None:
+    _pool_calls.append((what, pool))
+    if what == "begin":
+        _allocating.append(pool)
+    elif what == "end":
+        _allocating.pop()
+
+
+def _empty_strided(size: Any, stride: Any, **kw: Any) -> torch.Tensor:
+    """Memory the pool keeps when allocated in one (the runner's copies of its inputs): the
+    tensor owns none of it, so that a capture freeing it after its last read leaves it to
+    its replays, as a real pool does."""
+    mem = _real_empty_strided(size, stride, **kw)
+    if not _allocating:
+        return mem
+    _pool_memory.append(mem)
+    return _at_address(mem)
 
 
 def _at_address(t: torch.Tensor) -> torch.Tensor:
@@ -191,7 +218,8 @@ def test_the_warm_up_is_the_first_call_run_in_the_pool_the_capture_then_uses_on_
     capture allocates again. A throwaway warm-up right before each capture ran a backward with
     every saved activation still alive, and the pool kept room for both. The family holds
     its pool from its first use. A parameter that moved before any replay is captured again
-    in the same pool (the allocator still knows every tensor on it); after one, in a new one."""
+    in the same pool (the allocator still knows every tensor on it); after one, in a new one.
+    Each capture first copies its input into the pool (the capture frees it after its last read)."""
     class Recording(Runner):
         def __call__(self, args: list) -> list:
             _pool_calls.append(("run",))
@@ -208,10 +236,13 @@ def test_the_warm_up_is_the_first_call_run_in_the_pool_the_capture_then_uses_on_
     assert torch.equal(r([torch.ones(4), again, 1.0])[0], torch.full((4,), 4.0))
     first, second = (0, 1), (0, 2)
     stream = cuda_graphs._warm_up_streams[0]
+    copy_in = [("begin", first), ("end", first), ("release", first)]
     assert _pool_calls == [("begin", first), ("end", first),  # the family takes its pool
                            ("begin", first), ("run",), ("end", first), ("release", first),  # the warm-up in it
-                           ("capture", first, stream), ("run",), ("capture", first, stream), ("run",),
-                           ("begin", second), ("end", second), ("capture", second, stream), ("run",)], _pool_calls
+                           *copy_in, ("capture", first, stream), ("run",), *copy_in, ("capture", first, stream),
+                           ("run",), ("begin", second), ("end", second),  # the new family takes its pool
+                           ("begin", second), ("end", second), ("release", second),  # its copy of the input
+                           ("capture", second, stream), ("run",)], _pool_calls
 
 
 def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_graph(simulated_cuda: None) -> None:
@@ -359,7 +390,8 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
         outs = [r([torch.full((4,), v), w, 1.0])[0] for v in (1.0, 5.0, 7.0)]
     assert [o.tolist() for o in outs] == [[3.0] * 4, [11.0] * 4, [15.0] * 4]
     assert r.graphs == {} and "not permitted" in r.failed
-    assert [c[0] for c in _pool_calls] == ["begin", "end", "begin", "end", "release"]  # the warm-up's
+    # the warm-up's, then the capture's copy of its input
+    assert [c[0] for c in _pool_calls] == ["begin", "end", "begin", "end", "release", "begin", "end", "release"]
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
     assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs: its capture failed" in \
         finding.message
@@ -445,6 +477,49 @@ def test_a_backward_whose_saved_activation_is_still_held_captures_again_alone_an
     assert bw.conflicts == 1 and "still held" in bw.last_conflict and fw.conflicts == 0
     (f,), (b,) = fw.graphs.values(), bw.graphs.values()
     assert f.family is not b.family and b.in_place == {0}
+
+
+@pytest.mark.parametrize("mutated", [False, True], ids=["read", "mutated"])
+def test_a_captures_copy_of_an_input_is_pool_memory_it_frees_after_its_last_read(
+        simulated_cuda: None, mutated: bool) -> None:
+    """A copied input (a backward's output gradient) is copied into the family's pool and
+    nothing but the capture's run holds it, so the capture reuses its memory once read, as
+    reduce-overhead's do (held for good outside the pool: BERT's logits' gradient, 238 MB).
+    An input the graph mutates keeps a buffer of its own: its result is copied back from it."""
+    seen: list[weakref.ref] = []
+
+    class Watching(Fn):
+        def __call__(self, args: list) -> list:
+            if _capturing:
+                seen.append(weakref.ref(args[1]))
+            return super().__call__(args)
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Watching(lambda a, g: a * g), "0/0:aot_backward", None, mutated_inputs=[1] if mutated else [])
+    with torch.no_grad():  # compiled graphs run so: autograd would save the copy here
+        for v in (1.0, 2.0, 3.0):
+            (out,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0 * v))
+            assert torch.equal(out, torch.full((4,), 20.0 * v * v))
+    (b,) = bw.graphs.values()
+    in_pool = b.static[1].data_ptr() in {m.data_ptr() for m in _pool_memory}
+    assert len(seen) == 1 and (seen[0]() is None) != mutated and in_pool != mutated
+
+
+def test_a_replay_that_must_capture_again_copies_nothing_into_the_pool_first(simulated_cuda: None) -> None:
+    """The check of what a replay would overwrite comes before its input copies: a copy
+    writes the pool, where the capture freed the input after its last read."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    _step(fw, bw, torch.ones(4), w, torch.full((4,), 7.0))  # captures: the backward's copy of g holds 7
+    (old,) = bw.graphs.values()
+    copy_of_g = next(m for m in _pool_memory if m.data_ptr() == old.static[1].data_ptr())
+    kept = fw([torch.full((4,), 3.0), w])[0]  # kept past the backward: its replay must not write over it
+    (out,) = bw([kept, torch.full((4,), 10.0)])
+    assert torch.equal(out, torch.full((4,), 60.0)) and bw.conflicts == 1
+    assert torch.equal(copy_of_g, torch.full((4,), 7.0))
 
 
 def test_an_output_of_an_earlier_step_still_held_is_overwritten_as_reduce_overhead_does(

@@ -259,24 +259,31 @@ class CudaGraphRunner:
             return self._capture_alone(key, args, "its last call's saved activations are still held: that call's "
                                        "backward has not run (two forwards before their backwards)")
         static, params = cap.static, cap.in_place
-        timer = self.timer
-        t0 = timer.start() if timer is not None else None
         tensors = [i for i in copied if isinstance(args[i], torch.Tensor)]
-        _copy_all([static[i] for i in tensors], [args[i] for i in tensors])
-        if timer is not None:
-            timer.stop("cudagraph_input_copies", t0)
+        sources = [args[i] for i in tensors]
         back = [(args[i], static[i]) for i in self.mutated_inputs if i not in params]
         args.clear()  # the inputs it reads for the last time are free from here (a backward's activations)
         family = cap.family
         if first is None:
+            # judged before the inputs are copied: a copy writes the pool, where the capture
+            # freed it after its last read
             check_first = family.begin_replay(cap.index)
             why = self._conflict(cap)
             if why:
-                return self._capture_alone(key, list(cap.static), why, back)
+                inputs = list(static)
+                for i, a in zip(tensors, sources):
+                    inputs[i] = a
+                return self._capture_alone(key, inputs, why)
             if check_first:
                 family.end_step_check()
         else:
             family.last_index = cap.index
+        timer = self.timer
+        t0 = timer.start() if timer is not None else None
+        _copy_all([static[i] for i in tensors], sources)
+        if timer is not None:
+            timer.stop("cudagraph_input_copies", t0)
+        del sources
         t1 = timer.start() if timer is not None else None
         cap.graph.replay()
         if timer is not None:
@@ -326,34 +333,34 @@ class CudaGraphRunner:
                        "kept for another backward, or an output kept past its reader)"
         return ""
 
-    def _capture_alone(self, key: tuple, inputs: list, why: str, back: Sequence[tuple] = ()) -> Any:
+    def _capture_alone(self, key: tuple, inputs: list, why: str) -> Any:
         """Capture this signature again in a pool of its own, for this call's result (`inputs`:
-        the call's, or the copies it made with the parameters and the outputs read in place;
-        `back`: the call's inputs the graph mutates, with the copies they come back from)."""
+        the call's, with the parameters and the outputs read in place)."""
         self.conflicts += 1
         self.last_conflict = why
         if self.conflicts > CONFLICTS_BEFORE_PLAIN:
             self.failed = f"its replays kept finding tensors they would overwrite still held: {why}"
             _report_failed_capture(self.graph_id, self.failed)
-            result = self.runner(inputs)
-        else:
-            result = self._capture_and_replay(key, inputs)
-        _copy_all([a for a, _ in back], [s for _, s in back])
-        return result
+            return self.runner(inputs)
+        return self._capture_and_replay(key, inputs)
 
     def _capture(self, key: tuple, inputs: list) -> list:
         """Capture a graph of `inputs`' signature; returns the capture's outputs (what the
-        replay right after it writes). Inputs read in place are dropped from `inputs`, so
-        that the capture may reuse the memory of those it reads for the last time."""
-        static, params, borrowed, nbytes = self._static_inputs(key, inputs)
-        graph = torch.cuda.CUDAGraph()
+        replay right after it writes). Inputs read in place are dropped from `inputs`, and
+        copied ones are copied into the family's pool and dropped too, so that the capture
+        may reuse the memory of those it reads for the last time."""
         device = torch.cuda.current_device()
-        family = self._family_to_join(key, static, borrowed, device)
         side = _warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
+        params, borrowed = self._read_in_place(key, inputs)
+        family = self._family_to_join(key, inputs, borrowed, device)
+        static, pooled, nbytes = self._static_copies(inputs, params, family, side)
+        graph = torch.cuda.CUDAGraph()
         run_args = list(static)
         for i in borrowed:  # from here only `run_args` holds them: the run frees each after its last reader
             static[i] = inputs[i] = _alias(static[i])
+        for i in pooled:
+            static[i] = _alias(static[i])
         family.hold_pool()
         with _no_collection(), torch.cuda.graph(graph, pool=family.handle, stream=side):
             outs = list(self.runner(run_args))
@@ -361,10 +368,10 @@ class CudaGraphRunner:
         lent = set(borrowed)
         fixed = {a.untyped_storage().data_ptr() for i, a in enumerate(static)
                  if isinstance(a, torch.Tensor) and i in params and i not in lent}
-        copies = frozenset(a.untyped_storage().data_ptr() for i, a in enumerate(static)
-                           if isinstance(a, torch.Tensor) and i not in params)
+        own = frozenset(a.untyped_storage().data_ptr() for i, a in enumerate(static)
+                        if isinstance(a, torch.Tensor) and i not in params and i not in pooled)
         gradients = set(self.gradient_outputs) if self.hand_out else set()
-        outputs = CapturedOutputs(outs, fixed, gradients, family.generation, copies, self.saved_from)
+        outputs = CapturedOutputs(outs, fixed, gradients, family.generation, own, self.saved_from)
         allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
         self.graphs[key] = Captured(static, params, graph, outputs, family, allowed, self)
         self.outputs |= outputs.ptrs()
@@ -378,34 +385,52 @@ class CudaGraphRunner:
             self._report(len(inputs) - len(params), nbytes)
         return outs
 
-    def _static_inputs(self, key: tuple, inputs: list) -> tuple[list, set[int], list[int], int]:
-        """What a capture of `inputs` reads: (static inputs, positions read in place, those of
-        them that are other graphs' outputs, bytes copied). Copied inputs get static buffers."""
-        static, params, borrowed = [], set(), []
-        nbytes = 0
+    def _read_in_place(self, key: tuple, inputs: list) -> tuple[set[int], list[int]]:
+        """Positions a capture of `inputs` reads in place (parameters, static inputs, other
+        graphs' outputs), and those of them that are other graphs' outputs."""
+        params, borrowed = set(), []
         replayed = self._replayed()
-        for i in range(len(inputs)):
-            a = inputs[i]
-            lent = isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in replayed
+        for i, a in enumerate(inputs):
+            if not isinstance(a, torch.Tensor):
+                continue
+            lent = a.untyped_storage().data_ptr() in replayed
             if lent:
                 self.borrowed.add(key)
                 borrowed.append(i)
-            if isinstance(a, torch.Tensor) and (isinstance(a, torch.nn.Parameter) or i in self.static_inputs or lent):
-                static.append(a)
+            if lent or isinstance(a, torch.nn.Parameter) or i in self.static_inputs:
                 params.add(i)
-            elif isinstance(a, torch.Tensor):
-                s = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                s.copy_(a)
-                static.append(s)
-                nbytes += a.untyped_storage().nbytes()
-            else:
-                static.append(a)
-        return static, params, borrowed, nbytes
+        return params, borrowed
 
-    def _family_to_join(self, key: tuple, static: list, borrowed: list[int], device: int) -> GraphFamily:
+    def _static_copies(self, inputs: list, params: set[int], family: GraphFamily,
+                       side: Any) -> tuple[list, list[int], int]:
+        """The capture's inputs, each copied one in a static buffer of its own: (static inputs,
+        positions of the copies made in the family's pool, bytes copied). A copy in the pool
+        is memory the capture frees after its last read, and reuses (a backward's copied
+        output gradient: BERT's logits', 238 MB, was held for good outside the pool), as
+        reduce-overhead's do. An input the graph mutates keeps a buffer of its own, outside
+        the pool: the replay's result is copied back from it."""
+        static = list(inputs)
+        copied = [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and i not in params]
+        mutated = set(self.mutated_inputs)
+        pooled = [i for i in copied if i not in mutated]
+
+        def copy(i: int) -> None:
+            a = inputs[i]
+            static[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+
+        for i in copied:
+            if i in mutated:
+                copy(i)
+        if pooled:
+            with torch.cuda.stream(side), family.allocating():  # the capture's stream: its blocks are reused there
+                for i in pooled:
+                    copy(i)
+        return static, pooled, sum(inputs[i].untyped_storage().nbytes() for i in copied)
+
+    def _family_to_join(self, key: tuple, inputs: list, borrowed: list[int], device: int) -> GraphFamily:
         """The family of the graph whose outputs this capture reads in place, else the one its
         warm-up ran in, if no capture is closed to it (see cuda_graph_pool.py); else a new one."""
-        ptrs = {static[i].untyped_storage().data_ptr() for i in borrowed}
+        ptrs = {inputs[i].untyped_storage().data_ptr() for i in borrowed}
         family = GraphFamily.of(ptrs, device) if ptrs else None
         if family is None:
             family = self.warm.get(key)
@@ -496,11 +521,24 @@ _warm_up_streams: dict[int, Any] = {}
 def _warm_up_stream(device: int) -> Any:
     """The one stream per device that warm-ups and captures run on. cuBLAS keeps a workspace
     per stream for the life of the process: a new stream per capture held 33 MB more each
-    time (GPT-2 training: three graphs, 97 MB after the model was gone)."""
+    time (GPT-2 training: three graphs, 97 MB after the model was gone). Those workspaces
+    are made here, in the general pool: made by the first warm-up, they were 65 MB of the
+    graphs' private pool, held for good among the activations (BERT and ResNet-50 training)."""
     stream = _warm_up_streams.get(device)
     if stream is None:
         stream = _warm_up_streams[device] = torch.cuda.Stream(device)
+        _make_library_workspaces(stream, device)
     return stream
+
+
+def _make_library_workspaces(stream: Any, device: int) -> None:
+    """cuBLAS's and cuBLASLt's workspaces for `stream`, allocated now, outside any pool."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        a = torch.ones(8, 8, device=f"cuda:{device}", dtype=torch.bfloat16)
+        torch.mm(a, a)  # cuBLAS's workspace
+        torch.addmm(a[0], a, a)  # cuBLASLt's (a bias epilogue)
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 def _copy_all(dsts: list, srcs: list) -> None:
