@@ -70,6 +70,7 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})
     monkeypatch.setattr(cuda_graphs, "_make_library_workspaces", lambda stream, device: None)  # cuBLAS's
+    monkeypatch.setattr(cuda_graphs, "_threads_with_workspaces", set())
     handles = iter(range(1, 1 << 20))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
     monkeypatch.setattr(cuda_graph_pool, "_POOL_CALLS", True)
@@ -155,6 +156,28 @@ def test_the_cycle_collector_is_held_off_during_a_capture_and_restored_after(sim
     for _ in range(3):
         r([torch.ones(4), w, 1.0])
     assert collector_on == [False] and gc.isenabled()
+
+
+def test_each_thread_makes_its_library_workspaces_outside_the_pool_before_its_first_warm_up(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuBLAS keeps a workspace per handle (a thread's) and stream for good: made by a warm-up,
+    it sat in the graphs' pool among the activations (32-65 MB). A backward runs on
+    autograd's thread, so each thread makes its own, once, before allocating from a pool."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    made: list[tuple[int, bool]] = []
+    monkeypatch.setattr(cuda_graphs, "_make_library_workspaces",
+                        lambda stream, device: made.append((threading.get_ident(), bool(_allocating))))
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    with ThreadPoolExecutor(max_workers=1) as autograds:  # one thread, as autograd's device thread
+        for v in (1.0, 2.0, 3.0):
+            out = fw([torch.full((4,), v), w])[0]
+            autograds.submit(lambda: bw([out, torch.ones(4)])).result()
+    assert [m[1] for m in made] == [False, False]  # never inside a pool
+    assert made[0][0] == threading.get_ident() and made[1][0] != made[0][0]
 
 
 def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one_moves(simulated_cuda: None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import weakref
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
@@ -522,17 +523,25 @@ def _warm_up_stream(device: int) -> Any:
     """The one stream per device that warm-ups and captures run on. cuBLAS keeps a workspace
     per stream for the life of the process: a new stream per capture held 33 MB more each
     time (GPT-2 training: three graphs, 97 MB after the model was gone). Those workspaces
-    are made here, in the general pool: made by the first warm-up, they were 65 MB of the
-    graphs' private pool, held for good among the activations (BERT and ResNet-50 training)."""
+    (one per thread: a backward runs on autograd's) are made here, in the general pool:
+    made by a warm-up, they were 32-65 MB of the graphs' private pool, held for good among
+    the activations (the suite's four models in training)."""
     stream = _warm_up_streams.get(device)
     if stream is None:
         stream = _warm_up_streams[device] = torch.cuda.Stream(device)
+    thread = threading.get_ident()
+    if (thread, device) not in _threads_with_workspaces:
         _make_library_workspaces(stream, device)
+        _threads_with_workspaces.add((thread, device))
     return stream
 
 
+_threads_with_workspaces: set[tuple[int, int]] = set()
+
+
 def _make_library_workspaces(stream: Any, device: int) -> None:
-    """cuBLAS's and cuBLASLt's workspaces for `stream`, allocated now, outside any pool."""
+    """This thread's cuBLAS and cuBLASLt workspaces for `stream` (its handles are the
+    thread's), allocated now, outside any pool."""
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         a = torch.ones(8, 8, device=f"cuda:{device}", dtype=torch.bfloat16)
