@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import threading
 import weakref
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
@@ -171,7 +170,7 @@ class CudaGraphRunner:
         family = GraphFamily.of(ptrs, device, warm_up=True) or GraphFamily(device, torch.cuda.graph_pool_handle())
         side = _warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), family.allocating():
+        with torch.cuda.stream(side), family.allocating(), _library_workspaces_in_pool():
             outs = self.runner(args)
         torch.cuda.current_stream().wait_stream(side)
         family.out_ptrs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
@@ -363,7 +362,7 @@ class CudaGraphRunner:
         for i in pooled:
             static[i] = _alias(static[i])
         family.hold_pool()
-        with _no_collection(), torch.cuda.graph(graph, pool=family.handle, stream=side):
+        with _library_workspaces_in_pool(), _no_collection(), torch.cuda.graph(graph, pool=family.handle, stream=side):
             outs = list(self.runner(run_args))
         del run_args
         lent = set(borrowed)
@@ -522,32 +521,32 @@ _warm_up_streams: dict[int, Any] = {}
 def _warm_up_stream(device: int) -> Any:
     """The one stream per device that warm-ups and captures run on. cuBLAS keeps a workspace
     per stream for the life of the process: a new stream per capture held 33 MB more each
-    time (GPT-2 training: three graphs, 97 MB after the model was gone). Those workspaces
-    (one per thread: a backward runs on autograd's) are made here, in the general pool:
-    made by a warm-up, they were 32-65 MB of the graphs' private pool, held for good among
-    the activations (the suite's four models in training)."""
+    time (GPT-2 training: three graphs, 97 MB after the model was gone)."""
     stream = _warm_up_streams.get(device)
     if stream is None:
         stream = _warm_up_streams[device] = torch.cuda.Stream(device)
-    thread = threading.get_ident()
-    if (thread, device) not in _threads_with_workspaces:
-        _make_library_workspaces(stream, device)
-        _threads_with_workspaces.add((thread, device))
     return stream
 
 
-_threads_with_workspaces: set[tuple[int, int]] = set()
+@contextlib.contextmanager
+def _library_workspaces_in_pool() -> Iterator[None]:
+    """cuBLAS's workspaces dropped before and after a warm-up or a capture, as Inductor's
+    CUDA graph trees do. Before: a capture that used a workspace allocated outside its pool
+    would write there on every replay, after whoever frees it (Inductor's recordings drop
+    them all). After: the one it allocated in the pool, held by cuBLAS for good, was 32-65 MB
+    of the graphs' pool among the activations (the suite's four models in training); freed,
+    it is memory the graph uses while it runs, like its temporaries."""
+    _clear_library_workspaces()
+    try:
+        yield
+    finally:
+        _clear_library_workspaces()
 
 
-def _make_library_workspaces(stream: Any, device: int) -> None:
-    """This thread's cuBLAS and cuBLASLt workspaces for `stream` (its handles are the
-    thread's), allocated now, outside any pool."""
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        a = torch.ones(8, 8, device=f"cuda:{device}", dtype=torch.bfloat16)
-        torch.mm(a, a)  # cuBLAS's workspace
-        torch.addmm(a[0], a, a)  # cuBLASLt's (a bias epilogue)
-    torch.cuda.current_stream().wait_stream(stream)
+def _clear_library_workspaces() -> None:
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def _copy_all(dsts: list, srcs: list) -> None:
