@@ -27,7 +27,8 @@ def pools(segments: Optional[list[dict]] = None) -> list[dict]:
 def fuselens_graphs() -> list[dict]:
     """Each live fuselens CUDA graph runner: captures made (replaced ones included),
     captures again alone because a tensor its replay would overwrite was held (and why),
-    signatures alive, their pools (a forward and its backward share one), their outputs' MB,
+    signatures alive and the spare captures beside them (a forward called twice a step), their
+    pools (a forward and its backward share one), their outputs' MB,
     and the inputs its replays copy into static buffers (MB held twice; the first 40 as
     position, shape, dtype)."""
     from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
@@ -36,12 +37,13 @@ def fuselens_graphs() -> list[dict]:
     for r in list(CudaGraphRunner._live):
         outputs = copied = 0
         graph_pools = []
-        for cap in r.graphs.values():
+        for cap in r.captures():
             graph_pools.append(str(tuple(cap.graph.pool())))
             outputs += sum(b.nbytes for b in cap.outputs.buffers)
             copied += sum(a.untyped_storage().nbytes() for i, a in enumerate(cap.static)
                           if isinstance(a, torch.Tensor) and i not in cap.in_place)
         out.append({"graph": r.graph_id, "captures_made": r.captures_made, "signatures": len(r.graphs),
+                    "spares": sum(len(c) for c in r.spares.values()),
                     "borrow": r.borrow, "failed": r.failed, "conflicts": r.conflicts, "last_conflict": r.last_conflict,
                     "pools": graph_pools,
                     "outputs_mb": outputs / MB, "copied_inputs_mb": copied / MB,
@@ -55,7 +57,7 @@ def gradients_in_graph_memory(module: torch.nn.Module) -> dict:
     cloned them: MB a step). Read right after a step, before the next zeroes them."""
     from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
-    ptrs = {p for r in list(CudaGraphRunner._live) for cap in r.graphs.values() for p in cap.outputs.ptrs()}
+    ptrs = {p for r in list(CudaGraphRunner._live) for cap in r.captures() for p in cap.outputs.ptrs()}
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     copied = [g for g in grads if g.untyped_storage().data_ptr() not in ptrs]
     return {"gradients": len(grads), "in_graph_memory": len(grads) - len(copied),

@@ -710,18 +710,41 @@ def test_the_benchmarks_count_the_gradients_left_on_graph_memory_and_the_mb_auto
 def test_two_forwards_before_their_backwards_keep_each_ones_saved_activations(simulated_cuda: None) -> None:
     """A training step that runs the forward twice before the backwards (two views of a batch,
     a siamese network): the second replay would write over the saved activations the first
-    call's backward still needs. It captures again in a pool of its own instead."""
+    call's backward still needs. It takes a second capture with memory of its own, kept
+    beside the first, and so does the backward reading its activations in place: from the
+    second such step on, every call replays, in either order of the backwards."""
     w = torch.nn.Parameter(torch.full((4,), 2.0))
     fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None, saved_from=0)
     bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
     for _ in range(3):  # warm-ups, captures, a replay: one forward a step
         _step(fw, bw, torch.ones(4), w, torch.ones(4))
-    for v in (3.0, 5.0):
+    made = []
+    for v in (3.0, 5.0, 7.0, 9.0):
         first = [fw([torch.full((4,), v), w])[0], torch.ones(4)]
         second = [fw([torch.full((4,), 10 * v), w])[0], torch.ones(4)]
-        assert torch.equal(bw(second)[0], torch.full((4,), 20.0 * v))
-        assert torch.equal(bw(first)[0], torch.full((4,), 2.0 * v))
-    assert fw.conflicts >= 1 and "backward" in fw.last_conflict
+        backwards = [(second, 20.0 * v), (first, 2.0 * v)]
+        for args, want in backwards if v != 7.0 else backwards[::-1]:
+            assert torch.equal(bw(args)[0], torch.full((4,), want))
+        made.append((fw.captures_made, bw.captures_made))
+    assert made[1:] == [made[0]] * 3 and made[0] == (2, 2)
+    assert fw.conflicts == bw.conflicts == 0 and not fw.failed and bw.borrow
+    caps = bw.captures()
+    assert len(caps) == 2 and all(c.in_place == {0} for c in caps)  # the activations read in place, not copied
+    assert len({c.family.handle for c in fw.captures()}) == 2
+
+
+def test_a_third_forward_before_the_backwards_captures_again_alone_once_the_signature_has_its_captures(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captures of one signature are bounded: with all of them holding saved activations
+    still needed, the next call captures again in a pool of its own, replacing one."""
+    monkeypatch.setattr(cuda_graphs, "CAPTURES_PER_SIGNATURE", 2)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None, saved_from=0)
+    for _ in range(2):  # warm-up, capture
+        fw([torch.ones(4), w])
+    outs = [fw([torch.full((4,), v), w])[0] for v in (1.0, 2.0, 3.0)]
+    assert [o[0].item() for o in outs] == [2.0, 4.0, 6.0]
+    assert fw.conflicts == 1 and "still held" in fw.last_conflict and len(fw.captures()) == 2
 
 
 def test_a_buffer_a_user_output_is_on_is_not_a_saved_activation() -> None:

@@ -213,7 +213,10 @@ def test_cuda_graph_backward_run_with_retain_graph_leaves_the_saved_activations_
 def test_cuda_graph_two_forwards_before_their_backwards_give_eager_gradients():
     """Two views of a batch through one compiled model, then one backward of the summed loss
     (contrastive and siamese training): the second forward's replay must not write over the
-    saved activations the first one's backward reads."""
+    saved activations the first one's backward reads. Each call replays a capture of its
+    own: none captures again, none falls back to plain launches."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
     fuselens.compiler.register()
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -228,6 +231,8 @@ def test_cuda_graph_two_forwards_before_their_backwards_give_eager_gradients():
         (ref(a).square().mean() + ref(b).tanh().mean()).backward()
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    runners = list(CudaGraphRunner._live)
+    assert runners and all(not r.failed and r.conflicts == 0 and len(r.captures()) == 2 for r in runners)
 
 
 def test_dynamo_reset_frees_the_memory_cuda_graphs_held():

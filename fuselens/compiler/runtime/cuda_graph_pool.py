@@ -28,7 +28,8 @@ What makes sharing safe:
     counts as this step's): the graph captures again in a pool of its own, once (a backward
     run with `retain_graph=True` keeps the activations it would reuse);
   - a saved activation of the graph's own last call (a forward called again before that
-    call's backward ran): the same.
+    call's backward ran): the runner replays another capture of the signature whose
+    memory is free, or makes one beside it (cuda_graphs.py, CAPTURES_PER_SIGNATURE).
   - an output of an earlier step: overwritten, as a graph's own outputs always were and as
     `reduce-overhead` does. Outputs are valid until the next step.
 """

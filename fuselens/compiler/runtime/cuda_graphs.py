@@ -44,18 +44,26 @@ MOVES_BEFORE_COPYING = 4
 # leaves the tensor's memory to its old pool, and a program that keeps doing it would
 # otherwise capture on every call.
 CONFLICTS_BEFORE_PLAIN = 4
+# Captures of one signature kept side by side, each with memory of its own, when the memory
+# of the one a call would replay is still in use: a forward called again before the last
+# call's backward ran (two views of a batch through one model, a triplet loss's three), and
+# the backwards reading each one's saved activations in place. Each call then replays one
+# whose memory is free. Before, such a forward captured again on every call, then ran
+# with plain launches.
+CAPTURES_PER_SIGNATURE = 3
 
 
 class Captured:
     """One captured signature of a runner: what its replays read and write."""
 
-    __slots__ = ("static", "in_place", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
-                 "watch", "watch_version")
+    __slots__ = ("static", "in_place", "lent", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
+                 "watch", "watch_version", "plan")
 
-    def __init__(self, static: list, in_place: set[int], graph: Any, outputs: CapturedOutputs, family: GraphFamily,
-                 allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
+    def __init__(self, static: list, in_place: set[int], lent: list[int], graph: Any, outputs: CapturedOutputs,
+                 family: GraphFamily, allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
         self.static = static  # inputs: copies (replays copy into them), parameters, aliases of borrowed outputs
         self.in_place = in_place  # positions read in place (parameters, static inputs, other graphs' outputs)
+        self.lent = lent  # those of them that are other graphs' outputs
         self.graph = graph
         self.outputs = outputs
         self.family = family
@@ -65,6 +73,20 @@ class Captured:
         self.index = family.join(self)
         self.watch: list = []
         self.watch_version = -1
+        # what a replay needs, worked out once: (positions copied or compared, positions read
+        # in place, the static inputs' addresses for one C++ comparison or None)
+        tensors = all(isinstance(a, torch.Tensor) for a in static)
+        ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
+        self.plan = ([i for i in range(len(static)) if i not in in_place], sorted(in_place), ptrs)
+
+    def reads_in_place(self, args: Sequence[Any]) -> bool:
+        """Whether `args` have the addresses this capture reads in place."""
+        return all(args[i].data_ptr() == self.static[i].data_ptr() for i in self.in_place)
+
+    def still_fed(self, replayed: set[int]) -> bool:
+        """Whether the other graphs' outputs it reads in place are still what their live
+        captures write (else they captured again: this capture is stale)."""
+        return bool(self.lent) and all(self.static[i].untyped_storage().data_ptr() in replayed for i in self.lent)
 
 
 class _Hit(NamedTuple):
@@ -106,7 +128,8 @@ class CudaGraphRunner:
         # the graph's timer (option time_kernels): a replay is timed whole, and the input copies
         # before it, not the kernels inside it
         self.timer = timer
-        self.graphs: dict[tuple, Captured] = {}
+        self.graphs: dict[tuple, Captured] = {}  # signature -> the capture its calls replay first
+        self.spares: dict[tuple, list[Captured]] = {}  # signature -> its other captures (CAPTURES_PER_SIGNATURE)
         self.warm: dict[tuple, GraphFamily] = {}  # signatures whose first call ran, with the family it allocated in
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
@@ -119,7 +142,6 @@ class CudaGraphRunner:
         # tuple per input, which Python hashes anew at every lookup (ResNet-50's 321 inputs: three
         # lookups a replay were 40-60 us of its host time)
         self._last_hit: Optional[_Hit] = None
-        self._plans: dict[tuple, tuple] = {}  # signature -> (positions copied or compared, positions read in place)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
         self.conflicts = 0  # captures again because a tensor it would write over was still held
@@ -141,8 +163,14 @@ class CudaGraphRunner:
         key = self._key(args)
         ent = self.graphs.get(key)
         if ent is not None:
-            static, params = ent.static, ent.in_place
-            if any(args[i].data_ptr() != static[i].data_ptr() for i in params):
+            params = ent.in_place
+            if not ent.reads_in_place(args):
+                spare = next((c for c in self.spares.get(key, ()) if c.reads_in_place(args)), None)
+                if spare is not None:  # the backward of another call's saved activations
+                    self._swap_in(key, spare)
+                    return self._replay(self._remember(key), args)
+                if ent.still_fed(self._replayed()) and self._keep_as_spare(key):
+                    return self._capture_and_replay(key, args)
                 ent = None  # a parameter moved: capture again
                 if key in self.borrowed:
                     # an input read in place moved: its graph captured again. While a training
@@ -188,7 +216,6 @@ class CudaGraphRunner:
         try:
             outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
-            self._plans.pop(key, None)
             self.graphs.pop(key, None)
             self.failed = f"{type(e).__name__}: {str(e)[:300]}"
             _report_failed_capture(self.graph_id, self.failed)
@@ -197,19 +224,40 @@ class CudaGraphRunner:
 
     def _remember(self, key: tuple) -> _Hit:
         """Make `key` the last replayed signature; returns what a replay of it needs."""
-        self._last_hit = _Hit(key, self.graphs[key], self._plans[key])
+        cap = self.graphs[key]
+        self._last_hit = _Hit(key, cap, cap.plan)
         return self._last_hit
+
+    def _keep_as_spare(self, key: tuple) -> bool:
+        """Keep the capture `key` replays as a spare, so that the next capture of `key` does
+        not replace it; False when the signature has all the captures it may have."""
+        spares = self.spares.setdefault(key, [])
+        if len(spares) + 1 >= CAPTURES_PER_SIGNATURE:
+            return False
+        spares.append(self.graphs.pop(key))
+        self._last_hit = None
+        return True
+
+    def _swap_in(self, key: tuple, spare: Captured) -> None:
+        """Make a spare the capture `key` replays; the one it replayed becomes a spare."""
+        spares = self.spares[key]
+        spares.remove(spare)
+        spares.append(self.graphs[key])
+        self.graphs[key] = spare
+
+    def captures(self) -> list[Captured]:
+        """Every live capture: each signature's, and its spares."""
+        return [*self.graphs.values(), *(c for caps in self.spares.values() for c in caps)]
 
     def _forget(self, key: tuple) -> None:
         """Drop the graph of `key`; its pool goes once no graph and no output on it is left."""
         cap = self.graphs.pop(key, None)
         if cap is None:
             return
-        self._plans.pop(key, None)
         if self._last_hit is not None and self._last_hit.key == key:
             self._last_hit = None
         cap.family.leave(cap)
-        self.outputs = {p for c in self.graphs.values() for p in c.outputs.ptrs()}
+        self.outputs = {p for c in self.captures() for p in c.outputs.ptrs()}
         CudaGraphRunner._captures += 1  # other runners' `_replayed` caches hold the old outputs
 
     def release(self) -> None:
@@ -217,6 +265,11 @@ class CudaGraphRunner:
         and, once no output on it is held, its memory pool. A later call captures again."""
         for key in list(self.graphs):
             self._forget(key)
+        for key, spares in list(self.spares.items()):
+            for cap in spares:
+                cap.family.leave(cap)
+        self.spares.clear()
+        self.outputs = set()
         self._kept = []
         self.warm.clear()
         self.moves.clear()
@@ -256,8 +309,18 @@ class CudaGraphRunner:
             self.hand_out = False
             return self._capture_and_replay(key, args)
         if first is None and cap.outputs.saved and cap.outputs.saved_held():
-            return self._capture_alone(key, args, "its last call's saved activations are still held: that call's "
-                                       "backward has not run (two forwards before their backwards)")
+            # its last call's backward has not run (two forwards before their backwards): another
+            # capture of the signature whose memory is free, or a new one beside it
+            spare = next((c for c in self.spares.get(key, ())
+                          if not (c.outputs.saved and c.outputs.saved_held()) and c.reads_in_place(args)), None)
+            if spare is not None:
+                self._swap_in(key, spare)
+                return self._replay(self._remember(key), args)
+            if self._keep_as_spare(key):
+                return self._capture_and_replay(key, args)
+            return self._capture_alone(key, args, "its last calls' saved activations are still held: their "
+                                       f"backwards have not run ({CAPTURES_PER_SIGNATURE} forwards or more "
+                                       "before their backwards)")
         static, params = cap.static, cap.in_place
         tensors = [i for i in copied if isinstance(args[i], torch.Tensor)]
         sources = [args[i] for i in tensors]
@@ -373,13 +436,10 @@ class CudaGraphRunner:
         gradients = set(self.gradient_outputs) if self.hand_out else set()
         outputs = CapturedOutputs(outs, fixed, gradients, family.generation, own, self.saved_from)
         allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
-        self.graphs[key] = Captured(static, params, graph, outputs, family, allowed, self)
+        self.graphs[key] = Captured(static, params, borrowed, graph, outputs, family, allowed, self)
         self.outputs |= outputs.ptrs()
         family.out_ptrs |= outputs.ptrs()
         self.captures_made += 1
-        tensors = all(isinstance(a, torch.Tensor) for a in static)
-        ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
-        self._plans[key] = ([i for i in range(len(static)) if i not in params], sorted(params), ptrs)
         CudaGraphRunner._captures += 1
         if not self.reported:
             self._report(len(inputs) - len(params), nbytes)
@@ -442,7 +502,7 @@ class CudaGraphRunner:
         """(position, shape, dtype) of each input a replay copies, over this runner's
         captures (what keeps a graph from reading its inputs in place)."""
         out = []
-        for cap in self.graphs.values():
+        for cap in self.captures():
             out += [(i, tuple(a.shape), str(a.dtype).replace("torch.", "")) for i, a in enumerate(cap.static)
                     if isinstance(a, torch.Tensor) and i not in cap.in_place]
         return out
