@@ -541,6 +541,31 @@ def test_a_replay_that_must_capture_again_copies_nothing_into_the_pool_first(sim
     assert torch.equal(copy_of_g, torch.full((4,), 7.0))
 
 
+def test_a_graph_fed_its_own_last_output_copies_it_from_a_copy(simulated_cuda: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recurrent state (`h = step(x, h)`) is this graph's last output, on the family's
+    memory: part of it may lie where the input copies go (the capture freed them after their
+    last read), so it is copied from a copy of it, never from the pool itself."""
+    copied_from: list[int] = []
+    real_copy_all = cuda_graphs._copy_all
+
+    def recording(dsts: list, srcs: list) -> None:
+        copied_from.extend(s.untyped_storage().data_ptr() for s in srcs)
+        real_copy_all(dsts, srcs)
+
+    monkeypatch.setattr(cuda_graphs, "_copy_all", recording)
+    w = torch.nn.Parameter(torch.full((4,), 0.5))
+    r = CudaGraphRunner(Fn(lambda h, w: h * w + 1), "0/0:aot_inference", None)
+    h = torch.zeros(4)
+    with torch.no_grad():
+        for _ in range(6):
+            want = h * 0.5 + 1
+            h = r([h, w])[0]
+            assert torch.equal(h, want)
+    (cap,) = r.captures()
+    assert copied_from and not set(copied_from) & cap.family.out_ptrs
+
+
 def test_an_output_of_an_earlier_step_still_held_is_overwritten_as_reduce_overhead_does(
         simulated_cuda: None) -> None:
     """Outputs are valid until the next step: a loss kept from the last step (the loop's

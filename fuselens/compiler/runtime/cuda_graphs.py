@@ -341,6 +341,11 @@ class CudaGraphRunner:
                 family.end_step_check()
         else:
             family.last_index = cap.index
+        # an input on the family's own memory (this graph's last output fed back: a recurrent
+        # state) may lie partly where the copies go, which the capture freed after their last
+        # read: copied from a copy of it
+        pool = family.out_ptrs
+        sources = [a.clone() if a.untyped_storage().data_ptr() in pool else a for a in sources]
         timer = self.timer
         t0 = timer.start() if timer is not None else None
         _copy_all([static[i] for i in tensors], sources)
