@@ -386,6 +386,8 @@ class CudaGraphRunner:
             cap.watch_version = family.version
         generation = family.generation
         for b, producer_ref in cap.watch:
+            if not b.gradient and b.generation != generation:
+                continue  # an earlier step's output: overwritten whether held or not (no use count asked)
             if not b.held():
                 continue
             if b.gradient:
