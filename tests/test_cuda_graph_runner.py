@@ -544,18 +544,19 @@ def test_a_replay_that_must_capture_again_copies_nothing_into_the_pool_first(sim
 def test_a_graph_fed_its_own_last_output_copies_it_from_a_copy(simulated_cuda: None,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A recurrent state (`h = step(x, h)`) is this graph's last output, on the family's
-    memory: part of it may lie where the input copies go (the capture freed them after their
-    last read), so it is copied from a copy of it, never from the pool itself."""
-    copied_from: list[int] = []
+    memory. Where it lies on the memory the input copies go to (the capture freed them after
+    their last read; here the kernel wrote its output over its input's copy), it is copied
+    from a copy of it, never from the pool memory the copies overwrite."""
+    copied_from: list[tuple[int, int]] = []
     real_copy_all = cuda_graphs._copy_all
 
     def recording(dsts: list, srcs: list) -> None:
-        copied_from.extend(s.untyped_storage().data_ptr() for s in srcs)
+        copied_from.extend((s.untyped_storage().data_ptr(), s.untyped_storage().nbytes()) for s in srcs)
         real_copy_all(dsts, srcs)
 
     monkeypatch.setattr(cuda_graphs, "_copy_all", recording)
     w = torch.nn.Parameter(torch.full((4,), 0.5))
-    r = CudaGraphRunner(Fn(lambda h, w: h * w + 1), "0/0:aot_inference", None)
+    r = CudaGraphRunner(InPlaceFn(lambda h, w: h.mul_(w).add_(1)), "0/0:aot_inference", None)
     h = torch.zeros(4)
     with torch.no_grad():
         for _ in range(6):
@@ -563,7 +564,15 @@ def test_a_graph_fed_its_own_last_output_copies_it_from_a_copy(simulated_cuda: N
             h = r([h, w])[0]
             assert torch.equal(h, want)
     (cap,) = r.captures()
-    assert copied_from and not set(copied_from) & cap.family.out_ptrs
+    assert h.data_ptr() == cap.static[0].data_ptr()  # the state lies on its own input's copy
+    assert copied_from and not any(cuda_graphs._overlaps(p, p + n, cap.into_pool) for p, n in copied_from)
+
+
+def test_overlaps_finds_a_shared_byte_with_sorted_ranges() -> None:
+    ranges = [(100, 200), (300, 400)]
+    assert [cuda_graphs._overlaps(s, s + n, ranges) for s, n in
+            ((0, 100), (0, 101), (199, 1), (200, 100), (250, 60), (399, 5), (400, 10), (150, 300))] == \
+        [False, True, True, False, True, True, False, True]
 
 
 def test_an_output_of_an_earlier_step_still_held_is_overwritten_as_reduce_overhead_does(

@@ -22,6 +22,7 @@ the parameters and pools it held, as it resets Inductor's CUDA graph trees.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import weakref
@@ -57,7 +58,7 @@ class Captured:
     """One captured signature of a runner: what its replays read and write."""
 
     __slots__ = ("static", "in_place", "lent", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
-                 "watch", "watch_version", "plan")
+                 "watch", "watch_version", "plan", "into_pool")
 
     def __init__(self, static: list, in_place: set[int], lent: list[int], graph: Any, outputs: CapturedOutputs,
                  family: GraphFamily, allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
@@ -78,6 +79,7 @@ class Captured:
         tensors = all(isinstance(a, torch.Tensor) for a in static)
         ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
         self.plan = ([i for i in range(len(static)) if i not in in_place], sorted(in_place), ptrs)
+        self.into_pool: list[tuple[int, int]] = []  # (start, end) of the input copies made in the pool, sorted
 
     def reads_in_place(self, args: Sequence[Any]) -> bool:
         """Whether `args` have the addresses this capture reads in place."""
@@ -342,10 +344,11 @@ class CudaGraphRunner:
         else:
             family.last_index = cap.index
         # an input on the family's own memory (this graph's last output fed back: a recurrent
-        # state) may lie partly where the copies go, which the capture freed after their last
-        # read: copied from a copy of it
-        pool = family.out_ptrs
-        sources = [a.clone() if a.untyped_storage().data_ptr() in pool else a for a in sources]
+        # state) may lie where the copies go, which the capture freed after their last read:
+        # copied from a copy of it
+        if cap.into_pool:
+            pool = family.out_ptrs
+            sources = [a.clone() if _on_copies(a, pool, cap.into_pool) else a for a in sources]
         timer = self.timer
         t0 = timer.start() if timer is not None else None
         _copy_all([static[i] for i in tensors], sources)
@@ -443,7 +446,9 @@ class CudaGraphRunner:
         gradients = set(self.gradient_outputs) if self.hand_out else set()
         outputs = CapturedOutputs(outs, fixed, gradients, family.generation, own, self.saved_from)
         allowed = weakref.WeakSet(b for m in family.members for b in m.outputs.buffers if b.held())
-        self.graphs[key] = Captured(static, params, borrowed, graph, outputs, family, allowed, self)
+        cap = self.graphs[key] = Captured(static, params, borrowed, graph, outputs, family, allowed, self)
+        cap.into_pool = sorted((static[i].data_ptr(), static[i].data_ptr() + static[i].untyped_storage().nbytes())
+                               for i in pooled)
         self.outputs |= outputs.ptrs()
         family.out_ptrs |= outputs.ptrs()
         self.captures_made += 1
@@ -548,6 +553,20 @@ class CudaGraphRunner:
         sink.emit(Kernel(name="cudagraph_replay", kind="extern", graph_id=self.graph_id, ops=["cudaGraphLaunch"],
                          source="one replay of the captured CUDA graph: every kernel and library call of "
                                 "this graph in one launch", language="", device="cuda"))
+
+
+def _on_copies(t: torch.Tensor, pool: set[int], copies: list[tuple[int, int]]) -> bool:
+    """Whether `t` lies on the family's memory (`pool`: its blocks' addresses) where it
+    overlaps one of the input copies' `copies` ((start, end), sorted)."""
+    st = t.untyped_storage()
+    start = st.data_ptr()
+    return start in pool and _overlaps(start, start + st.nbytes(), copies)
+
+
+def _overlaps(start: int, end: int, ranges: list[tuple[int, int]]) -> bool:
+    """Whether bytes [start, end) share one with the sorted, disjoint `ranges`."""
+    k = bisect.bisect_right(ranges, (start, float("inf")))
+    return (k > 0 and ranges[k - 1][1] > start) or (k < len(ranges) and ranges[k][0] < end)
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:
