@@ -305,24 +305,10 @@ class CudaGraphRunner:
         """Replay for this call's result: `first`, the capture's own outputs, right after it."""
         key, cap, (copied, _, _) = hit
         self._kept = []
-        if first is None and not self._move_out_own_gradients(cap):
-            # a held gradient this torch cannot move out: a new graph writes other memory,
-            # and its gradients are kept by the runner until the next replay (autograd copies them)
-            self.hand_out = False
-            return self._capture_and_replay(key, args)
-        if first is None and cap.outputs.saved and cap.outputs.saved_held():
-            # its last call's backward has not run (two forwards before their backwards): another
-            # capture of the signature whose memory is free, or a new one beside it
-            spare = next((c for c in self.spares.get(key, ())
-                          if not (c.outputs.saved and c.outputs.saved_held()) and c.reads_in_place(args)), None)
-            if spare is not None:
-                self._swap_in(key, spare)
-                return self._replay(self._remember(key), args)
-            if self._keep_as_spare(key):
-                return self._capture_and_replay(key, args)
-            return self._capture_alone(key, args, "its last calls' saved activations are still held: their "
-                                       f"backwards have not run ({CAPTURES_PER_SIGNATURE} forwards or more "
-                                       "before their backwards)")
+        if first is None and (cap.outputs.saved or self.gradient_outputs):
+            elsewhere = self._replay_elsewhere(key, cap, args)
+            if elsewhere is not None:
+                return elsewhere[0]
         static, params = cap.static, cap.in_place
         tensors = [i for i in copied if isinstance(args[i], torch.Tensor)]
         sources = [args[i] for i in tensors]
@@ -343,18 +329,9 @@ class CudaGraphRunner:
                 family.end_step_check()
         else:
             family.last_index = cap.index
-        # an input on the family's own memory (this graph's last output fed back: a recurrent
-        # state) may lie where the copies go, which the capture freed after their last read:
-        # copied from a copy of it
-        if cap.into_pool:
-            pool = family.out_ptrs
-            sources = [a.clone() if _on_copies(a, pool, cap.into_pool) else a for a in sources]
-        timer = self.timer
-        t0 = timer.start() if timer is not None else None
-        _copy_all([static[i] for i in tensors], sources)
-        if timer is not None:
-            timer.stop("cudagraph_input_copies", t0)
+        self._copy_inputs(cap, [static[i] for i in tensors], sources)
         del sources
+        timer = self.timer
         t1 = timer.start() if timer is not None else None
         cap.graph.replay()
         if timer is not None:
@@ -367,6 +344,41 @@ class CudaGraphRunner:
         if not self.hand_out and self.gradient_outputs:
             self._kept = [result[i] for i in self.gradient_outputs if i < len(result)]
         return result
+
+    def _replay_elsewhere(self, key: tuple, cap: Captured, args: list) -> Optional[tuple[Any]]:
+        """(this call's result,) when this capture's own outputs forbid its replay; else None."""
+        if not self._move_out_own_gradients(cap):
+            # a held gradient this torch cannot move out: a new graph writes other memory,
+            # and its gradients are kept by the runner until the next replay (autograd copies them)
+            self.hand_out = False
+            return (self._capture_and_replay(key, args),)
+        if not (cap.outputs.saved and cap.outputs.saved_held()):
+            return None
+        # its last call's backward has not run (two forwards before their backwards): another
+        # capture of the signature whose memory is free, or a new one beside it
+        spare = next((c for c in self.spares.get(key, ())
+                      if not (c.outputs.saved and c.outputs.saved_held()) and c.reads_in_place(args)), None)
+        if spare is not None:
+            self._swap_in(key, spare)
+            return (self._replay(self._remember(key), args),)
+        if self._keep_as_spare(key):
+            return (self._capture_and_replay(key, args),)
+        return (self._capture_alone(key, args, "its last calls' saved activations are still held: their backwards "
+                                    f"have not run ({CAPTURES_PER_SIGNATURE} forwards or more before their backwards)"),)
+
+    def _copy_inputs(self, cap: Captured, dsts: list, sources: list) -> None:
+        """The call's inputs into the capture's static copies, timed as one kernel of the report."""
+        # an input on the family's own memory (this graph's last output fed back: a recurrent
+        # state) may lie where the copies go, which the capture freed after their last read:
+        # copied from a copy of it
+        if cap.into_pool:
+            pool = cap.family.out_ptrs
+            sources = [a.clone() if _on_copies(a, pool, cap.into_pool) else a for a in sources]
+        timer = self.timer
+        t0 = timer.start() if timer is not None else None
+        _copy_all(dsts, sources)
+        if timer is not None:
+            timer.stop("cudagraph_input_copies", t0)
 
     def _move_out_own_gradients(self, cap: Captured) -> bool:
         """A gradient handed out by the last replay and still held (a `.grad` being
