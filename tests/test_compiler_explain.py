@@ -128,6 +128,28 @@ def test_compile_error_falls_back_to_eager_and_names_the_kernel():
     assert "cpp_fused_add_exp_0" in err.message and "runs eagerly" in err.message
 
 
+def test_a_rewrite_failing_half_way_falls_back_to_the_graph_as_traced(monkeypatch):
+    """A graph rewrite of ours that changed the graph and then failed (a fuselens bug) must
+    not leave its half-made graph to the eager fallback: it runs the graph as traced."""
+    from fuselens.compiler import graph_passes
+
+    def half_made(gm):
+        for n in gm.graph.nodes:
+            if n.target is torch.ops.aten.add.Tensor:
+                n.target = torch.ops.aten.sub.Tensor
+        gm.recompile()
+        raise RuntimeError("a rewrite bug")
+
+    monkeypatch.setattr(graph_passes, "gather_through_pointwise", half_made)
+    x = torch.randn(10)
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        out = torch.compile(lambda x: x.exp() + 1, backend="fuselens")(x)
+    torch.testing.assert_close(out, x.exp() + 1)
+    (err,) = [e for e in of(events, ErrorEntry) if e.kind == "internal"]
+    assert "a rewrite bug" in err.message and "runs eagerly" in err.message
+
+
 def test_second_compile_hits_the_disk_cache(tmp_path, monkeypatch):
     calls = []
     real_run = build_mod.subprocess.run

@@ -94,6 +94,7 @@ def _decomposition_table() -> dict:
     # does. autograd_consistency checks the rule on every joint graph.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
+    table[aten.max_pool2d_with_indices_backward.default] = _max_pool2d_backward_reading_no_input
     table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
     table[aten.cat.default] = _cat_of_one_tensor_repeated
     return table
@@ -149,6 +150,22 @@ def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: 
         return NotImplemented
     vals, places = POOL_WITH_OFFSETS(x, k, s, p, d, ceil_mode)
     return vals, POOL_OFFSETS_TO_INDICES(places, k, list(x.shape[-2:]), s, p, d)
+
+
+def _max_pool2d_backward_reading_no_input(grad_output: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any,
+                                          padding: Any, dilation: Any, ceil_mode: bool, indices: torch.Tensor) -> Any:
+    """max_pool2d's backward given a stand-in for the pool's input that has its shape and
+    no data (a zero expanded): the op reads the input for its shape alone, but as its
+    argument the partitioner saved it for the backward, where it recomputes it otherwise
+    (ResNet-50's stem: its ReLU's output, 51 MB at batch 32, which Inductor's scatter
+    decomposition does not save either). The result keeps eager's memory format."""
+    if x.dim() not in (3, 4) or all(st == 0 for st in x.stride()):
+        return NotImplemented  # (the stand-in itself: the op as it is)
+    shape_only = aten.expand.default(aten.zeros.default([], dtype=x.dtype, device=x.device), list(x.shape))
+    out = aten.max_pool2d_with_indices_backward.default(grad_output, shape_only, kernel_size, stride, padding,
+                                                        dilation, ceil_mode, indices)
+    fmt = torch._prims_common.suggest_memory_format(x)
+    return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
 
 
 _ids = itertools.count()
@@ -214,6 +231,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
     phases = CompilePhases(compile_id)
     if aot_start is not None:
         phases.add("aot", time.perf_counter() - aot_start)
+    as_traced = _graph_copy(gm) if opts.fallback_on_error else None
     try:
         with compile_gc.old_objects_frozen():  # a backward compiled at its first call
             runner, events = _compile_pipeline(gm, example_inputs, opts, ident, phases)
@@ -223,6 +241,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         if not opts.fallback_on_error:
             raise
         _report_fallback("compile", str(e), compile_id, traceback.format_exc(), opts)
+        _restore(gm, as_traced)
         layout_passes.report_output_strides(gm)
         return _invisible(_boxed(gm.forward))
     except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
@@ -233,6 +252,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                          options_mod.TRITON_MISSING if missing_triton
                          else f"fuselens could not compile graph {ident.graph_id}: {type(e).__name__}: {e}",
                          compile_id, traceback.format_exc(), opts)
+        _restore(gm, as_traced)
         layout_passes.report_output_strides(gm)  # the graph's own, which eager computes too
         return _invisible(_boxed(gm.forward))
     layout_passes.report_output_strides(gm)
@@ -240,6 +260,24 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         sink.emit(ev)
     runner.graph_id = ident.graph_id  # type: ignore[attr-defined]
     return _invisible(runner)
+
+
+def _graph_copy(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    """The graph as AOTAutograd traced it, before our rewrites change it in place (each
+    node's meta copied: a rewrite replaces a placeholder's value, as the layout pass does)."""
+    copy = torch.fx.Graph(owning_module=gm)
+    out = copy.graph_copy(gm.graph, {})
+    copy.output(out)
+    return copy
+
+
+def _restore(gm: torch.fx.GraphModule, as_traced: Optional[torch.fx.Graph]) -> None:
+    """The graph as traced again, for the fallback to run: a rewrite that failed half way
+    may have left it inconsistent (a view of a tensor a layout rewrite had made
+    channels-last, which eager then refused to view)."""
+    if as_traced is not None:
+        gm.graph = as_traced
+        gm.recompile()
 
 
 def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any, ident: GraphIdentity,
