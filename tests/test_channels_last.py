@@ -107,6 +107,42 @@ def test_training_step_with_channels_last_convolutions_matches_eager_gradients(b
         assert inp.is_contiguous(memory_format=torch.channels_last)
 
 
+class _FlatteningNet(nn.Module):
+    """VGG's head: the convolutions' output flattened, channels and pixels in one, for a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return self.fc(h.view(h.shape[0], -1))
+
+
+def test_a_flatten_of_channels_last_activations_views_a_contiguous_copy(backward_convolutions: list) -> None:
+    """Once the activations are channels-last, no view flattens C, H and W together: the
+    pass views a contiguous copy of them, as eager's reshape would. Before, the forward
+    failed to compile and ran eagerly (VGG, LeNet: every CNN that flattens with a view)."""
+    from fuselens.events import ErrorEntry
+
+    torch.manual_seed(0)
+    ref = _FlatteningNet()
+    model = _FlatteningNet()
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        out, want = _step(torch.compile(model, backend="fuselens"), x, y), _step(ref, x, y)
+    torch._dynamo.reset()
+    assert [e.message for e in events if isinstance(e, ErrorEntry)] == []
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert any(what != "gradient" for what, _ in backward_convolutions)  # the rule ran on this graph
+
+
 def test_backward_placeholders_take_the_strides_the_forward_reported() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 

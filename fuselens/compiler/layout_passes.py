@@ -198,9 +198,24 @@ def _propagate_fake_values(gm: torch.fx.GraphModule, mode: Any, changed: Optiona
                                          and not any(a in dirty for a in n.all_input_nodes)):
                 prop.env[n] = old
                 continue
-            prop.env[n] = prop.run_node(n)
+            try:
+                prop.env[n] = prop.run_node(n)
+            except (RuntimeError, ValueError):
+                if n.target not in _VIEWS:
+                    raise
+                # a view of a value given another layout here, which no view can reshape (a
+                # CNN's flatten of C, H and W once its activations are channels-last): a view
+                # of a contiguous copy, as eager's reshape would make
+                src = n.args[0]
+                copy = _Builder(gm, n, mode).call(aten.clone.default, src, memory_format=torch.contiguous_format)
+                prop.env[copy] = copy.meta["val"]
+                n.replace_input_with(src, copy)
+                prop.env[n] = prop.run_node(n)
             if n in dirty or not _same_fake(old, n.meta.get("val")):
                 dirty.add(n)
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default)
 
 
 def _same_fake(a: Any, b: Any) -> bool:
