@@ -143,6 +143,92 @@ def test_a_flatten_of_channels_last_activations_views_a_contiguous_copy(backward
     assert any(what != "gradient" for what, _ in backward_convolutions)  # the rule ran on this graph
 
 
+class _SqueezeExcitation(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 8), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv(x))
+        w = torch.sigmoid(self.fc(h.mean((2, 3)))).view(h.shape[0], h.shape[1], 1, 1)
+        return self.head((h * w).mean((2, 3)))
+
+
+class _ChannelShuffle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.conv2, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv(x))
+        b, c, hh, ww = h.shape
+        h = h.view(b, 2, c // 2, hh, ww).transpose(1, 2).contiguous().view(b, c, hh, ww)
+        return self.head(F.relu(self.conv2(h)).mean((2, 3)))
+
+
+class _PixelShuffle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.conv2, self.head = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv2(F.pixel_shuffle(F.relu(self.conv(x)), 2)).mean((2, 3)))
+
+
+class _NonLocal(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv(x))
+        b, c, hh, ww = h.shape
+        f = h.view(b, c, hh * ww)
+        y = (f @ torch.softmax(f.transpose(1, 2) @ f, -1)).view(b, c, hh, ww) + h
+        return self.head(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("net", [_SqueezeExcitation, _ChannelShuffle, _PixelShuffle, _NonLocal])
+def test_cnn_reshapes_around_channels_last_convolutions_train_as_eager_with_no_fallback(
+        backward_convolutions: list, net: type) -> None:
+    """Views and reshapes CNNs make of their activations (a squeeze-excitation's gate, a
+    channel shuffle, a pixel shuffle, a non-local block's pixels as a sequence), with the
+    activations channels-last: compiled whole, gradients as eager's."""
+    from fuselens.events import ErrorEntry
+
+    torch.manual_seed(0)
+    ref, model = net(), net()
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        out, want = _step(torch.compile(model, backend="fuselens"), x, y), _step(ref, x, y)
+    torch._dynamo.reset()
+    assert [e.message for e in events if isinstance(e, ErrorEntry)] == []
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_inference_of_a_cnn_with_a_flatten_head_compiles_whole() -> None:
+    """The C++ target's own inference rule (no fixture): nn.Flatten after a convolution fell
+    back to eager, for every such CNN on the CPU."""
+    from fuselens.events import ErrorEntry
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(8 * 4 * 4, 5)).eval()
+    x = torch.randn(4, 3, 8, 8)
+    torch._dynamo.reset()
+    with torch.no_grad(), sink.collect() as events:
+        out = torch.compile(m, backend="fuselens")(x)
+        want = m(x)
+    torch._dynamo.reset()
+    assert [e.message for e in events if isinstance(e, ErrorEntry)] == []
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    assert any(isinstance(e, FusionDecision) and e.rule == "channels-last" for e in events)
+
+
 def test_backward_placeholders_take_the_strides_the_forward_reported() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
