@@ -1,0 +1,316 @@
+"""CUDA graphs that share one memory pool (compiler/runtime/cuda_graph_pool.py): a training
+forward, its backward and the graphs between them, on the CPU's simulated capture
+(tests/cuda_graph_simulation.py). Which pool a graph joins, what a replay may write over
+and what makes it capture again alone, how gradients and saved activations survive the
+next replay, and a forward called twice before its backwards.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from cuda_graph_simulation import Fn, InPlaceFn, _captures, _capturing, _pool_memory, _step, simulated_cuda
+
+from fuselens.compiler.runtime import cuda_graphs
+from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+__all__ = ["simulated_cuda"]  # the fixture, imported for the tests here
+
+
+def test_a_backward_reading_its_forwards_outputs_in_place_captures_into_the_forwards_pool(
+        simulated_cuda: None) -> None:
+    """The backward joins the forward's memory pool, so its capture may reuse the memory
+    of each saved activation once read (reduce-overhead's CUDA graph trees do the same):
+    a pool per graph held the activations between steps under the backward's own pool."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    for v in (1.0, 3.0, 5.0, 7.0):  # warm-ups, captures, replays
+        (out,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0))
+        assert torch.equal(out, torch.full((4,), 20.0 * v))
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert f.family is b.family and [f.index, b.index] == [0, 1]
+    assert _captures() == [f.family.handle, f.family.handle]
+    assert b.in_place == {0} and not f.outputs.held()  # read in place, and released once read
+    assert fw.conflicts == bw.conflicts == 0 and fw.captures_made == bw.captures_made == 1
+
+
+def test_a_graph_captured_after_its_family_replayed_takes_a_pool_of_its_own(simulated_cuda: None) -> None:
+    """Once a graph of the family has replayed, the allocator no longer knows every tensor on
+    the pool (replays hand out tensors it did not allocate): a capture there could take
+    memory a live tensor is on."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    fw([torch.ones(4), w])  # captured
+    fw([torch.ones(4), w])  # a replay: the family is sealed
+    (out,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.full((4,), 2.0))
+    assert torch.equal(out, torch.full((4,), 12.0))
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert b.in_place == {0} and f.family is not b.family and f.family.handle != b.family.handle
+
+
+def test_a_backward_whose_saved_activation_is_still_held_captures_again_alone_and_stays_right(
+        simulated_cuda: None) -> None:
+    """A saved activation its capture reused the memory of, still held when it replays
+    (`retain_graph=True` keeps the saved tensors for another backward): the replay would
+    write over it, so the backward captures again in a pool of its own, once."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # captures: the activation is released once read
+    for v in (3.0, 4.0, 5.0):
+        kept = fw([torch.full((4,), v), w])[0]  # kept past the backward
+        (out,) = bw([kept, torch.full((4,), 10.0)])
+        assert torch.equal(out, torch.full((4,), 20.0 * v)) and torch.equal(kept, torch.full((4,), 2.0 * v))
+    assert bw.conflicts == 1 and "still held" in bw.last_conflict and fw.conflicts == 0
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert f.family is not b.family and b.in_place == {0}
+
+
+@pytest.mark.parametrize("mutated", [False, True], ids=["read", "mutated"])
+def test_a_captures_copy_of_an_input_is_pool_memory_it_frees_after_its_last_read(
+        simulated_cuda: None, mutated: bool) -> None:
+    """A copied input (a backward's output gradient) is copied into the family's pool and
+    nothing but the capture's run holds it, so the capture reuses its memory once read, as
+    reduce-overhead's do (held for good outside the pool: BERT's logits' gradient, 238 MB).
+    An input the graph mutates keeps a buffer of its own: its result is copied back from it."""
+    seen: list[weakref.ref] = []
+
+    class Watching(Fn):
+        def __call__(self, args: list) -> list:
+            if _capturing:
+                seen.append(weakref.ref(args[1]))
+            return super().__call__(args)
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Watching(lambda a, g: a * g), "0/0:aot_backward", None, mutated_inputs=[1] if mutated else [])
+    with torch.no_grad():  # compiled graphs run so: autograd would save the copy here
+        for v in (1.0, 2.0, 3.0):
+            (out,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0 * v))
+            assert torch.equal(out, torch.full((4,), 20.0 * v * v))
+    (b,) = bw.graphs.values()
+    in_pool = b.static[1].data_ptr() in {m.data_ptr() for m in _pool_memory}
+    assert len(seen) == 1 and (seen[0]() is None) != mutated and in_pool != mutated
+
+
+def test_a_replay_that_must_capture_again_copies_nothing_into_the_pool_first(simulated_cuda: None) -> None:
+    """The check of what a replay would overwrite comes before its input copies: a copy
+    writes the pool, where the capture freed the input after its last read."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    _step(fw, bw, torch.ones(4), w, torch.full((4,), 7.0))  # captures: the backward's copy of g holds 7
+    (old,) = bw.graphs.values()
+    copy_of_g = next(m for m in _pool_memory if m.data_ptr() == old.static[1].data_ptr())
+    kept = fw([torch.full((4,), 3.0), w])[0]  # kept past the backward: its replay must not write over it
+    (out,) = bw([kept, torch.full((4,), 10.0)])
+    assert torch.equal(out, torch.full((4,), 60.0)) and bw.conflicts == 1
+    assert torch.equal(copy_of_g, torch.full((4,), 7.0))
+
+
+def test_an_output_of_an_earlier_step_still_held_is_overwritten_as_reduce_overhead_does(
+        simulated_cuda: None) -> None:
+    """Outputs are valid until the next step: a loss kept from the last step (the loop's
+    variable, still bound while the next step runs) costs no capture."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    model = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    loss = CudaGraphRunner(Fn(lambda y: y + 1), "1/0:aot_forward", None)  # after a graph break
+    last = None
+    for v in (1.0, 2.0, 3.0, 4.0):
+        logits = model([torch.full((4,), v), w])[0]
+        last = loss([logits])[0]
+        assert torch.equal(last, torch.full((4,), 2 * v + 1))
+    (m,), (lo,) = model.graphs.values(), loss.graphs.values()
+    assert m.family is lo.family and model.conflicts == loss.conflicts == 0
+
+
+@pytest.mark.parametrize("can_move", [True, False], ids=["storage-moves", "torch-2.11-captures-again"])
+def test_a_gradient_accumulated_across_steps_survives_the_next_forward_replay(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, can_move: bool) -> None:
+    """The backward's gradients may lie where the forward, captured first, writes: a `.grad`
+    still held when the next forward replays is moved out first, or (a torch that cannot
+    move a storage) the forward captures again in a pool of its own and the backward stops
+    handing its gradients out."""
+    if can_move and not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    monkeypatch.setattr(cuda_graphs, "_CAN_MOVE_STORAGE", can_move)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    (grad,) = _step(fw, bw, torch.ones(4), w, torch.ones(4))  # held like a .grad being accumulated into
+    (b,) = bw.graphs.values()
+    pool = b.outputs.buffers[0].ptr
+    assert grad.data_ptr() == pool and torch.equal(grad, torch.full((4,), 2.0))
+    (nxt,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.ones(4))
+    assert torch.equal(grad, torch.full((4,), 2.0)) and torch.equal(nxt, torch.full((4,), 6.0))
+    if can_move:
+        assert grad.data_ptr() != pool and fw.conflicts == 0  # moved out; the graphs replayed
+    else:
+        assert fw.conflicts == 1 and "gradient" in fw.last_conflict and not bw.hand_out
+        assert grad.data_ptr() == pool
+
+
+@pytest.mark.parametrize("can_move", [True, False], ids=["storage-moves", "torch-2.11-captures-again"])
+def test_a_gradient_written_over_a_saved_activation_is_handed_out_and_the_next_forward_spares_it(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, can_move: bool) -> None:
+    """BERT's backward writes 29 of its 106 gradients over saved activations it has read:
+    the forward's memory. Handed out fresh, autograd keeps them as `.grad` (kept as the
+    capture's tensors, they were cloned: 177 MB a step); one still held when the next
+    forward replays over that memory is moved out first, or the forward captures again alone."""
+    if can_move and not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    monkeypatch.setattr(cuda_graphs, "_CAN_MOVE_STORAGE", can_move)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(InPlaceFn(lambda a, g: a.mul_(g)), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # captures
+    (f,), (b,) = fw.graphs.values(), bw.graphs.values()
+    assert [x.ptr for x in b.outputs.buffers] == [f.outputs.buffers[0].ptr]
+    (g1,) = _step(fw, bw, torch.full((4,), 3.0), w, torch.full((4,), 10.0))
+    (g2,) = _step(fw, bw, torch.full((4,), 5.0), w, torch.full((4,), 10.0))  # g1 still held, like a .grad
+    assert g1 is not g2 and torch.equal(g2, torch.full((4,), 100.0))
+    assert torch.equal(g1, torch.full((4,), 60.0))
+    assert (fw.conflicts == 0) == can_move
+
+
+def test_a_warm_up_reading_a_captured_graphs_output_allocates_in_a_pool_of_its_own(simulated_cuda: None) -> None:
+    """A first call (a real run) allocating in a pool where a graph was captured could take the
+    memory that graph's capture freed, which its replays write: nothing would keep them from
+    writing over the warm-up's outputs. Only a capture, whose outputs are watched, joins."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    late = CudaGraphRunner(Fn(lambda a: a + 1), "1/0:aot_forward", None)
+    fw([torch.ones(4), w])
+    (out,) = fw([torch.ones(4), w])  # captured; nothing replayed yet
+    (f,) = fw.graphs.values()
+    assert torch.equal(late([out])[0], torch.full((4,), 3.0))  # its warm-up
+    (family,) = late.warm.values()
+    assert family is not f.family and not f.family.sealed
+    assert torch.equal(late([fw([torch.ones(4), w])[0]])[0], torch.full((4,), 3.0))  # captured
+
+
+def test_a_gradient_accumulated_over_steps_on_a_saved_activations_memory_costs_no_capture(
+        simulated_cuda: None) -> None:
+    """Accumulating into a `.grad` the backward wrote over a saved activation: the forward's
+    replay moves it out, once; from then on neither graph mistakes the moved tensor for one
+    still on the pool (it would capture again alone every step)."""
+    if not cuda_graphs._CAN_MOVE_STORAGE:
+        pytest.skip("this torch cannot move a storage's memory")
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(InPlaceFn(lambda a, g: a.mul_(g)), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))  # warm-ups
+    (grad,) = _step(fw, bw, torch.ones(4), w, torch.full((4,), 10.0))  # captures: grad is the capture's tensor
+    total = grad.clone()
+    for v in (2.0, 3.0, 4.0, 5.0):
+        (g,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0))
+        grad += g  # like AccumulateGrad into a .grad kept across steps
+        total += 20.0 * v
+        del g
+        assert torch.equal(grad, total)
+    assert fw.conflicts == bw.conflicts == 0 and fw.captures_made == bw.captures_made == 1
+
+
+def test_the_benchmarks_count_the_gradients_left_on_graph_memory_and_the_mb_autograd_cloned(
+        simulated_cuda: None) -> None:
+    from benchmarks.cuda_graph_pools import gradients_in_graph_memory
+
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    module = torch.nn.Module()
+    module.w = w
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None, gradient_outputs=[0])
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    (w.grad,) = _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    assert gradients_in_graph_memory(module) == {"gradients": 1, "in_graph_memory": 1, "copied_mb": 0.0}
+    w.grad = w.grad.clone()
+    assert gradients_in_graph_memory(module) == {"gradients": 1, "in_graph_memory": 0, "copied_mb": 16 / 2 ** 20}
+
+
+def test_two_forwards_before_their_backwards_keep_each_ones_saved_activations(simulated_cuda: None) -> None:
+    """A training step that runs the forward twice before the backwards (two views of a batch,
+    a siamese network): the second replay would write over the saved activations the first
+    call's backward still needs. It takes a second capture with memory of its own, kept
+    beside the first, and so does the backward reading its activations in place: from the
+    second such step on, every call replays, in either order of the backwards."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None, saved_from=0)
+    bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
+    for _ in range(3):  # warm-ups, captures, a replay: one forward a step
+        _step(fw, bw, torch.ones(4), w, torch.ones(4))
+    made = []
+    for v in (3.0, 5.0, 7.0, 9.0):
+        first = [fw([torch.full((4,), v), w])[0], torch.ones(4)]
+        second = [fw([torch.full((4,), 10 * v), w])[0], torch.ones(4)]
+        backwards = [(second, 20.0 * v), (first, 2.0 * v)]
+        for args, want in backwards if v != 7.0 else backwards[::-1]:
+            assert torch.equal(bw(args)[0], torch.full((4,), want))
+        made.append((fw.captures_made, bw.captures_made))
+    assert made[1:] == [made[0]] * 3 and made[0] == (2, 2)
+    assert fw.conflicts == bw.conflicts == 0 and not fw.failed and bw.borrow
+    caps = bw.captures()
+    assert len(caps) == 2 and all(c.in_place == {0} for c in caps)  # the activations read in place, not copied
+    assert len({c.family.handle for c in fw.captures()}) == 2
+
+
+def test_a_third_forward_before_the_backwards_captures_again_alone_once_the_signature_has_its_captures(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captures of one signature are bounded: with all of them holding saved activations
+    still needed, the next call captures again in a pool of its own, replacing one."""
+    monkeypatch.setattr(cuda_graphs, "CAPTURES_PER_SIGNATURE", 2)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None, saved_from=0)
+    for _ in range(2):  # warm-up, capture
+        fw([torch.ones(4), w])
+    outs = [fw([torch.full((4,), v), w])[0] for v in (1.0, 2.0, 3.0)]
+    assert [o[0].item() for o in outs] == [2.0, 4.0, 6.0]
+    assert fw.conflicts == 1 and "still held" in fw.last_conflict and len(fw.captures()) == 2
+
+
+def test_a_buffer_a_user_output_is_on_is_not_a_saved_activation() -> None:
+    """A forward's outputs from `saved_from` on are saved for its backward; a buffer that also
+    holds a user output (the logits, saved for the loss's backward) is the user's to keep."""
+    from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs
+
+    logits, act = torch.ones(4), torch.ones(2)
+    out = CapturedOutputs([logits, act, logits[:2]], set(), set(), 0, saved_from=1)
+    assert [b.saved for b in out.buffers] == [False, True] and out.saved == [out.buffers[1]]
+    del act
+    assert not out.saved_held()
+    held = out.tensors()[1]
+    assert out.saved_held()
+    del held
+    assert not out.saved_held()
+
+
+def test_graphs_replayed_out_of_capture_order_never_overwrite_an_output_of_the_same_step(
+        simulated_cuda: None) -> None:
+    """Outputs of an earlier step may be overwritten (the loop's last loss); a step is told by
+    the family's first graph replaying again, after the others in capture order. Out of that
+    order (the head called before the model) the head's output held now may be of this step:
+    the model captures again alone rather than take it for last step's."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    model = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    head = CudaGraphRunner(Fn(lambda a: a + 1), "1/0:aot_forward", None)  # reads the model's output in place
+    for v in (1.0, 2.0, 3.0):  # warm-ups, captures, a replay in order
+        logits = model([torch.full((4,), v), w])[0]
+        kept = head([logits])[0]  # still held when the next step begins
+    (m,), (h,) = model.graphs.values(), head.graphs.values()
+    assert m.family is h.family and model.conflicts == head.conflicts == 0
+    logits = model([torch.full((4,), 4.0), w])[0]
+    kept = head([logits])[0]  # in order: the last step's `kept` was overwritten, as reduce-overhead does
+    assert model.conflicts == 0 and torch.equal(kept, torch.full((4,), 9.0))
+    fresh = head([logits])[0]  # the head again, out of order: its output is of this step
+    after = model([torch.full((4,), 5.0), w])[0]
+    assert model.conflicts == 1 and torch.equal(after, torch.full((4,), 10.0))
+    assert torch.equal(fresh, torch.full((4,), 9.0))
