@@ -92,11 +92,10 @@ class Captured:
 
 
 class _Hit(NamedTuple):
-    """A captured signature and what a replay of it needs, looked up once."""
+    """A captured signature, looked up once."""
 
     key: tuple  # the input signature
     captured: Captured
-    plan: tuple  # (positions copied or compared, positions read in place, addresses)
 
 
 class CudaGraphRunner:
@@ -227,7 +226,7 @@ class CudaGraphRunner:
     def _remember(self, key: tuple) -> _Hit:
         """Make `key` the last replayed signature; returns what a replay of it needs."""
         cap = self.graphs[key]
-        self._last_hit = _Hit(key, cap, cap.plan)
+        self._last_hit = _Hit(key, cap)
         return self._last_hit
 
     def _keep_as_spare(self, key: tuple) -> bool:
@@ -282,7 +281,8 @@ class CudaGraphRunner:
         same sizes and strides (scalars equal), the ones read in place at the same address,
         none another graph's replayed output. The slow path's checks, without building a
         signature of every input (ResNet-50's backward has 320: 1.7 ms a step)."""
-        _, cap, (others, in_place, ptrs) = hit
+        cap = hit.captured
+        others, in_place, ptrs = cap.plan
         static = cap.static
         if len(args) != len(static):
             return False
@@ -297,13 +297,14 @@ class CudaGraphRunner:
         if ptrs is not None:
             if not _PTRS_EQUAL(args, ptrs, in_place):
                 return False
-        elif any(args[i].data_ptr() != static[i].data_ptr() for i in in_place):
+        elif not cap.reads_in_place(args):
             return False
         return not self._copies_a_replayed_output(args, cap.in_place, others)
 
     def _replay(self, hit: _Hit, args: list, first: Optional[list] = None) -> Any:
         """Replay for this call's result: `first`, the capture's own outputs, right after it."""
-        key, cap, (copied, _, _) = hit
+        key, cap = hit
+        copied = cap.plan[0]
         self._kept = []
         if first is None and (cap.outputs.saved or self.gradient_outputs):
             elsewhere = self._replay_elsewhere(key, cap, args)
@@ -352,12 +353,12 @@ class CudaGraphRunner:
             # and its gradients are kept by the runner until the next replay (autograd copies them)
             self.hand_out = False
             return (self._capture_and_replay(key, args),)
-        if not (cap.outputs.saved and cap.outputs.saved_held()):
+        if not cap.outputs.saved_held():
             return None
         # its last call's backward has not run (two forwards before their backwards): another
         # capture of the signature whose memory is free, or a new one beside it
         spare = next((c for c in self.spares.get(key, ())
-                      if not (c.outputs.saved and c.outputs.saved_held()) and c.reads_in_place(args)), None)
+                      if not c.outputs.saved_held() and c.reads_in_place(args)), None)
         if spare is not None:
             self._swap_in(key, spare)
             return (self._replay(self._remember(key), args),)
