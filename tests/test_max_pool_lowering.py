@@ -88,6 +88,32 @@ def test_a_training_forward_saves_int8_window_places_and_returns_eager_indices()
     assert torch.equal(i, ri) and torch.equal(v, rv)
 
 
+def test_max_pool1d_and_pools_over_a_dim_of_one_train_without_saving_the_pool_input() -> None:
+    """max_pool1d pools a [N, C, 1, L] view, as does a 2-d pool over one row: its backward's
+    stand-in for the pool's input (shape only) has a dim of one, whose stride tracing may set
+    to anything (it recursed into itself until Python's limit: a Conv1d + MaxPool1d model did
+    not compile). Gradients are eager's; what is saved is Inductor's: the window places and
+    the ReLU's mask, not the pool's input."""
+    opts = {"target": "cpp", "fallback_on_error": False}
+    for pool, x in ((lambda t: torch.nn.functional.max_pool1d(t, 2) * 2, torch.randn(2, 3, 9)),
+                    (lambda t: torch.nn.functional.max_pool2d(t, (1, 3), 2) * 2, torch.randn(2, 3, 1, 11))):
+        torch._dynamo.reset()
+        relu_then_pool = lambda t, pool=pool: pool(torch.relu(t))  # noqa: E731 - the input a ReLU's output
+        x.requires_grad_(True)
+        saved: list[tuple] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append((tuple(t.shape), t.dtype))
+            return t
+
+        compiled = torch.compile(relu_then_pool, backend="fuselens", options=opts)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            v = compiled(x)
+        assert sorted(str(dtype) for _, dtype in saved) == ["torch.bool", "torch.int8"], saved  # ReLU's mask, places
+        g = torch.randn_like(v)
+        assert torch.equal(torch.autograd.grad(v, x, g)[0], torch.autograd.grad(relu_then_pool(x), x, g)[0])
+
+
 def test_max_pool2d_matches_eager_in_the_triton_interpreter(tmp_path: Path) -> None:
     records = interpreted_worker_records(__file__, tmp_path / "records.json", 900, "max-pool worker")
     assert records == {"bad": []}

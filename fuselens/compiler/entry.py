@@ -160,8 +160,10 @@ def _max_pool2d_backward_reading_no_input(grad_output: torch.Tensor, x: torch.Te
     argument the partitioner saved it for the backward, where it recomputes it otherwise
     (ResNet-50's stem: its ReLU's output, 51 MB at batch 32, which Inductor's scatter
     decomposition does not save either). The result keeps eager's memory format."""
-    if x.dim() not in (3, 4) or all(st == 0 for st in x.stride()):
-        return NotImplemented  # (the stand-in itself: the op as it is)
+    # the stand-in itself: the op as it is. Its strides are zero but where a dim is 1, where
+    # tracing may give it any stride (max_pool1d pools a [N, C, 1, L] view)
+    if x.dim() not in (3, 4) or all(st == 0 for st, n in zip(x.stride(), x.shape) if n != 1):
+        return NotImplemented
     shape_only = aten.expand.default(aten.zeros.default([], dtype=x.dtype, device=x.device), list(x.shape))
     out = aten.max_pool2d_with_indices_backward.default(grad_output, shape_only, kernel_size, stride, padding,
                                                         dilation, ceil_mode, indices)
