@@ -2,6 +2,10 @@
 GPU idle, synchronizations, copies and the ATen calls made from the host.
 
     python -m benchmarks.step_anatomy --models gpt2,bert --modes infer,train --out DIR
+    python -m benchmarks.step_anatomy --models llama --modes train --backends inductor_cg,fuselens_cg
+
+Backends are `benchmarks.models`' labels (`inductor_cg` is `mode="reduce-overhead"`,
+`fuselens_cg` our `cuda_graphs` option) or any registered backend's name.
 
 For each model, mode and backend (same process, same inputs, as `benchmarks.models`):
 - `enqueue_ms`: a call's host time with the GPU idle at its start (median of 30);
@@ -10,7 +14,9 @@ For each model, mode and backend (same process, same inputs, as `benchmarks.mode
   of kernel intervals over the window), CUDA runtime API calls by name (a
   `cudaStreamSynchronize` or `cudaMemcpy` DtoH inside a step stalls the pipeline),
   memcpy/memset activity, and the host ATen ops by count (what a compiled graph
-  still runs through ATen).
+  still runs through ATen);
+- `host_top`: cProfile over 20 calls, the Python functions with the most own time per
+  call (where a replayed CUDA graph's host time goes: the GPU work is one launch).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.models import make_step  # noqa: E402
+from benchmarks.models import backends_for, make_step  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
 
@@ -102,6 +108,28 @@ def anatomy(step: Callable[[], Any], steps: int = 5) -> dict:
     }
 
 
+def host_top(step: Callable[[], Any], calls: int = 20, top: int = 40) -> list[list]:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]  # by own time
+    return [[f"{Path(f).name}:{line} {fn}", round(nc / calls, 1), round(1e3 * tt / calls, 4)]
+            for (f, line, fn), (_, nc, tt, _, _) in rows]
+
+
+def _compile_kwargs(label: str) -> dict:
+    known = dict(backends_for("cuda", True, [label]))
+    if label == "eager" or label not in known:  # there "eager" means not compiled; here the backend
+        return {"backend": label}
+    return known[label]
+
+
 def run(model: str, mode: str, backends: list[str]) -> list[dict]:
     train = mode == "train"
     case = build(model, "gpu")
@@ -115,7 +143,7 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
     out = []
     for backend in backends:
         torch._dynamo.reset()
-        compiled = torch.compile(copy.deepcopy(module), backend=backend)
+        compiled = torch.compile(copy.deepcopy(module), **_compile_kwargs(backend))
         step = make_step(case, compiled, inputs, train, "cuda")
         for _ in range(3):
             step()
@@ -124,7 +152,7 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
         step()
         peak = torch.cuda.max_memory_allocated() / 2**20
         rec = {"model": model, "mode": mode, "backend": backend, "enqueue_ms": enq, "wall_ms": wall,
-               "peak_mb": peak, **anatomy(step)}
+               "peak_mb": peak, **anatomy(step), "host_top": host_top(step)}
         print(json.dumps(rec), flush=True)
         out.append(rec)
         del compiled, step

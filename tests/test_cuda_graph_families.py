@@ -8,6 +8,7 @@ next replay, and a forward called twice before its backwards.
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -290,6 +291,51 @@ def test_a_buffer_a_user_output_is_on_is_not_a_saved_activation() -> None:
     held = out.tensors()[1]
     assert out.saved_held()
     del held
+    assert not out.saved_held()
+
+
+def test_saved_activations_are_handed_out_again_and_held_while_autograd_saves_them() -> None:
+    """Each replay hands out the same tensors for the saved activations (building 150-320 a
+    step costs host time); the user's outputs are fresh. Such a tensor is held while autograd
+    saves it, a backward with `retain_graph=True` keeps it, or anything else refers to it."""
+    import gc
+
+    from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs
+
+    logits, act, act2 = torch.ones(4), torch.ones(2), torch.ones(3)
+    out = CapturedOutputs([logits, act, act2, act2[:1]], set(), set(), 0, saved_from=1)
+    del act, act2
+    first, second = out.tensors(), out.tensors()
+    assert first[1] is second[1] and first[3] is second[3] and first[0] is not second[0]
+    assert out.saved_held()
+    del first, second
+    assert not out.saved_held()
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(saved)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple:
+            (saved,) = ctx.saved_tensors
+            return g * saved.sum(), None
+
+    x = torch.ones(2, requires_grad=True)
+    y = Scale.apply(x, out.tensors()[1])
+    assert out.saved_held()
+    y.sum().backward()
+    assert not out.saved_held()
+    y = Scale.apply(x, out.tensors()[2])
+    y.sum().backward(retain_graph=True)
+    assert out.saved_held()
+    del y
+    gc.collect()
+    assert not out.saved_held()
+    view = out.tensors()[3].view(1)
+    assert out.saved_held()
+    del view
     assert not out.saved_held()
 
 
