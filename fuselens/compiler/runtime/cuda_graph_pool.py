@@ -15,6 +15,8 @@ What makes sharing safe:
 - A graph's outputs are not held by its runner. The call that captures hands out the
   capture's own tensors; later replays hand out tensors over the same memory that own
   nothing (`PoolBuffer`), so a dropped activation is memory the allocator knows is free.
+  A forward's saved activations are the same tensors every replay (the runner keeps
+  them); a buffer counts them, and is held while anything else refers to one.
 - Graphs join a family only before any of its graphs has replayed: until then the
   allocator's view of the pool is exact (every live tensor on it is one it allocated), so
   a capture allocates only memory nothing holds. A later capture takes a pool of its own.

@@ -9,12 +9,13 @@ address is stable, and one that moves re-captures. Outputs live in a memory pool
 with the graphs they feed (a training forward and its backward: cuda_graph_pool.py says
 how and when that is safe) and are valid until the next step, as with Inductor's CUDA graphs.
 
-Outputs are handed out as fresh tensors on that memory, which the runner does not hold:
-autograd's AccumulateGrad takes a backward's parameter gradients as `.grad` instead of
-cloning each (it clones a gradient another reference holds: 57-161 copies a step in the
-models of benchmarks.models, 0.25-0.5 ms). A `.grad` still holding one when a graph that
-writes there replays (gradient accumulation) is first moved out of the pool: its storage
-gets a copy of the values, the graph keeps the pool memory.
+Outputs are handed out as fresh tensors on that memory, which the runner does not hold
+(but for a forward's saved activations, the same tensors every replay, which only autograd
+sees: cuda_graph_pool.py): autograd's AccumulateGrad takes a backward's parameter gradients
+as `.grad` instead of cloning each (it clones a gradient another reference holds: 57-161
+copies a step in the models of benchmarks.models, 0.25-0.5 ms). A `.grad` still holding
+one when a graph that writes there replays (gradient accumulation) is first moved out of
+the pool: its storage gets a copy of the values, the graph keeps the pool memory.
 
 `torch._dynamo.reset()` drops every captured graph (through the backend's `reset`), with
 the parameters and pools it held, as it resets Inductor's CUDA graph trees.
