@@ -275,3 +275,33 @@ def test_cpu_embedding_backward_is_an_index_add_library_call_with_no_finding_and
     torch.testing.assert_close(emb.weight.grad, ref.weight.grad)
     assert not [e.message for e in events if isinstance(e, ErrorEntry)]
     assert any(k.name.startswith("extern_index_add") for k in events if isinstance(k, Kernel))
+
+
+@pytest.mark.parametrize("shape,reps,channels_last", [
+    ((3, 4), (2, 3), False), ((3, 4), (2, 1, 3), False), ((5,), (4, 2), False),
+    ((2, 3, 4, 4), (1, 2, 1, 3), True)])
+def test_repeat_is_a_generated_copy_with_eager_values_layout_and_gradients(shape, reps, channels_last):
+    """x.repeat(...) decomposes into one copy of x expanded (entry.py), not ATen's kernel of
+    its own: values bit-equal, eager's contiguous result whatever x's layout (new leading
+    dims too), the gradient eager's, and no op left to ATen."""
+    from fuselens.events import ErrorEntry
+
+    assert aten.repeat.default not in targets(traced(lambda t: t.repeat(*reps), torch.randn(shape)))
+    torch._dynamo.reset()
+    x = torch.randn(shape)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+
+    def f(t):
+        return t.repeat(*reps) * 2
+
+    with sink.collect() as events:
+        out = torch.compile(f, backend="fuselens", options={"target": "cpp", "fallback_on_error": False})(x)
+        g = torch.randn_like(out)
+        (mine,) = torch.autograd.grad(out, x, g)
+    ref = f(x)
+    (theirs,) = torch.autograd.grad(ref, x, g)
+    assert torch.equal(out, ref) and out.stride() == ref.stride()
+    torch.testing.assert_close(mine, theirs)
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]

@@ -16,7 +16,8 @@ plus the composite ops we would rather fuse as their parts than call whole:
 native_layer_norm, _softmax, _log_softmax, gelu, batch norm (functional and
 inference), group norm, hardtanh, leaky_relu, elu, var_mean/var, linalg_vector_norm
 and native_dropout; a cat of one tensor with itself as a repeat (the backward recomputes
-it). mm/addmm/bmm/convolution/SDPA stay whole (library calls).
+it), and repeat as one copy of an expand. mm/addmm/bmm/convolution/SDPA stay whole
+(library calls).
 
 Compile errors of a graph fall back to running that graph eagerly, with an
 ErrorEntry naming the kernel; restart exceptions of Dynamo are never caught.
@@ -98,6 +99,7 @@ def _decomposition_table() -> dict:
     table[aten.max_pool2d_with_indices_backward.default] = _max_pool2d_backward_reading_no_input
     table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
     table[aten.cat.default] = _cat_of_one_tensor_repeated
+    table[aten.repeat.default] = _repeat_as_expand_copy
     return table
 
 
@@ -118,6 +120,25 @@ def _cat_of_one_tensor_repeated(tensors: Any, dim: int = 0) -> Any:
     repeated = aten.expand.default(aten.unsqueeze.default(x, d), shape[:d] + [len(tensors)] + shape[d:])
     copied = aten.clone.default(repeated, memory_format=torch.contiguous_format)
     return aten.view.default(copied, shape[:d] + [len(tensors) * shape[d]] + shape[d + 1:])
+
+
+def _repeat_as_expand_copy(x: torch.Tensor, repeats: Any) -> Any:
+    """x.repeat(r0, r1, ...) as one copy: x viewed with a dim of one before each of its
+    dims, expanded to [r0, s0, r1, s1, ...], copied and viewed as [r0 * s0, r1 * s1, ...]
+    (repeat's order: each dim's copies outermost). ATen's repeat is a kernel of its own
+    between fused ones (Bloom's ALiBi slopes, einops' `repeat`, a mask tiled per head);
+    the copy joins its consumers. Eager's result is contiguous whatever x's layout."""
+    reps = list(repeats)
+    if len(reps) < x.dim():
+        return NotImplemented  # the op's own error
+    shape = [1] * (len(reps) - x.dim()) + list(x.shape)
+    interleaved = [1, 0] * len(shape)
+    interleaved[1::2] = shape
+    grown = [size for r, n in zip(reps, shape) for size in (r, n)]
+    spread = aten.view.default(aten.clone.default(x, memory_format=torch.contiguous_format)
+                               if not x.is_contiguous() else x, interleaved)
+    copied = aten.clone.default(aten.expand.default(spread, grown), memory_format=torch.contiguous_format)
+    return aten.view.default(copied, [r * n for r, n in zip(reps, shape)])
 
 
 def _convolution_backward_bias_as_sum(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
