@@ -48,6 +48,28 @@ def test_bf16_max_pool_backward_on_cuda_is_generated_and_matches_eager():
     torch.testing.assert_close(xc.grad, xe.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_avg_pool_forward_and_backward_on_cuda_are_generated_and_match_eager(dtype):
+    """A DenseNet transition's pool (2x2) and a padded 3x3 one without the padding counted,
+    channels-last: generated kernels, not ATen's, with eager's values and gradients (ATen's
+    CUDA kernels sum in float too)."""
+    fuselens.compiler.register()
+
+    def pools(x):
+        a = torch.nn.functional.avg_pool2d(torch.relu(x), 2)
+        b = torch.nn.functional.avg_pool2d(x, 3, 1, 1, count_include_pad=False)
+        return a.float().square().sum() + b.float().square().sum()
+
+    x = torch.randn(4, 32, 28, 28, device="cuda").to(dtype).to(memory_format=torch.channels_last)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    pools(xe).backward()
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        torch.compile(pools, backend="fuselens")(xc).backward()
+    assert not [e.message for e in events if isinstance(e, ErrorEntry) and "avg_pool2d" in e.message]
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
 def test_convolution_bias_gradient_is_a_generated_sum_not_cudnns_reduction():
     """A squeeze-excitation 1x1 convolution with a bias, under autocast: the bias gradient
     is summed by a generated kernel, cuDNN computes only the input and weight gradients."""

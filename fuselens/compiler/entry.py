@@ -96,7 +96,8 @@ def _decomposition_table() -> dict:
     # does. autograd_consistency checks the rule on every joint graph.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
-    table[aten.max_pool2d_with_indices_backward.default] = _max_pool2d_backward_reading_no_input
+    for op in (aten.max_pool2d_with_indices_backward.default, aten.avg_pool2d_backward.default):
+        table[op] = _pool_backward_reading_no_input(op)
     table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
     table[aten.cat.default] = _cat_of_one_tensor_repeated
     table[aten.repeat.default] = _repeat_as_expand_copy
@@ -174,22 +175,25 @@ def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: 
     return vals, POOL_OFFSETS_TO_INDICES(places, k, list(x.shape[-2:]), s, p, d)
 
 
-def _max_pool2d_backward_reading_no_input(grad_output: torch.Tensor, x: torch.Tensor, kernel_size: Any, stride: Any,
-                                          padding: Any, dilation: Any, ceil_mode: bool, indices: torch.Tensor) -> Any:
-    """max_pool2d's backward given a stand-in for the pool's input that has its shape and
-    no data (a zero expanded): the op reads the input for its shape alone, but as its
-    argument the partitioner saved it for the backward, where it recomputes it otherwise
-    (ResNet-50's stem: its ReLU's output, 51 MB at batch 32, which Inductor's scatter
-    decomposition does not save either). The result keeps eager's memory format."""
-    # the stand-in itself: the op as it is. Its strides are zero but where a dim is 1, where
-    # tracing may give it any stride (max_pool1d pools a [N, C, 1, L] view)
-    if x.dim() not in (3, 4) or all(st == 0 for st, n in zip(x.stride(), x.shape) if n != 1):
-        return NotImplemented
-    shape_only = aten.expand.default(aten.zeros.default([], dtype=x.dtype, device=x.device), list(x.shape))
-    out = aten.max_pool2d_with_indices_backward.default(grad_output, shape_only, kernel_size, stride, padding,
-                                                        dilation, ceil_mode, indices)
-    fmt = torch._prims_common.suggest_memory_format(x)
-    return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
+def _pool_backward_reading_no_input(op: Any) -> Callable:
+    """A pool's backward given a stand-in for the pool's input that has its shape and no
+    data (a zero expanded): max_pool2d's and avg_pool2d's read that input for its shape
+    alone, but as their argument the partitioner saved it for the backward, where it
+    recomputes it otherwise (ResNet-50's stem: its ReLU's output, 51 MB at batch 32, which
+    Inductor's scatter decomposition does not save either). The result keeps eager's
+    memory format."""
+
+    def decomposition(grad_output: torch.Tensor, x: torch.Tensor, *rest: Any) -> Any:
+        # the stand-in itself: the op as it is. Its strides are zero but where a dim is 1,
+        # where tracing may give it any stride (max_pool1d pools a [N, C, 1, L] view)
+        if x.dim() not in (3, 4) or all(st == 0 for st, n in zip(x.stride(), x.shape) if n != 1):
+            return NotImplemented
+        shape_only = aten.expand.default(aten.zeros.default([], dtype=x.dtype, device=x.device), list(x.shape))
+        out = op(grad_output, shape_only, *rest)
+        fmt = torch._prims_common.suggest_memory_format(x)
+        return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
+
+    return decomposition
 
 
 _ids = itertools.count()

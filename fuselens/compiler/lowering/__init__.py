@@ -5,6 +5,7 @@
     pointwise.py   pointwise ops; broadcasting and type promotion shared by the tables
     reductions.py  reductions (sum, mean, var, ...) and the library calls kept whole
     views.py       views and data movement as index maps (permute, view, cat, pad, ...)
+    avg_pool.py    avg_pool2d and its backward (window sums with ATen's divisors)
     indexing.py    reads at indices held in a tensor (embedding, gather)
     foreach.py     `_foreach_*` ops (a CUDA optimizer's step), element by element
     rng.py         random tensors as Philox numbers in the kernels (compiler/random_ops.py)
@@ -19,7 +20,8 @@ from typing import Any
 import torch.fx
 
 from fuselens.compiler.ir import GraphIR
-from fuselens.compiler.lowering import foreach, indexing, pointwise, reductions, rng, views  # noqa: F401  (fill the table)
+# the op tables register themselves into the table when imported
+from fuselens.compiler.lowering import avg_pool, foreach, indexing, pointwise, reductions, rng, views  # noqa: F401
 from fuselens.compiler.lowering.lowerer import Lowerer
 
 
