@@ -8,7 +8,10 @@ runs it three times more, as the suite does before it times. Then, with the step
 last result still held:
 - reserved and allocated MB over what was there before the compile;
 - what `torch.cuda.empty_cache()` gives back (`freeable_mb`): memory no tensor holds,
-  the pools of graphs captured again among it;
+  the pools of graphs captured again among it; and what stays reserved then, counted
+  from the memory live before the compile (`reserved_mb_after_empty_cache`: the suite's
+  reserved MB, which the general pool's fragmentation left by an earlier backend does
+  not move);
 - each memory pool the allocator holds (CUDA graphs' private pools and the general
   one): its MB reserved and MB allocated in it (outputs a graph keeps between replays);
 - for fuselens, each graph: captures made, signatures alive, its pool, its outputs' MB,
@@ -84,6 +87,7 @@ def measure(name: str, mode: str, backends: list[str], bench: bool) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
         r["freeable_mb"] = r["reserved_mb"] - (torch.cuda.memory_reserved() - reserved0) / MB
+        r["reserved_mb_after_empty_cache"] = (torch.cuda.memory_reserved() - allocated0) / MB
         r["pools_after_empty_cache"] = pools()
         rec[label] = r
         print(json.dumps({"model": name, "mode": mode, "backend": label,
