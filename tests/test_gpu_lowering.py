@@ -70,6 +70,25 @@ def test_avg_pool_forward_and_backward_on_cuda_are_generated_and_match_eager(dty
     torch.testing.assert_close(xc.grad, xe.grad)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_interpolation_backward_on_cuda_is_index_adds_with_eager_gradients(mode):
+    """A UNet decoder's upsampling under autocast, channels-last: the backward's index_put over
+    row and column indices runs as an index_add per dim (graph_passes.py), not ATen's sort."""
+    fuselens.compiler.register()
+
+    def up(x):
+        return torch.nn.functional.interpolate(x, scale_factor=2, mode=mode).float().square().sum()
+
+    x = torch.randn(4, 32, 28, 28, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    up(xe).backward()
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        torch.compile(up, backend="fuselens")(xc).backward()
+    assert not [e.message for e in events if isinstance(e, ErrorEntry) and "index_put" in e.message]
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
 def test_convolution_bias_gradient_is_a_generated_sum_not_cudnns_reduction():
     """A squeeze-excitation 1x1 convolution with a bias, under autocast: the bias gradient
     is summed by a generated kernel, cuDNN computes only the input and weight gradients."""

@@ -28,7 +28,8 @@ it did as `GraphRewrite` records, which the backend reports as fusion decisions.
 * `index_put_accumulate_as_index_add`: an embedding's backward accumulates rows
   with index_put, which ATen's CUDA kernel computes by sorting the indices; index_add
   (atomic adds) is what Inductor's generated scatter does. On the CPU (targets/cpp.py)
-  ATen's index_add is faster too.
+  ATen's index_add is faster too. An index_put over an outer product of indices (every
+  `F.interpolate` backward) becomes an index_add per indexed dim.
 * `convolution_bias_as_add` (GPU): ATen's cuDNN convolution adds its bias in a
   kernel of its own after the convolution (`output.add_(bias)`); as an add node it
   joins the kernel of whatever reads the output: ConvNeXt's depthwise convolution
@@ -431,7 +432,13 @@ def index_put_accumulate_as_index_add(gm: torch.fx.GraphModule, *, require_cuda:
         x, indices, values = node.args[:3]
         accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
         xv, vv = _val(x), _val(values)
-        if accumulate is not True or not isinstance(indices, (list, tuple)) or len(indices) != 1:
+        if accumulate is not True or not isinstance(indices, (list, tuple)):
+            continue
+        if len(indices) != 1 or indices[0] is None:
+            new = _separable_index_add(gm, mode, node, require_cuda)
+            if new is not None:
+                done.append(GraphRewrite("index-add", node.name, f"{node.name}: index_put with accumulate=True "
+                                         "over an outer product of indices runs as an index_add per indexed dim"))
             continue
         idx = indices[0]
         iv = _val(idx)
@@ -459,6 +466,57 @@ def index_put_accumulate_as_index_add(gm: torch.fx.GraphModule, *, require_cuda:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def _separable_index_add(gm: torch.fx.GraphModule, mode: Any, node: torch.fx.Node,
+                         require_cuda: bool) -> Optional[torch.fx.Node]:
+    """`index_put(x, [None, .., i0, i1, ..], v, accumulate=True)` whose indices form an outer
+    product (index j varies along its own dim of their broadcast shape only: [H', 1] and
+    [W'], what every `F.interpolate` backward scatters with) as an index_add along each
+    indexed dim in turn, the last one into x. ATen ran it in one kernel of its own (on the
+    GPU, after sorting the indices); index_add is a library call that sums with atomics.
+    Sums in another order than index_put's: equal within rounding. None where the pattern
+    does not hold; the node is replaced where it does."""
+    x, indices, values = node.args[:3]
+    xv, vv = _val(x), _val(values)
+    present = [k for k, i in enumerate(indices) if i is not None]
+    if not present or present != list(range(present[0], present[0] + len(present))):
+        return None  # indices apart put the indexed dims first: not this pattern
+    ivs = [_val(indices[k]) for k in present]
+    if not (isinstance(xv, torch.Tensor) and isinstance(vv, torch.Tensor)
+            and all(isinstance(iv, torch.Tensor) for iv in ivs)):
+        return None
+    if (require_cuda and not xv.is_cuda) or vv.dtype != xv.dtype or any(
+            iv.dtype not in (torch.int64, torch.int32) for iv in ivs):
+        return None
+    if not _static(*xv.shape, *vv.shape, *(d for iv in ivs for d in iv.shape)):
+        return None
+    k, first = len(ivs), present[0]
+    if any(iv.dim() > k for iv in ivs):
+        return None
+    shapes = [[1] * (k - iv.dim()) + list(iv.shape) for iv in ivs]
+    spread = [max(sh[j] for sh in shapes) for j in range(k)]
+    for j, sh in enumerate(shapes):  # index j spans dim j of the broadcast shape, and only it
+        if any(n != 1 for d, n in enumerate(sh) if d != j) or sh[j] not in (1, spread[j]):
+            return None
+    if list(vv.shape) != list(xv.shape[:first]) + spread + list(xv.shape[first + k:]):
+        return None
+    bld = _Builder(gm, node, mode)
+    acc: Any = values
+    shape = list(vv.shape)
+    for j in reversed(range(k)):
+        dim = first + j
+        flat = bld.call(aten.reshape.default, indices[present[j]], [-1])
+        if shapes[j][j] != spread[j]:  # one index for every position along this dim
+            flat = bld.call(aten.expand.default, flat, [spread[j]])
+        n = xv.shape[dim]
+        wrapped = bld.call(aten.where.self, bld.call(aten.lt.Scalar, flat, 0), bld.call(aten.add.Scalar, flat, n), flat)
+        shape[dim] = n
+        into = x if j == 0 else bld.call(aten.zeros.default, list(shape), dtype=xv.dtype, device=xv.device)
+        acc = bld.call(aten.index_add.default, into, dim, wrapped, acc)
+    node.replace_all_uses_with(acc)
+    gm.graph.erase_node(node)
+    return acc
 
 
 def convolution_bias_as_add(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:
