@@ -222,6 +222,11 @@ def test_an_outer_product_of_indices_accumulates_with_an_index_add_per_dim():
     assert [r.rule for r in index_put_accumulate_as_index_add(gm, require_cuda=False)] == ["index-add"]
     assert targets(gm).count(aten.index_add.default) == 2 and aten.index_put.default not in targets(gm)
     torch.testing.assert_close(gm(*args), put(*args))
+    half = (args[0].bfloat16(), rows, cols, args[3].bfloat16())  # summed in float, rounded once
+    gm = traced(put, *half)
+    assert [r.rule for r in index_put_accumulate_as_index_add(gm, require_cuda=False)] == ["index-add"]
+    exact = put(args[0].bfloat16().double(), rows, cols, args[3].bfloat16().double())
+    torch.testing.assert_close(gm(*half).double(), exact, rtol=2 ** -8, atol=0)
 
     def paired(x, rows, cols, v):
         return torch.ops.aten.index_put.default(x, [None, rows, cols], v, True)

@@ -489,6 +489,8 @@ def _separable_index_add(gm: torch.fx.GraphModule, mode: Any, node: torch.fx.Nod
     if (require_cuda and not xv.is_cuda) or vv.dtype != xv.dtype or any(
             iv.dtype not in (torch.int64, torch.int32) for iv in ivs):
         return None
+    if not xv.is_contiguous():
+        return None  # index_add's result is contiguous, index_put's has x's layout
     if not _static(*xv.shape, *vv.shape, *(d for iv in ivs for d in iv.shape)):
         return None
     k, first = len(ivs), present[0]
@@ -502,7 +504,10 @@ def _separable_index_add(gm: torch.fx.GraphModule, mode: Any, node: torch.fx.Nod
     if list(vv.shape) != list(xv.shape[:first]) + spread + list(xv.shape[first + k:]):
         return None
     bld = _Builder(gm, node, mode)
-    acc: Any = values
+    # 16-bit sums in float, rounded once at the end, as ATen's index_put sums (an atomic add
+    # of a 16-bit type rounds at every add)
+    work = torch.float32 if xv.dtype in (torch.float16, torch.bfloat16) else xv.dtype
+    acc: Any = values if work == xv.dtype else bld.call(aten._to_copy.default, values, dtype=work)
     shape = list(vv.shape)
     for j in reversed(range(k)):
         dim = first + j
@@ -512,8 +517,13 @@ def _separable_index_add(gm: torch.fx.GraphModule, mode: Any, node: torch.fx.Nod
         n = xv.shape[dim]
         wrapped = bld.call(aten.where.self, bld.call(aten.lt.Scalar, flat, 0), bld.call(aten.add.Scalar, flat, n), flat)
         shape[dim] = n
-        into = x if j == 0 else bld.call(aten.zeros.default, list(shape), dtype=xv.dtype, device=xv.device)
+        if j > 0:
+            into = bld.call(aten.zeros.default, list(shape), dtype=work, device=xv.device)
+        else:  # the last into x
+            into = x if work == xv.dtype else bld.call(aten._to_copy.default, x, dtype=work)
         acc = bld.call(aten.index_add.default, into, dim, wrapped, acc)
+    if work != xv.dtype:
+        acc = bld.call(aten._to_copy.default, acc, dtype=xv.dtype)
     node.replace_all_uses_with(acc)
     gm.graph.erase_node(node)
     return acc
