@@ -1,0 +1,334 @@
+"""One training step of many architectures that no compiler change was tuned on, against
+eager, on the CPU: what a user finds first when they compile a model of their own.
+
+    python -m benchmarks.architecture_sweep
+    python -m benchmarks.architecture_sweep --only bloom,unet --target triton   # TRITON_INTERPRET=1
+
+Hugging Face models from small configs (random weights, nothing downloaded; dropout off)
+and vision networks written here in the shape of torchvision's (DenseNet's concatenations
+and transitions, Inception's branches, ShuffleNet's channel shuffle, SqueezeNet's
+ceil-mode pools, MobileNetV2's inverted residuals with squeeze-excitation, ConvNeXt,
+Swin's shifted windows, ViT, a diffusion-style UNet with interpolation, 1-d and 3-d
+convolutions). For each: the loss against eager's, the largest gradient error relative
+to the parameter's largest gradient (parameters whose gradient is nothing but rounding,
+such as a bias right before a normalization, are left out), BatchNorm's running
+statistics, and the ops left to ATen (each an `ErrorEntry` a report would show), or the
+error that stopped the compile. Correctness and coverage, not speed: run it after a
+change to the passes, lowerings or decompositions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import fuselens.compiler  # noqa: E402
+fuselens.compiler.register()  # a source checkout has no entry point
+from fuselens import sink  # noqa: E402
+from fuselens.events import ErrorEntry  # noqa: E402
+
+VOCAB = 503
+
+
+def _hf(name: str) -> nn.Module:
+    import transformers as T
+
+    c = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB)
+    makers: dict[str, Callable[[], nn.Module]] = {
+        "roberta": lambda: T.RobertaForMaskedLM(T.RobertaConfig(**c, max_position_embeddings=130)),
+        "distilbert": lambda: T.DistilBertForMaskedLM(T.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+                                                                         vocab_size=VOCAB)),
+        "albert": lambda: T.AlbertForMaskedLM(T.AlbertConfig(**c, embedding_size=32)),
+        "deberta_v2": lambda: T.DebertaV2ForMaskedLM(T.DebertaV2Config(**c)),
+        "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(**c, num_key_value_heads=2)),
+        "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**c, num_key_value_heads=2, head_dim=16)),
+        "phi": lambda: T.PhiForCausalLM(T.PhiConfig(**c)),
+        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**c, num_key_value_heads=2)),
+        "opt": lambda: T.OPTForCausalLM(T.OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                    ffn_dim=128, vocab_size=VOCAB, word_embed_proj_dim=64,
+                                                    dropout=0.0, layerdrop=0.0)),
+        "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB)),
+        "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(**{k: v for k, v in c.items() if k != "intermediate_size"})),
+        "gptj": lambda: T.GPTJForCausalLM(T.GPTJConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, rotary_dim=8)),
+        "gpt_neo": lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(hidden_size=64, num_layers=2, num_heads=4, vocab_size=VOCAB,
+                                                              attention_types=[[["global", "local"], 1]], window_size=16)),
+        "xlnet": lambda: T.XLNetLMHeadModel(T.XLNetConfig(d_model=64, n_layer=2, n_head=4, d_inner=128, vocab_size=VOCAB)),
+        "bart": lambda: T.BartForConditionalGeneration(T.BartConfig(
+            d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=VOCAB, dropout=0.0, encoder_layerdrop=0.0,
+            decoder_layerdrop=0.0)),
+        "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                                                              vocab_size=VOCAB, dropout_rate=0.0)),
+    }
+    return makers[name]()
+
+
+HF = ("roberta", "distilbert", "albert", "deberta_v2", "mistral", "gemma", "phi", "qwen2", "opt", "bloom", "falcon",
+      "gptj", "gpt_neo", "xlnet", "bart", "t5")
+
+
+class _DenseLayer(nn.Module):
+    def __init__(self, c: int, g: int) -> None:
+        super().__init__()
+        self.n1, self.c1 = nn.BatchNorm2d(c), nn.Conv2d(c, 4 * g, 1, bias=False)
+        self.n2, self.c2 = nn.BatchNorm2d(4 * g), nn.Conv2d(4 * g, g, 3, padding=1, bias=False)
+
+    def forward(self, xs: list) -> torch.Tensor:
+        return self.c2(F.relu(self.n2(self.c1(F.relu(self.n1(torch.cat(xs, 1)))))))
+
+
+class DenseNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.layers = nn.ModuleList([_DenseLayer(16 + 8 * i, 8) for i in range(3)])
+        self.trans = nn.Sequential(nn.BatchNorm2d(40), nn.ReLU(), nn.Conv2d(40, 20, 1, bias=False), nn.AvgPool2d(2, 2))
+        self.head = nn.Linear(20, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = [self.stem(x)]
+        for layer in self.layers:
+            feats.append(layer(feats))
+        return self.head(F.adaptive_avg_pool2d(F.relu(self.trans(torch.cat(feats, 1))), 1).flatten(1))
+
+
+class Inception(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.b1 = nn.Conv2d(3, 8, 3, 2), nn.Conv2d(8, 8, 1)
+        self.b2 = nn.Sequential(nn.Conv2d(8, 6, 1), nn.ReLU(), nn.Conv2d(6, 8, (1, 3), padding=(0, 1)),
+                                nn.Conv2d(8, 8, (3, 1), padding=(1, 0)))
+        self.b3 = nn.Sequential(nn.AvgPool2d(3, 1, 1, count_include_pad=False), nn.Conv2d(8, 8, 1))
+        self.b4 = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(8, 8, 1))
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        return self.head(F.relu(torch.cat([self.b1(x), self.b2(x), self.b3(x), self.b4(x)], 1)).mean((2, 3)))
+
+
+class ShuffleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, 2, 1)
+        self.branch = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, 1, 1, groups=8),
+                                    nn.BatchNorm2d(8), nn.Conv2d(8, 8, 1), nn.ReLU())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.stem(x).chunk(2, 1)
+        y = torch.cat([a, self.branch(b)], 1)
+        n, c, h, w = y.shape
+        y = y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)  # the channel shuffle
+        return self.head(y.mean((2, 3)))
+
+
+class SqueezeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = nn.Sequential(nn.Conv2d(3, 16, 3, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, ceil_mode=True))
+        self.sq, self.e1, self.e3 = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 8, 1), nn.Conv2d(4, 8, 3, padding=1)
+        self.cls = nn.Sequential(nn.Conv2d(16, 5, 1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.sq(self.f(x)))
+        return torch.flatten(self.cls(torch.cat([F.relu(self.e1(x)), F.relu(self.e3(x))], 1)), 1)
+
+
+class MobileNetV2SE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(inplace=True))
+        self.inv = nn.Sequential(nn.Conv2d(16, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(inplace=True),
+                                 nn.Conv2d(64, 64, 3, 1, 1, groups=64, bias=False), nn.BatchNorm2d(64),
+                                 nn.ReLU6(inplace=True), nn.Conv2d(64, 16, 1, bias=False), nn.BatchNorm2d(16))
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(16, 4, 1), nn.SiLU(), nn.Conv2d(4, 16, 1),
+                                nn.Hardsigmoid())
+        self.head = nn.Linear(16, 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = x + self.inv(x)
+        return self.head(F.hardswish(x * self.se(x)).mean((2, 3)))
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.stem, self.dw = nn.Conv2d(3, d, 4, 4), nn.Conv2d(d, d, 7, padding=3, groups=d)
+        self.ln, self.pw1, self.pw2 = nn.LayerNorm(d, eps=1e-6), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.gamma, self.head = nn.Parameter(torch.full((d,), 0.5)), nn.Linear(d, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.pw2(F.gelu(self.pw1(self.ln(self.dw(x).permute(0, 2, 3, 1))))) * self.gamma
+        return self.head((x + y.permute(0, 3, 1, 2)).mean((2, 3)))
+
+
+class Swin(nn.Module):
+    def __init__(self, d: int = 16, ws: int = 4) -> None:
+        super().__init__()
+        self.ws, self.embed, self.norm = ws, nn.Conv2d(3, d, 2, 2), nn.LayerNorm(d)
+        self.qkv, self.proj, self.head = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.Linear(d, 3)
+        self.bias = nn.Parameter(torch.randn(2, ws * ws, ws * ws) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x).permute(0, 2, 3, 1)
+        b, h, w, c = x.shape
+        ws = self.ws
+        y = torch.roll(self.norm(x), shifts=(-2, -2), dims=(1, 2))
+        y = y.view(b, h // ws, ws, w // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        q, k, v = self.qkv(y).reshape(y.shape[0], ws * ws, 3, 2, c // 2).permute(2, 0, 3, 1, 4)
+        a = ((q @ k.transpose(-2, -1)) * (c // 2) ** -0.5 + self.bias).softmax(-1)
+        y = self.proj((a @ v).transpose(1, 2).reshape(-1, ws * ws, c))
+        y = y.view(b, h // ws, w // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        return self.head((x + torch.roll(y, shifts=(2, 2), dims=(1, 2))).mean((1, 2)))
+
+
+class ViT(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.patch, self.cls = nn.Conv2d(3, d, 8, 8), nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, 17, d) * 0.02)
+        self.enc = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+        return self.head(self.enc(x)[:, 0])
+
+
+class _UBlock(nn.Module):
+    def __init__(self, i: int, o: int) -> None:
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(i, o, 3, padding=1), nn.GroupNorm(4, o)
+        self.c2, self.n2 = nn.Conv2d(o, o, 3, padding=1), nn.GroupNorm(4, o)
+        self.skip = nn.Conv2d(i, o, 1) if i != o else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.skip(x) + self.n2(self.c2(F.silu(self.n1(self.c1(x)))))
+
+
+class UNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.d1, self.d2, self.mid = _UBlock(3, 16), _UBlock(16, 32), _UBlock(32, 32)
+        self.u2, self.u1, self.out = _UBlock(64, 16), _UBlock(32, 16), nn.Conv2d(16, 10, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.d1(x)
+        b = self.d2(F.avg_pool2d(a, 2))
+        m = self.mid(F.max_pool2d(b, 2))
+        u = self.u2(torch.cat([F.interpolate(m, scale_factor=2, mode="nearest"), b], 1))
+        u = self.u1(torch.cat([F.interpolate(u, scale_factor=2, mode="bilinear", align_corners=False), a], 1))
+        return self.out(u).mean((2, 3))
+
+
+class Conv1d3d(nn.Module):
+    """A 1-d audio-style stack and a 3-d video-style one (pools over a [N, C, 1, L] view)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv1d(3, 8, 5, padding=2), nn.GELU(), nn.MaxPool1d(2), nn.Conv1d(8, 8, 3),
+                               nn.AvgPool1d(2))
+        self.v = nn.Sequential(nn.Conv3d(3, 8, 3), nn.SiLU(), nn.MaxPool3d(2))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        audio = self.a(x.flatten(2)[:, :, :64]).mean(2)
+        video = self.v(x.reshape(x.shape[0], 3, 4, 16, 16)).mean((2, 3, 4))
+        return self.head(torch.cat([audio, video], 1))
+
+
+VISION: dict[str, type] = {"densenet": DenseNet, "inception": Inception, "shufflenet": ShuffleNet,
+                           "squeezenet": SqueezeNet, "mobilenet_v2_se": MobileNetV2SE, "convnext": ConvNeXt,
+                           "swin": Swin, "vit": ViT, "unet": UNet, "conv1d_3d": Conv1d3d}
+
+
+def _step(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    torch.manual_seed(0)
+    if name in VISION:
+        module = VISION[name]()
+        x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+        return module, lambda m: F.cross_entropy(m(x), y)
+    module = _hf(name)
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    ids = torch.randint(0, VOCAB, (2, 32))
+    kw = {"input_ids": ids, "labels": ids}
+    if name in ("bart", "t5"):
+        kw["decoder_input_ids"] = ids
+    return module, lambda m: m(**kw).loss
+
+
+def check(name: str, target: str) -> dict[str, Any]:
+    module, loss_of = _step(name)
+    module.train()
+    ref = copy.deepcopy(module)
+    eager_loss = loss_of(ref)
+    eager_loss.backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="fuselens", options={"target": target})
+    t0 = time.perf_counter()
+    with sink.collect() as events:
+        loss = loss_of(compiled)
+        loss.backward()
+    rec: dict[str, Any] = {"model": name, "first_step_s": time.perf_counter() - t0,
+                           "loss_err": abs(loss.item() - eager_loss.item())}
+    worst, where = 0.0, ""
+    for (n, p), q in zip(module.named_parameters(), ref.parameters()):
+        if q.grad is None or p.grad is None:
+            if (q.grad is None) != (p.grad is None):
+                worst, where = float("inf"), n + " (no gradient)"
+            continue
+        scale = q.grad.abs().max().item()
+        if scale < 1e-4:  # nothing but rounding (a bias before a normalization)
+            continue
+        err = (p.grad - q.grad).abs().max().item() / scale
+        if err > worst:
+            worst, where = err, n
+    rec["grad_err"], rec["grad_err_at"] = worst, where
+    rec["buffer_err"] = max((float((a - b).abs().max()) for a, b in zip(module.buffers(), ref.buffers())
+                             if a.is_floating_point()), default=0.0)
+    rec["left_to_aten"] = sorted({e.message.split(" runs in ATen")[0] for e in events if isinstance(e, ErrorEntry)})
+    return rec
+
+
+def main(argv: Any = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--target", default="cpp", help="cpp, or triton (with TRITON_INTERPRET=1 on the CPU)")
+    args = ap.parse_args(argv)
+    names = args.only.split(",") if args.only else [*HF, *VISION]
+    torch._dynamo.config.cache_size_limit = 64
+    wrong = 0
+    print("| model | loss err | worst grad err (where) | buffers err | first step s | left to ATen |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        try:
+            r = check(name, args.target)
+        except Exception as e:  # noqa: BLE001 - a failed compile is this sweep's finding
+            wrong += 1
+            print(f"| {name} | FAILED: {type(e).__name__}: {str(e)[:200]} | | | | |", flush=True)
+            continue
+        bad = r["loss_err"] > 1e-4 or r["grad_err"] > 1e-4 or r["buffer_err"] > 1e-5
+        wrong += bad
+        print(f"| {name}{' WRONG' if bad else ''} | {r['loss_err']:.1e} | {r['grad_err']:.1e} ({r['grad_err_at']}) | "
+              f"{r['buffer_err']:.1e} | {r['first_step_s']:.1f} | {', '.join(r['left_to_aten']) or '-'} |", flush=True)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
