@@ -277,6 +277,36 @@ def test_cuda_graph_two_forwards_before_their_backwards_give_eager_gradients():
     assert len(runners) == 2 and all(not r.failed and r.conflicts == 0 and len(r.captures()) == 2 for r in runners)
 
 
+def test_cuda_graph_two_copies_of_a_model_trained_in_turns_replay_a_capture_each():
+    """Two copies of one model class compiled with CUDA graphs (Dynamo compiles them once,
+    their parameters as inputs) and trained in turns, as a GAN's or a distillation loop's
+    models are: each copy's calls replay a capture of their own, with eager's gradients.
+    Before, every switch captured again (two copies of Llama: 0.67x reduce-overhead)."""
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    earlier = set(CudaGraphRunner._live)
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()  # noqa: E731
+    models = [make(), make()]
+    refs = [__import__("copy").deepcopy(m) for m in models]
+    opts = {"cuda_graphs": True, "fallback_on_error": False}
+    compiled = [torch.compile(m, backend="fuselens", options=opts) for m in models]
+    for _ in range(5):
+        for m, c, ref in zip(models, compiled, refs):
+            x = torch.randn(128, 64, device="cuda")
+            for p in (*m.parameters(), *ref.parameters()):
+                p.grad = None
+            c(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            for p, q in zip(m.parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    runners = [r for r in CudaGraphRunner._live if r not in earlier]
+    assert len(runners) == 2 and all(not r.failed and r.conflicts == 0 and r.borrow for r in runners)
+    assert all(r.captures_made == 2 and len(r.captures()) == 2 for r in runners), [r.captures_made for r in runners]
+
+
 def test_dynamo_reset_frees_the_memory_cuda_graphs_held():
     """After `torch._dynamo.reset()`, a model trained under `cuda_graphs` and then dropped
     leaves nothing allocated: not its parameters (static inputs of the graphs) nor the

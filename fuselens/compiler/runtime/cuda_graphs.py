@@ -171,7 +171,8 @@ class CudaGraphRunner:
                 if spare is not None:  # the backward of another call's saved activations
                     self._swap_in(key, spare)
                     return self._replay(self._remember(key), args)
-                if ent.still_fed(self._replayed()) and self._keep_as_spare(key):
+                if ((ent.still_fed(self._replayed()) or _other_parameters(ent, args))
+                        and self._keep_as_spare(key)):
                     return self._capture_and_replay(key, args)
                 ent = None  # a parameter moved: capture again
                 if key in self.borrowed:
@@ -567,6 +568,16 @@ class CudaGraphRunner:
         sink.emit(Kernel(name="cudagraph_replay", kind="extern", graph_id=self.graph_id, ops=["cudaGraphLaunch"],
                          source="one replay of the captured CUDA graph: every kernel and library call of "
                                 "this graph in one launch", language="", device="cuda"))
+
+
+def _other_parameters(cap: Captured, args: Sequence[Any]) -> bool:
+    """Whether the inputs `cap` reads in place that `args` have elsewhere are all parameters:
+    another copy of the model, which Dynamo compiled once with this one (the parameters are
+    the graph's inputs), so that the two copies' calls alternate. Kept beside the new
+    capture, the old one also keeps its parameters alive where a model was given new ones
+    for good; CAPTURES_PER_SIGNATURE bounds that."""
+    moved = [i for i in cap.in_place if args[i].data_ptr() != cap.static[i].data_ptr()]
+    return bool(moved) and all(isinstance(args[i], torch.nn.Parameter) for i in moved)
 
 
 def _on_copies(t: torch.Tensor, pool: set[int], copies: list[tuple[int, int]]) -> bool:
