@@ -1,6 +1,6 @@
-"""avg_pool2d and its backward are lowered (compiler/lowering/avg_pool.py): ATen ran each
-as a kernel of its own between fused ones (DenseNet's transitions, Inception's branches,
-every AvgPool1d). Values and gradients bit-equal to ATen's in float32 (each window summed
+"""avg_pool2d, avg_pool3d and their backwards are lowered (compiler/lowering/avg_pool.py):
+ATen ran each as a kernel of its own between fused ones (DenseNet's transitions,
+Inception's branches, every AvgPool1d, video networks' 3-d pools). Values and gradients bit-equal to ATen's in float32 (each window summed
 in row-major order, then divided by ATen's divisor: padding counted or not, a divisor
 given, ceil_mode's clipped windows), in eager's layout, NCHW and channels-last. C++
 in-process, Triton in its CPU interpreter (subprocess)."""
@@ -18,46 +18,53 @@ import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from th
 CASES = [(2, 2, 0, False, True, None), (3, 2, 1, False, True, None), (3, 2, 1, False, False, None),
          (3, 2, 1, True, False, None), (3, 2, 1, True, True, None), (2, 1, 0, False, True, None),
          (3, 3, 1, True, True, 5), ((3, 2), (2, 1), (1, 0), True, False, None)]
+CASES_3D = [(2, 2, 0, False, True, None), (3, 2, 1, True, False, None), (3, 3, 1, True, True, 5),
+            ((3, 2, 2), (2, 1, 2), (1, 0, 1), True, False, None)]
 
 
 def _mismatches(opts: dict) -> list[str]:
-    """Each case, inference and training, NCHW and channels-last, against eager: the
-    cases where values, gradients or their strides differ, or the op fell back to ATen."""
+    """Each case, inference and training, NCHW and channels-last (3-d: NCDHW and NDHWC),
+    against eager: the cases where values, gradients or their strides differ, or the op
+    fell back to ATen."""
     from fuselens import sink
     from fuselens.events import ErrorEntry
 
     bad = []
-    for k, s, p, ceil, count_pad, divisor in CASES:
-        for train in (False, True):
-            for channels_last in (False, True):
-                torch._dynamo.reset()
-                torch.manual_seed(0)
-                x = torch.randn(2, 3, 11, 10)
-                if channels_last:
-                    x = x.to(memory_format=torch.channels_last)
-                x.requires_grad_(train)
+    for nd, cases, shape, last in ((2, CASES, (2, 3, 11, 10), torch.channels_last),
+                                   (3, CASES_3D, (2, 3, 7, 9, 8), torch.channels_last_3d)):
+        pool = torch.nn.functional.avg_pool2d if nd == 2 else torch.nn.functional.avg_pool3d
+        for k, s, p, ceil, count_pad, divisor in cases:
+            for train in (False, True):
+                for channels_last in (False, True):
+                    torch._dynamo.reset()
+                    torch.manual_seed(0)
+                    x = torch.randn(shape)
+                    if channels_last:
+                        x = x.to(memory_format=last)
+                    x.requires_grad_(train)
 
-                def f(x: torch.Tensor) -> torch.Tensor:
-                    return torch.nn.functional.avg_pool2d(x, k, s, p, ceil_mode=ceil, count_include_pad=count_pad,
-                                                          divisor_override=divisor) * 2
+                    def f(x: torch.Tensor) -> torch.Tensor:
+                        return pool(x, k, s, p, ceil_mode=ceil, count_include_pad=count_pad,
+                                    divisor_override=divisor) * 2
 
-                ref = f(x)
-                g = torch.randn_like(ref)
-                with sink.collect() as events:
-                    out = torch.compile(f, backend="fuselens", options=opts)(x)
-                    if train:  # the backward compiles at its first call
-                        (mine,), (theirs,) = torch.autograd.grad(out, x, g), torch.autograd.grad(ref, x, g)
-                same = torch.equal(out, ref) and out.stride() == ref.stride()
-                if train:
-                    same = same and torch.equal(mine, theirs) and mine.stride() == theirs.stride()
-                fell_back = any(isinstance(e, ErrorEntry) and "avg_pool2d" in e.message for e in events)
-                if not same or fell_back:
-                    bad.append(f"k{k} s{s} p{p} ceil={ceil} count_include_pad={count_pad} divisor={divisor} "
-                               f"train={train} cl={channels_last}" + (" (ATen fallback)" if fell_back else ""))
+                    ref = f(x)
+                    g = torch.randn_like(ref)
+                    with sink.collect() as events:
+                        out = torch.compile(f, backend="fuselens", options=opts)(x)
+                        if train:  # the backward compiles at its first call
+                            (mine,), (theirs,) = torch.autograd.grad(out, x, g), torch.autograd.grad(ref, x, g)
+                    same = torch.equal(out, ref) and out.stride() == ref.stride()
+                    if train:
+                        same = same and torch.equal(mine, theirs) and mine.stride() == theirs.stride()
+                    fell_back = any(isinstance(e, ErrorEntry) and "avg_pool" in e.message for e in events)
+                    if not same or fell_back:
+                        bad.append(f"{nd}d k{k} s{s} p{p} ceil={ceil} count_include_pad={count_pad} "
+                                   f"divisor={divisor} train={train} cl={channels_last}"
+                                   + (" (ATen fallback)" if fell_back else ""))
     return bad
 
 
-def test_avg_pool2d_values_and_gradients_are_atens_bit_for_bit_in_generated_cpp() -> None:
+def test_avg_pool_2d_and_3d_values_and_gradients_are_atens_bit_for_bit_in_generated_cpp() -> None:
     assert _mismatches({"target": "cpp", "fallback_on_error": False}) == []
 
 
@@ -103,7 +110,7 @@ def test_a_training_forward_does_not_save_the_pool_input_for_its_shape() -> None
     assert torch.equal(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(f(x), x, g)[0])
 
 
-def test_avg_pool2d_matches_eager_in_the_triton_interpreter(tmp_path: Path) -> None:
+def test_avg_pool_2d_and_3d_match_eager_in_the_triton_interpreter(tmp_path: Path) -> None:
     records = interpreted_worker_records(__file__, tmp_path / "records.json", 900, "avg-pool worker")
     assert records == {"bad": []}
 

@@ -96,7 +96,8 @@ def _decomposition_table() -> dict:
     # does. autograd_consistency checks the rule on every joint graph.
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
-    for op in (aten.max_pool2d_with_indices_backward.default, aten.avg_pool2d_backward.default):
+    for op in (aten.max_pool2d_with_indices_backward.default, aten.avg_pool2d_backward.default,
+               aten.avg_pool3d_backward.default):
         table[op] = _pool_backward_reading_no_input(op)
     table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
     table[aten.cat.default] = _cat_of_one_tensor_repeated
@@ -177,8 +178,8 @@ def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: 
 
 def _pool_backward_reading_no_input(op: Any) -> Callable:
     """A pool's backward given a stand-in for the pool's input that has its shape and no
-    data (a zero expanded): max_pool2d's and avg_pool2d's read that input for its shape
-    alone, but as their argument the partitioner saved it for the backward, where it
+    data (a zero expanded): max_pool2d's, avg_pool2d's and avg_pool3d's read that input for
+    its shape alone, but as their argument the partitioner saved it for the backward, where it
     recomputes it otherwise (ResNet-50's stem: its ReLU's output, 51 MB at batch 32, which
     Inductor's scatter decomposition does not save either). The result keeps eager's
     memory format."""
@@ -186,11 +187,13 @@ def _pool_backward_reading_no_input(op: Any) -> Callable:
     def decomposition(grad_output: torch.Tensor, x: torch.Tensor, *rest: Any) -> Any:
         # the stand-in itself: the op as it is. Its strides are zero but where a dim is 1,
         # where tracing may give it any stride (max_pool1d pools a [N, C, 1, L] view)
-        if x.dim() not in (3, 4) or all(st == 0 for st, n in zip(x.stride(), x.shape) if n != 1):
+        if x.dim() < 3 or all(st == 0 for st, n in zip(x.stride(), x.shape) if n != 1):
             return NotImplemented
+        fmt = torch._prims_common.suggest_memory_format(x)
+        if fmt == torch.channels_last_3d:
+            return NotImplemented  # eager's 3-d pools give a contiguous gradient on the CPU: kept as they are
         shape_only = aten.expand.default(aten.zeros.default([], dtype=x.dtype, device=x.device), list(x.shape))
         out = op(grad_output, shape_only, *rest)
-        fmt = torch._prims_common.suggest_memory_format(x)
         return out if fmt == torch.contiguous_format else aten.clone.default(out, memory_format=fmt)
 
     return decomposition

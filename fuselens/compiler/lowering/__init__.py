@@ -5,7 +5,7 @@
     pointwise.py   pointwise ops; broadcasting and type promotion shared by the tables
     reductions.py  reductions (sum, mean, var, ...) and the library calls kept whole
     views.py       views and data movement as index maps (permute, view, cat, pad, ...)
-    avg_pool.py    avg_pool2d and its backward (window sums with ATen's divisors)
+    avg_pool.py    avg_pool2d, avg_pool3d and their backwards (window sums, ATen's divisors)
     indexing.py    reads at indices held in a tensor (embedding, gather)
     foreach.py     `_foreach_*` ops (a CUDA optimizer's step), element by element
     rng.py         random tensors as Philox numbers in the kernels (compiler/random_ops.py)

@@ -1,8 +1,9 @@
-"""avg_pool2d and its backward as generated kernels. ATen's were a kernel each between
-fused ones: DenseNet's transitions, Inception's and GoogLeNet's branches, a ResNet-D's
-shortcut, and every AvgPool1d, which pools a [N, C, 1, L] view through avg_pool2d.
+"""avg_pool2d, avg_pool3d and their backwards as generated kernels. ATen's were a kernel
+each between fused ones: DenseNet's transitions, Inception's and GoogLeNet's branches, a
+ResNet-D's shortcut, every AvgPool1d (it pools a [N, C, 1, L] view through avg_pool2d),
+and video and volume networks' 3-d pools.
 
-Both follow ATen's kernels to the bit in float32: each window summed in row-major order
+All follow ATen's kernels to the bit in float32: each window summed in row-major order
 in float (double for float64), then divided by its divisor, which is ATen's:
 `divisor_override`, or the window's size counting the padding (`count_include_pad`,
 clipped at the padded edge) or not. A window that lies wholly in the padding (possible
@@ -13,6 +14,7 @@ output order: the order in which ATen's kernel scatters them.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional, Sequence
 
 import torch
@@ -22,14 +24,26 @@ from fuselens.compiler.ir import Expr, FloorDiv, TensorValue
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
 from fuselens.compiler.lowering.registry import NotLowered, aten, register
-from fuselens.compiler.lowering.views import _clamp_index, _dense_stride, _inside, _pair
+from fuselens.compiler.lowering.views import _clamp_index, _dense_stride, _inside
 
 I64 = torch.int64
 
 
-def _check(ctx: Lowerer, x: TensorValue, dtype: torch.dtype, what: str) -> None:
-    if not dtype.is_floating_point or len(x.size) not in (3, 4):
-        raise NotLowered(f"{what} of a non-float or non-image tensor")
+def _tuple(v: Any, nd: int, default: Sequence[int]) -> tuple[int, ...]:
+    """An int-or-list pool argument as `nd` ints, as ATen reads it (one value for all dims)."""
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    v = v or list(default)
+    return tuple(int(v[0]) for _ in range(nd)) if len(v) == 1 else tuple(int(a) for a in v)
+
+
+def _args(x: TensorValue, nd: int, kernel_size: Any, stride: Any, padding: Any) -> tuple:
+    k = _tuple(kernel_size, nd, ())
+    return k, _tuple(stride, nd, k), _tuple(padding, nd, (0,)), tuple(x.size[-nd:])
+
+
+def _check(ctx: Lowerer, x: TensorValue, dtype: torch.dtype, nd: int, what: str) -> None:
+    if not dtype.is_floating_point or len(x.size) not in (nd + 1, nd + 2):
+        raise NotLowered(f"{what} of a non-float tensor or one of other dims")
     if not ctx.triton_target(ctx.out_meta()) and dtype not in (torch.float32, torch.float64):
         # ATen's CPU kernels sum 16-bit types in their own precision in places: not matched here
         raise NotLowered(f"16-bit {what} on the CPU")
@@ -45,47 +59,53 @@ def _window(ops: Any, o: Expr, s: int, p: int, k: int, n: Expr) -> tuple[Any, An
     return padded, inside
 
 
-def _divisor(ops: Any, oh: Expr, ow: Expr, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int],
-             hw: tuple[Expr, Expr], count_include_pad: bool, divisor_override: Optional[int],
+def _divisor(ops: Any, outs: Sequence[Expr], k: Sequence[int], s: Sequence[int], p: Sequence[int],
+             sizes: Sequence[Expr], count_include_pad: bool, divisor_override: Optional[int],
              acc: torch.dtype) -> tuple[Any, Any]:
     """(the window's divisor as `acc`, whether the window has an input element)."""
-    ph_, ih_ = _window(ops, oh, s[0], p[0], k[0], hw[0])
-    pw_, iw_ = _window(ops, ow, s[1], p[1], k[1], hw[1])
     zero = ops.constant(0, I64)
-    nonempty = ops.logical_and(ops.gt(ih_, zero), ops.gt(iw_, zero))
+    padded = inside = nonempty = None
+    for o, s_, p_, k_, n in zip(outs, s, p, k, sizes):
+        a, b = _window(ops, o, s_, p_, k_, n)
+        padded = a if padded is None else ops.mul(padded, a)
+        inside = b if inside is None else ops.mul(inside, b)
+        here = ops.gt(b, zero)
+        nonempty = here if nonempty is None else ops.logical_and(nonempty, here)
     if divisor_override:
         return ops.constant(float(divisor_override), acc), nonempty
-    count = ops.mul(ph_, pw_) if count_include_pad else ops.mul(ih_, iw_)
+    count = padded if count_include_pad else inside
     # an empty window's count may be 0 or negative: 1 keeps its (unused) quotient finite
     count = ops.where(nonempty, count, ops.constant(1, I64))
     return ops.to_dtype(count, acc), nonempty
 
 
-@register(aten.avg_pool2d.default)
-def lower_avg_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (),
-                     padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
-                     divisor_override: Optional[int] = None) -> TensorValue:
+def _inside_all(ops: Any, at: Sequence[Expr], sizes: Sequence[Expr]) -> Any:
+    zero = ops.constant(0, I64)
+    ok = None
+    for e, n in zip(at, sizes):
+        here = _inside(ops, e, n, zero)
+        ok = here if ok is None else ops.logical_and(ok, here)
+    return ok
+
+
+def _avg_pool(ctx: Lowerer, nd: int, x: TensorValue, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+              count_include_pad: bool, divisor_override: Optional[int]) -> TensorValue:
     meta = ctx.out_meta()
-    _check(ctx, x, meta.dtype, "avg_pool2d")
-    k, p = _pair(kernel_size, ()), _pair(padding, (0,))
-    s = _pair(stride, k)
-    hw = (x.size[-2], x.size[-1])
+    _check(ctx, x, meta.dtype, nd, f"avg_pool{nd}d")
+    k, s, p, sizes = _args(x, nd, kernel_size, stride, padding)
     acc = torch.float64 if meta.dtype == torch.float64 else torch.float32
-    bounded = p != (0, 0) or ceil_mode  # else every tap is inside the input by the output size's formula
+    bounded = any(p) or ceil_mode  # else every tap is inside the input by the output size's formula
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
-        *lead, oh, ow = idx
-        zero = ops.constant(0, I64)
+        lead, outs = list(idx[:-nd]), list(idx[-nd:])
         total = ops.constant(0.0, acc)
-        for i in range(k[0]):
-            for j in range(k[1]):
-                ih, iw = oh * s[0] - p[0] + i, ow * s[1] - p[1] + j
-                v = load_as(ops, x, [*lead, _clamp_index(ih, hw[0]), _clamp_index(iw, hw[1])], acc, x.size)
-                if bounded:
-                    inside = ops.logical_and(_inside(ops, ih, hw[0], zero), _inside(ops, iw, hw[1], zero))
-                    v = ops.where(inside, v, ops.constant(0.0, acc))
-                total = ops.add(total, v)
-        div, nonempty = _divisor(ops, oh, ow, k, s, p, hw, count_include_pad, divisor_override, acc)
+        for taps in itertools.product(*(range(kk) for kk in k)):  # row-major, as ATen sums a window
+            at = [o * s_ - p_ + t for o, s_, p_, t in zip(outs, s, p, taps)]
+            v = load_as(ops, x, [*lead, *(_clamp_index(e, n) for e, n in zip(at, sizes))], acc, x.size)
+            if bounded:
+                v = ops.where(_inside_all(ops, at, sizes), v, ops.constant(0.0, acc))
+            total = ops.add(total, v)
+        div, nonempty = _divisor(ops, outs, k, s, p, sizes, count_include_pad, divisor_override, acc)
         mean = ops.truediv(total, div)
         if bounded:
             mean = ops.where(nonempty, mean, ops.constant(0.0, acc))
@@ -95,36 +115,57 @@ def lower_avg_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
     return ctx.add_compute(body, size, meta.dtype, stride=_dense_stride(meta, size, ctx), name=ctx.current.name)
 
 
+def _avg_pool_backward(ctx: Lowerer, nd: int, grad: TensorValue, x: TensorValue, kernel_size: Any, stride: Any,
+                       padding: Any, count_include_pad: bool, divisor_override: Optional[int]) -> TensorValue:
+    meta = ctx.out_meta()
+    _check(ctx, grad, meta.dtype, nd, f"avg_pool{nd}d backward")
+    k, s, p, sizes = _args(x, nd, kernel_size, stride, padding)
+    out_sizes = list(grad.size[-nd:])
+    acc = torch.float64 if meta.dtype == torch.float64 else torch.float32
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        lead, ins = list(idx[:-nd]), list(idx[-nd:])
+        total = ops.constant(0.0, acc)
+        # the windows over this element, in ascending output order (first dim outermost)
+        for back in itertools.product(*(reversed(range(-(-kk // s_))) for kk, s_ in zip(k, s))):
+            outs = [FloorDiv(i + p_, s_) - b for i, p_, s_, b in zip(ins, p, s, back)]
+            covers = _inside_all(ops, outs, out_sizes)
+            for i, o, p_, s_, k_ in zip(ins, outs, p, s, k):
+                covers = ops.logical_and(covers, ops.lt(ops.index_expr(i + p_ - o * s_, I64), ops.constant(k_, I64)))
+            at = [*lead, *(_clamp_index(o, n) for o, n in zip(outs, out_sizes))]
+            div, _ = _divisor(ops, outs, k, s, p, sizes, count_include_pad, divisor_override, acc)
+            g = ops.truediv(load_as(ops, grad, at, acc, grad.size), div)
+            total = ops.add(total, ops.where(covers, g, ops.constant(0.0, acc)))
+        return ops.to_dtype(total, meta.dtype)
+
+    size = [ir.sympify_size(d) for d in meta.shape]
+    return ctx.add_compute(body, size, meta.dtype, stride=ctx.out_stride(size))
+
+
+@register(aten.avg_pool2d.default)
+def lower_avg_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                     padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+                     divisor_override: Optional[int] = None) -> TensorValue:
+    return _avg_pool(ctx, 2, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@register(aten.avg_pool3d.default)
+def lower_avg_pool3d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                     padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+                     divisor_override: Optional[int] = None) -> TensorValue:
+    return _avg_pool(ctx, 3, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
 @register(aten.avg_pool2d_backward.default)
 def lower_avg_pool2d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, kernel_size: Sequence[int],
                               stride: Sequence[int], padding: Any, ceil_mode: bool, count_include_pad: bool,
                               divisor_override: Optional[int]) -> TensorValue:
     """Reads `x` for its shape alone (entry.py gives it a stand-in without data)."""
-    meta = ctx.out_meta()
-    _check(ctx, grad, meta.dtype, "avg_pool2d backward")
-    k, p = _pair(kernel_size, ()), _pair(padding, (0,))
-    s = _pair(stride, k)
-    hw = (x.size[-2], x.size[-1])
-    oh_n, ow_n = grad.size[-2], grad.size[-1]
-    acc = torch.float64 if meta.dtype == torch.float64 else torch.float32
+    return _avg_pool_backward(ctx, 2, grad, x, kernel_size, stride, padding, count_include_pad, divisor_override)
 
-    def body(ops: Any, idx: Sequence[Expr]) -> Any:
-        *lead, ih, iw = idx
-        zero = ops.constant(0, I64)
-        total = ops.constant(0.0, acc)
-        for a in reversed(range(-(-k[0] // s[0]))):  # the windows over this row, top one first
-            oh = FloorDiv(ih + p[0], s[0]) - a
-            for b in reversed(range(-(-k[1] // s[1]))):
-                ow = FloorDiv(iw + p[1], s[1]) - b
-                covers = ops.logical_and(
-                    ops.logical_and(_inside(ops, oh, oh_n, zero), _inside(ops, ow, ow_n, zero)),
-                    ops.logical_and(ops.lt(ops.index_expr(ih + p[0] - oh * s[0], I64), ops.constant(k[0], I64)),
-                                    ops.lt(ops.index_expr(iw + p[1] - ow * s[1], I64), ops.constant(k[1], I64))))
-                at = [*lead, _clamp_index(oh, oh_n), _clamp_index(ow, ow_n)]
-                div, _ = _divisor(ops, oh, ow, k, s, p, hw, count_include_pad, divisor_override, acc)
-                g = ops.truediv(load_as(ops, grad, at, acc, grad.size), div)
-                total = ops.add(total, ops.where(covers, g, ops.constant(0.0, acc)))
-        return ops.to_dtype(total, meta.dtype)
 
-    size = [ir.sympify_size(d) for d in meta.shape]
-    return ctx.add_compute(body, size, meta.dtype, stride=ctx.out_stride(size))
+@register(aten.avg_pool3d_backward.default)
+def lower_avg_pool3d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, kernel_size: Sequence[int],
+                              stride: Sequence[int], padding: Any, ceil_mode: bool, count_include_pad: bool,
+                              divisor_override: Optional[int]) -> TensorValue:
+    return _avg_pool_backward(ctx, 3, grad, x, kernel_size, stride, padding, count_include_pad, divisor_override)
