@@ -89,6 +89,27 @@ def test_interpolation_backward_on_cuda_is_index_adds_with_eager_gradients(mode)
     torch.testing.assert_close(xc.grad, xe.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_3d_pools_forward_and_backward_on_cuda_are_generated_and_match_eager(dtype):
+    """A video network's pools (max 3x3x3 stride 2 padded, average 2x2x2): generated kernels,
+    not ATen's, with eager's values and gradients."""
+    fuselens.compiler.register()
+
+    def pools(x):
+        a = torch.nn.functional.max_pool3d(torch.relu(x), 3, 2, 1)
+        b = torch.nn.functional.avg_pool3d(x, 2)
+        return a.float().square().sum() + b.float().square().sum()
+
+    x = torch.randn(2, 16, 8, 28, 28, device="cuda").to(dtype)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    pools(xe).backward()
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        torch.compile(pools, backend="fuselens")(xc).backward()
+    assert not [e.message for e in events if isinstance(e, ErrorEntry) and "pool3d" in e.message]
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
 def test_convolution_bias_gradient_is_a_generated_sum_not_cudnns_reduction():
     """A squeeze-excitation 1x1 convolution with a bias, under autocast: the bias gradient
     is summed by a generated kernel, cuDNN computes only the input and weight gradients."""

@@ -97,7 +97,7 @@ def _decomposition_table() -> dict:
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     table[aten.max_pool2d_with_indices.default] = _max_pool2d_saving_window_places
     for op in (aten.max_pool2d_with_indices_backward.default, aten.avg_pool2d_backward.default,
-               aten.avg_pool3d_backward.default):
+               aten.max_pool3d_with_indices_backward.default, aten.avg_pool3d_backward.default):
         table[op] = _pool_backward_reading_no_input(op)
     table[aten.convolution_backward.default] = _convolution_backward_bias_as_sum
     table[aten.cat.default] = _cat_of_one_tensor_repeated
@@ -178,8 +178,8 @@ def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: 
 
 def _pool_backward_reading_no_input(op: Any) -> Callable:
     """A pool's backward given a stand-in for the pool's input that has its shape and no
-    data (a zero expanded): max_pool2d's, avg_pool2d's and avg_pool3d's read that input for
-    its shape alone, but as their argument the partitioner saved it for the backward, where it
+    data (a zero expanded): the max and average pools' (2-d and 3-d) read that input for its
+    shape alone, but as their argument the partitioner saved it for the backward, where it
     recomputes it otherwise (ResNet-50's stem: its ReLU's output, 51 MB at batch 32, which
     Inductor's scatter decomposition does not save either). The result keeps eager's
     memory format."""

@@ -6,6 +6,7 @@
     reductions.py  reductions (sum, mean, var, ...) and the library calls kept whole
     views.py       views and data movement as index maps (permute, view, cat, pad, ...)
     avg_pool.py    avg_pool2d, avg_pool3d and their backwards (window sums, ATen's divisors)
+    max_pool3d.py  max_pool3d_with_indices and its backward (max_pool2d's are in views.py)
     indexing.py    reads at indices held in a tensor (embedding, gather)
     foreach.py     `_foreach_*` ops (a CUDA optimizer's step), element by element
     rng.py         random tensors as Philox numbers in the kernels (compiler/random_ops.py)
@@ -21,7 +22,8 @@ import torch.fx
 
 from fuselens.compiler.ir import GraphIR
 # the op tables register themselves into the table when imported
-from fuselens.compiler.lowering import avg_pool, foreach, indexing, pointwise, reductions, rng, views  # noqa: F401
+from fuselens.compiler.lowering import (  # noqa: F401
+    avg_pool, foreach, indexing, max_pool3d, pointwise, reductions, rng, views)
 from fuselens.compiler.lowering.lowerer import Lowerer
 
 
