@@ -287,3 +287,48 @@ def lower_prims_amax(ctx: Lowerer, x: TensorValue, dims: Any) -> TensorValue:
 @register(prims.amin.default)
 def lower_prims_amin(ctx: Lowerer, x: TensorValue, dims: Any) -> TensorValue:
     return reduce(ctx, x, dims, "min")
+
+
+# a cumsum is a masked reduction (n adds for each of its elements, n the row's length) while
+# that is at most this many adds; beyond, ATen's scan, which adds once per element (a top-p
+# sampler's cumsum over a 50k vocabulary)
+CUMSUM_MAX_ADDS = 1 << 24
+
+
+@register(aten.cumsum.default)
+def lower_cumsum(ctx: Lowerer, x: TensorValue, dim: int, *, dtype: Any = None) -> TensorValue:
+    """cumsum along `dim` as a reduction over a new axis j of x[..., j, ...] where j <= i:
+    RoBERTa's and OPT's position ids (a cumsum of the padding mask over the sequence)
+    fuse with the mask and the offset around them instead of an ATen kernel between
+    them. Sums in int64 or double, as reductions do (ATen's CPU scan accumulates floats
+    in double too)."""
+    meta = ctx.out_meta()
+    n_dims = len(x.size)
+    if n_dims == 0:
+        raise NotLowered("cumsum of a scalar")
+    d = dim + n_dims if dim < 0 else dim
+    n = x.size[d]
+    numel = ir.numel(x.size)
+    if not (numel.is_Integer and int(numel) * int(n) <= CUMSUM_MAX_ADDS):
+        raise NotLowered(f"cumsum of more than {CUMSUM_MAX_ADDS} adds as a masked sum, or of symbolic size "
+                         "(ATen's scan)")
+    loader = x.loader
+    full = list(x.size) + [n]
+
+    def masked(ops: Any, idx: Sequence[Expr]) -> Any:
+        i, j = idx[d], idx[-1]
+        at = list(idx[:-1])
+        at[d] = j
+        take = ops.le(ops.index_expr(j, torch.int64), ops.index_expr(i, torch.int64))
+        v = loader(ops, at)
+        return ops.where(take, v, ops.constant(0, x.dtype))
+
+    acc = acc_dtype_for("sum", meta.dtype)
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        v = masked(ops, idx)
+        return v if x.dtype == acc else ops.to_dtype(v, acc)
+
+    size = list(x.size)
+    return ctx.add_compute(body, size, meta.dtype, name=ctx.current.name, reduction="sum", full_size=full,
+                           rdims=[n_dims], acc_dtype=acc, stride=ctx.out_stride(size))
