@@ -484,6 +484,17 @@ def test_arange_is_lowered_into_the_kernel_that_uses_it():
     assert len(kernels) == 2 and all("arange" in k.name for k in kernels), [k.name for k in kernels]
 
 
+def test_an_integer_arange_with_float_start_or_step_is_lowered_like_atens():
+    """ATen turns a float start and step into the integer type first, toward zero (XLNet's
+    arange(klen, -qlen, -1.0) of int64 positions): lowered, with eager's values."""
+    def f(i):
+        return (i + torch.arange(5, -3, -1.0, dtype=torch.int64), torch.arange(-2.7, 4, 1.0, dtype=torch.int64) * 2,
+                torch.arange(1.5, 9, 2.0, dtype=torch.int32))
+
+    events = run(f, torch.zeros((), dtype=torch.int64))
+    assert not [e for e in events if isinstance(e, ErrorEntry)]
+
+
 def test_binary_ops_whose_only_overload_is_default_are_lowered():
     # maximum/minimum/atan2/hypot/fmax have one `default` overload, no Tensor/Scalar pair
     def f(x, y):

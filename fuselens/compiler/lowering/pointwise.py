@@ -348,8 +348,11 @@ def lower_arange(ctx: Lowerer, start: Any, end: Any, step: Any = 1, **kw: Any) -
     size = out_size(ctx)
     dt = ctx.out_meta().dtype
     if not dt.is_floating_point:
+        # ATen converts a float start and step to the integer type first (toward zero): XLNet's
+        # arange(klen, -qlen, -1.0) of int64 positions
+        start, step = (int(v) if isinstance(v, float) else v for v in (start, step))
         if not all(isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool) for v in (start, step)):
-            raise NotLowered("integer arange with non-integer start or step")
+            raise NotLowered("integer arange with a non-number start or step")
         return lower_iota(ctx, None, start=start, step=step, dtype=dt, device=None, requires_grad=False)
     acc = torch.float64
 
