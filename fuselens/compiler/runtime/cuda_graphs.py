@@ -5,7 +5,9 @@ and captures one CUDA graph; later calls copy the inputs into the graph's static
 buffers and replay it. The copies are a kernel of their own in the report
 (`cudagraph_input_copies`); parameters, buffers and the outputs other graphs replay
 into (a model's logits handed to its loss after a graph break) are not copied: their
-address is stable, and one that moves re-captures. Outputs live in a memory pool shared
+address is stable, and one that moves re-captures (another copy of the model, whose
+parameters Dynamo passes to the same compiled graph, keeps a capture of its own beside the
+first: `_other_parameters`). Outputs live in a memory pool shared
 with the graphs they feed (a training forward and its backward: cuda_graph_pool.py says
 how and when that is safe) and are valid until the next step, as with Inductor's CUDA graphs.
 
