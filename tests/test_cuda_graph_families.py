@@ -46,12 +46,14 @@ def test_two_copies_of_a_model_sharing_one_compiled_graph_replay_a_capture_each(
     backward soon stopped reading the saved activations in place and copied them on every
     replay: two copies of Llama trained at 0.67x reduce-overhead on the H200."""
     w1, w2 = torch.nn.Parameter(torch.full((4,), 2.0)), torch.nn.Parameter(torch.full((4,), 3.0))
-    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "0/0:aot_forward", None)
+    # and a buffer each (a rotary embedding's frequencies), which Dynamo marks static
+    b1, b2 = torch.full((4,), 1.0), torch.full((4,), 2.0)
+    fw = CudaGraphRunner(Fn(lambda x, w, b: x * w + b), "0/0:aot_forward", None, static_inputs={2})
     bw = CudaGraphRunner(Fn(lambda a, g: a * g), "0/0:aot_backward", None)
     for v in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
-        for w in (w1, w2):
-            (out,) = _step(fw, bw, torch.full((4,), v), w, torch.full((4,), 10.0))
-            assert torch.equal(out, 10.0 * v * w.detach())
+        for w, b in ((w1, b1), (w2, b2)):
+            (out,) = bw([fw([torch.full((4,), v), w, b])[0], torch.full((4,), 10.0)])
+            assert torch.equal(out, 10.0 * (v * w.detach() + b))
     assert fw.captures_made == bw.captures_made == 2 and fw.borrow and bw.borrow
     assert len(fw.captures()) == len(bw.captures()) == 2 and fw.conflicts == bw.conflicts == 0
     assert {id(c.static[1]) for c in fw.captures()} == {id(w1), id(w2)}

@@ -573,13 +573,14 @@ class CudaGraphRunner:
 
 
 def _other_parameters(cap: Captured, args: Sequence[Any]) -> bool:
-    """Whether the inputs `cap` reads in place that `args` have elsewhere are all parameters:
-    another copy of the model, which Dynamo compiled once with this one (the parameters are
-    the graph's inputs), so that the two copies' calls alternate. Kept beside the new
-    capture, the old one also keeps its parameters alive where a model was given new ones
-    for good; CAPTURES_PER_SIGNATURE bounds that."""
+    """Whether the inputs `cap` reads in place that `args` have elsewhere are all module state
+    (parameters, and buffers Dynamo marks static, such as a rotary embedding's frequencies),
+    none another graph's output: another copy of the model, which Dynamo compiled once with
+    this one (its state is the graph's inputs), so that the two copies' calls alternate.
+    Kept beside the new capture, the old one also keeps its state alive where a model was
+    given new parameters for good; CAPTURES_PER_SIGNATURE bounds that."""
     moved = [i for i in cap.in_place if args[i].data_ptr() != cap.static[i].data_ptr()]
-    return bool(moved) and all(isinstance(args[i], torch.nn.Parameter) for i in moved)
+    return bool(moved) and not set(moved) & set(cap.lent)
 
 
 def _on_copies(t: torch.Tensor, pool: set[int], copies: list[tuple[int, int]]) -> bool:
