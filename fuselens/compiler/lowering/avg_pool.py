@@ -88,6 +88,22 @@ def _inside_all(ops: Any, at: Sequence[Expr], sizes: Sequence[Expr]) -> Any:
     return ok
 
 
+def windows_over(ops: Any, ins: Sequence[Expr], k: Sequence[int], s: Sequence[int], p: Sequence[int],
+                 out_sizes: Sequence[Expr]) -> list[tuple[list[Expr], Any]]:
+    """(output index, whether that window covers the element) of each window that may lie
+    over input element `ins` (a pool's backward gathers from them), in ascending output
+    order, the first dim outermost: the order in which ATen's kernels scatter. An undilated
+    pool's windows over one element along a dim are at most ceil(k / s)."""
+    found = []
+    for back in itertools.product(*(reversed(range(-(-kk // s_))) for kk, s_ in zip(k, s))):
+        outs = [FloorDiv(i + p_, s_) - b for i, p_, s_, b in zip(ins, p, s, back)]
+        covers = _inside_all(ops, outs, out_sizes)
+        for i, o, p_, s_, k_ in zip(ins, outs, p, s, k):
+            covers = ops.logical_and(covers, ops.lt(ops.index_expr(i + p_ - o * s_, I64), ops.constant(k_, I64)))
+        found.append((outs, covers))
+    return found
+
+
 def _avg_pool(ctx: Lowerer, nd: int, x: TensorValue, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
               count_include_pad: bool, divisor_override: Optional[int]) -> TensorValue:
     meta = ctx.out_meta()
@@ -126,12 +142,7 @@ def _avg_pool_backward(ctx: Lowerer, nd: int, grad: TensorValue, x: TensorValue,
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         lead, ins = list(idx[:-nd]), list(idx[-nd:])
         total = ops.constant(0.0, acc)
-        # the windows over this element, in ascending output order (first dim outermost)
-        for back in itertools.product(*(reversed(range(-(-kk // s_))) for kk, s_ in zip(k, s))):
-            outs = [FloorDiv(i + p_, s_) - b for i, p_, s_, b in zip(ins, p, s, back)]
-            covers = _inside_all(ops, outs, out_sizes)
-            for i, o, p_, s_, k_ in zip(ins, outs, p, s, k):
-                covers = ops.logical_and(covers, ops.lt(ops.index_expr(i + p_ - o * s_, I64), ops.constant(k_, I64)))
+        for outs, covers in windows_over(ops, ins, k, s, p, out_sizes):
             at = [*lead, *(_clamp_index(o, n) for o, n in zip(outs, out_sizes))]
             div, _ = _divisor(ops, outs, k, s, p, sizes, count_include_pad, divisor_override, acc)
             g = ops.truediv(load_as(ops, grad, at, acc, grad.size), div)

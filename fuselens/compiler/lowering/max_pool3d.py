@@ -13,18 +13,17 @@ reads): max_pool2d's int8 window places are not used here.
 from __future__ import annotations
 
 import itertools
-import operator
 from typing import Any, Sequence
 
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import Expr, FloorDiv, TensorValue
-from fuselens.compiler.lowering.avg_pool import _inside_all, _tuple
+from fuselens.compiler.ir import Expr, TensorValue
+from fuselens.compiler.lowering.avg_pool import _inside_all, _tuple, windows_over
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
 from fuselens.compiler.lowering.registry import NotLowered, aten, register
-from fuselens.compiler.lowering.views import _clamp_index, _dense_stride
+from fuselens.compiler.lowering.views import _clamp_index, max_pool_outputs
 
 I64 = torch.int64
 ND = 3
@@ -65,34 +64,7 @@ def lower_max_pool3d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], s
             found.append((v, _flat(at, sizes), inside))
         return found
 
-    def values(ops: Any, idx: Sequence[Expr]) -> Any:
-        vs = taps(ops, idx)
-        best = vs[0][0]
-        for v, _, _ in vs[1:]:
-            best = ops.maximum(best, v)
-        return best
-
-    idt = idx_meta.dtype
-
-    def indices(ops: Any, idx: Sequence[Expr]) -> Any:
-        # a tap outside the input never wins over one inside (its offset is not in the volume)
-        vs = taps(ops, idx)
-        best, at, have = vs[0][0], ops.index_expr(vs[0][1], idt), vs[0][2]
-        for v, flat, inside in vs[1:]:
-            take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
-            if inside is not None:
-                take = ops.logical_and(inside, ops.logical_or(take, ops.logical_not(have)))
-                have = ops.logical_or(have, inside)
-            best = ops.where(take, v, best)
-            at = ops.where(take, ops.index_expr(flat, idt), at)
-        return at
-
-    out = ctx.add_compute(values, size, dt, stride=_dense_stride(meta, size, ctx), name=ctx.current.name)
-    used = {u.args[1] for u in ctx.current.users if u.target is operator.getitem}
-    if 1 not in used:
-        return out, None
-    return out, ctx.add_compute(indices, size, idt, stride=_dense_stride(idx_meta, size, ctx),
-                                name=ctx.fresh("indices"))
+    return max_pool_outputs(ctx, taps, size, meta, idx_meta, "indices")
 
 
 @register(aten.max_pool3d_with_indices_backward.default)
@@ -115,12 +87,7 @@ def lower_max_pool3d_backward(ctx: Lowerer, grad: TensorValue, x: TensorValue, k
         lead, ins = list(idx[:-ND]), list(idx[-ND:])
         me = ops.index_expr(_flat(ins, sizes), I64)
         total = ops.constant(0.0, acc)
-        # the windows over this element, in ascending output order (first dim outermost)
-        for back in itertools.product(*(reversed(range(-(-kk // s_))) for kk, s_ in zip(k, s))):
-            outs = [FloorDiv(i + p_, s_) - b for i, p_, s_, b in zip(ins, p, s, back)]
-            covers = _inside_all(ops, outs, out_sizes)
-            for i, o, p_, s_, k_ in zip(ins, outs, p, s, k):
-                covers = ops.logical_and(covers, ops.lt(ops.index_expr(i + p_ - o * s_, I64), ops.constant(k_, I64)))
+        for outs, covers in windows_over(ops, ins, k, s, p, out_sizes):
             at = [*lead, *(_clamp_index(o, n) for o, n in zip(outs, out_sizes))]
             chose = ops.logical_and(covers, ops.eq(load_as(ops, indices, at, I64, indices.size), me))
             g = load_as(ops, grad, at, acc, grad.size)

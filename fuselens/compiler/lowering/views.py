@@ -537,6 +537,16 @@ def _max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride
                 out.append((v, sympy.Integer(i * kw + j) if offsets else ih * w + iw, inside))
         return out
 
+    return max_pool_outputs(ctx, taps, size, meta, idx_meta, "offsets" if offsets else "indices")
+
+
+def max_pool_outputs(ctx: Lowerer, taps: Callable, size: Sequence[Expr], meta: Any, idx_meta: Any,
+                     idx_name: str) -> tuple:
+    """A max pool's values and, when used, its indices, from `taps(ops, idx)`: (value, index
+    of the tap, inside the input or None when always) of each tap of the window at `idx`
+    (2-d and 3-d pools). ATen's rule: the max of the taps; the index of the first maximum in
+    row-major order, a later tap winning only when greater or NaN, and a tap outside the
+    input never winning over one inside."""
     def values(ops: Any, idx: Sequence[Expr]) -> Any:
         vs = taps(ops, idx)
         best = vs[0][0]
@@ -547,7 +557,6 @@ def _max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride
     idt = idx_meta.dtype
 
     def indices(ops: Any, idx: Sequence[Expr]) -> Any:
-        # a tap outside the input never wins over one inside (its offset is not in the plane)
         vs = taps(ops, idx)
         best, at, have = vs[0][0], ops.index_expr(vs[0][1], idt), vs[0][2]
         for v, flat, inside in vs[1:]:
@@ -559,12 +568,12 @@ def _max_pool2d(ctx: Lowerer, x: TensorValue, kernel_size: Sequence[int], stride
             at = ops.where(take, ops.index_expr(flat, idt), at)
         return at
 
-    out = ctx.add_compute(values, size, dt, stride=_dense_stride(meta, size, ctx), name=ctx.current.name)
+    out = ctx.add_compute(values, size, meta.dtype, stride=_dense_stride(meta, size, ctx), name=ctx.current.name)
     used = {u.args[1] for u in ctx.current.users if u.target is operator.getitem}
     if 1 not in used:
         return out, None
     return out, ctx.add_compute(indices, size, idt, stride=_dense_stride(idx_meta, size, ctx),
-                                name=ctx.fresh("offsets" if offsets else "indices"))
+                                name=ctx.fresh(idx_name))
 
 
 def lower_max_pool_offsets_to_indices(ctx: Lowerer, offsets: TensorValue, kernel_size: Sequence[int],
