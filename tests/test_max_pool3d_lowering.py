@@ -1,4 +1,4 @@
-"""max_pool3d_with_indices and its backward are lowered (compiler/lowering/max_pool3d.py):
+"""max_pool3d_with_indices and its backward are lowered (compiler/lowering/max_pool.py):
 values and indices as ATen computes them (the first maximum wins, a NaN wins, padding taps
 never win), gradients gathered from the windows that chose each input, bit-equal to
 ATen's, NCDHW and NDHWC (a dilated pool's backward stays ATen's). C++ in-process, Triton

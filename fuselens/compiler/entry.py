@@ -167,7 +167,7 @@ def _max_pool2d_saving_window_places(x: torch.Tensor, kernel_size: Any, stride: 
     instead of int64 indices (ResNet-50: 49 MB more at its peak than Inductor). Its
     outputs are the op's own, which the backward may read
     (autograd_consistency.OUTPUT_PRESERVING)."""
-    from fuselens.compiler.lowering.views import POOL_OFFSETS_TO_INDICES, POOL_WITH_OFFSETS, pool2d_args
+    from fuselens.compiler.lowering.max_pool import POOL_OFFSETS_TO_INDICES, POOL_WITH_OFFSETS, pool2d_args
 
     k, s, p, d = pool2d_args(kernel_size, stride, padding, dilation)
     if POOL_WITH_OFFSETS is None or x.dim() not in (3, 4) or k[0] * k[1] > torch.iinfo(torch.int8).max:

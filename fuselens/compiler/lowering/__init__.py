@@ -6,7 +6,8 @@
     reductions.py  reductions (sum, mean, var, ...) and the library calls kept whole
     views.py       views and data movement as index maps (permute, view, cat, pad, ...)
     avg_pool.py    avg_pool2d, avg_pool3d and their backwards (window sums, ATen's divisors)
-    max_pool3d.py  max_pool3d_with_indices and its backward (max_pool2d's are in views.py)
+    max_pool.py    max_pool2d and max_pool3d with indices, and their backwards (window maxima)
+    pool_windows.py   the pools' shared arguments, bounds and windows
     indexing.py    reads at indices held in a tensor (embedding, gather)
     foreach.py     `_foreach_*` ops (a CUDA optimizer's step), element by element
     rng.py         random tensors as Philox numbers in the kernels (compiler/random_ops.py)
@@ -23,7 +24,7 @@ import torch.fx
 from fuselens.compiler.ir import GraphIR
 # the op tables register themselves into the table when imported
 from fuselens.compiler.lowering import (  # noqa: F401
-    avg_pool, foreach, indexing, max_pool3d, pointwise, reductions, rng, views)
+    avg_pool, foreach, indexing, max_pool, pointwise, reductions, rng, views)
 from fuselens.compiler.lowering.lowerer import Lowerer
 
 

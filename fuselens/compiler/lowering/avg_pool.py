@@ -20,25 +20,19 @@ from typing import Any, Optional, Sequence
 import torch
 
 from fuselens.compiler import ir
-from fuselens.compiler.ir import Expr, FloorDiv, TensorValue
+from fuselens.compiler.ir import Expr, TensorValue
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
 from fuselens.compiler.lowering.registry import NotLowered, aten, register
-from fuselens.compiler.lowering.views import _clamp_index, _dense_stride, _inside
+from fuselens.compiler.lowering.pool_windows import inside_all, pool_tuple, windows_over
+from fuselens.compiler.lowering.views import _clamp_index, _dense_stride
 
 I64 = torch.int64
 
 
-def _tuple(v: Any, nd: int, default: Sequence[int]) -> tuple[int, ...]:
-    """An int-or-list pool argument as `nd` ints, as ATen reads it (one value for all dims)."""
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    v = v or list(default)
-    return tuple(int(v[0]) for _ in range(nd)) if len(v) == 1 else tuple(int(a) for a in v)
-
-
 def _args(x: TensorValue, nd: int, kernel_size: Any, stride: Any, padding: Any) -> tuple:
-    k = _tuple(kernel_size, nd, ())
-    return k, _tuple(stride, nd, k), _tuple(padding, nd, (0,)), tuple(x.size[-nd:])
+    k = pool_tuple(kernel_size, nd, ())
+    return k, pool_tuple(stride, nd, k), pool_tuple(padding, nd, (0,)), tuple(x.size[-nd:])
 
 
 def _check(ctx: Lowerer, x: TensorValue, dtype: torch.dtype, nd: int, what: str) -> None:
@@ -79,31 +73,6 @@ def _divisor(ops: Any, outs: Sequence[Expr], k: Sequence[int], s: Sequence[int],
     return ops.to_dtype(count, acc), nonempty
 
 
-def _inside_all(ops: Any, at: Sequence[Expr], sizes: Sequence[Expr]) -> Any:
-    zero = ops.constant(0, I64)
-    ok = None
-    for e, n in zip(at, sizes):
-        here = _inside(ops, e, n, zero)
-        ok = here if ok is None else ops.logical_and(ok, here)
-    return ok
-
-
-def windows_over(ops: Any, ins: Sequence[Expr], k: Sequence[int], s: Sequence[int], p: Sequence[int],
-                 out_sizes: Sequence[Expr]) -> list[tuple[list[Expr], Any]]:
-    """(output index, whether that window covers the element) of each window that may lie
-    over input element `ins` (a pool's backward gathers from them), in ascending output
-    order, the first dim outermost: the order in which ATen's kernels scatter. An undilated
-    pool's windows over one element along a dim are at most ceil(k / s)."""
-    found = []
-    for back in itertools.product(*(reversed(range(-(-kk // s_))) for kk, s_ in zip(k, s))):
-        outs = [FloorDiv(i + p_, s_) - b for i, p_, s_, b in zip(ins, p, s, back)]
-        covers = _inside_all(ops, outs, out_sizes)
-        for i, o, p_, s_, k_ in zip(ins, outs, p, s, k):
-            covers = ops.logical_and(covers, ops.lt(ops.index_expr(i + p_ - o * s_, I64), ops.constant(k_, I64)))
-        found.append((outs, covers))
-    return found
-
-
 def _avg_pool(ctx: Lowerer, nd: int, x: TensorValue, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
               count_include_pad: bool, divisor_override: Optional[int]) -> TensorValue:
     meta = ctx.out_meta()
@@ -119,7 +88,7 @@ def _avg_pool(ctx: Lowerer, nd: int, x: TensorValue, kernel_size: Any, stride: A
             at = [o * s_ - p_ + t for o, s_, p_, t in zip(outs, s, p, taps)]
             v = load_as(ops, x, [*lead, *(_clamp_index(e, n) for e, n in zip(at, sizes))], acc, x.size)
             if bounded:
-                v = ops.where(_inside_all(ops, at, sizes), v, ops.constant(0.0, acc))
+                v = ops.where(inside_all(ops, at, sizes), v, ops.constant(0.0, acc))
             total = ops.add(total, v)
         div, nonempty = _divisor(ops, outs, k, s, p, sizes, count_include_pad, divisor_override, acc)
         mean = ops.truediv(total, div)
