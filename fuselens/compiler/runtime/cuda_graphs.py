@@ -7,7 +7,7 @@ buffers and replay it. The copies are a kernel of their own in the report
 into (a model's logits handed to its loss after a graph break) are not copied: their
 address is stable, and one that moves re-captures (another copy of the model, whose
 parameters Dynamo passes to the same compiled graph, keeps a capture of its own beside the
-first: `_other_parameters`). Outputs live in a memory pool shared
+first: `Captured.other_module_state`). Outputs live in a memory pool shared
 with the graphs they feed (a training forward and its backward: cuda_graph_pool.py says
 how and when that is safe) and are valid until the next step, as with Inductor's CUDA graphs.
 
@@ -87,6 +87,17 @@ class Captured:
     def reads_in_place(self, args: Sequence[Any]) -> bool:
         """Whether `args` have the addresses this capture reads in place."""
         return all(args[i].data_ptr() == self.static[i].data_ptr() for i in self.in_place)
+
+    def other_module_state(self, args: Sequence[Any]) -> bool:
+        """Whether the inputs this capture reads in place that `args` have elsewhere are all
+        module state (parameters, and buffers Dynamo marks static, such as a rotary
+        embedding's frequencies), none another graph's output: another copy of the model,
+        which Dynamo compiled once with this one (its state is the graph's inputs), so that
+        the two copies' calls alternate. Kept beside the new capture, this one also keeps its
+        state alive where a model was given new parameters for good; CAPTURES_PER_SIGNATURE
+        bounds that."""
+        moved = {i for i in self.in_place if args[i].data_ptr() != self.static[i].data_ptr()}
+        return bool(moved) and not moved & set(self.lent)
 
     def still_fed(self, replayed: set[int]) -> bool:
         """Whether the other graphs' outputs it reads in place are still what their live
@@ -173,8 +184,7 @@ class CudaGraphRunner:
                 if spare is not None:  # the backward of another call's saved activations
                     self._swap_in(key, spare)
                     return self._replay(self._remember(key), args)
-                if ((ent.still_fed(self._replayed()) or _other_parameters(ent, args))
-                        and self._keep_as_spare(key)):
+                if (ent.still_fed(self._replayed()) or ent.other_module_state(args)) and self._keep_as_spare(key):
                     return self._capture_and_replay(key, args)
                 ent = None  # a parameter moved: capture again
                 if key in self.borrowed:
@@ -570,17 +580,6 @@ class CudaGraphRunner:
         sink.emit(Kernel(name="cudagraph_replay", kind="extern", graph_id=self.graph_id, ops=["cudaGraphLaunch"],
                          source="one replay of the captured CUDA graph: every kernel and library call of "
                                 "this graph in one launch", language="", device="cuda"))
-
-
-def _other_parameters(cap: Captured, args: Sequence[Any]) -> bool:
-    """Whether the inputs `cap` reads in place that `args` have elsewhere are all module state
-    (parameters, and buffers Dynamo marks static, such as a rotary embedding's frequencies),
-    none another graph's output: another copy of the model, which Dynamo compiled once with
-    this one (its state is the graph's inputs), so that the two copies' calls alternate.
-    Kept beside the new capture, the old one also keeps its state alive where a model was
-    given new parameters for good; CAPTURES_PER_SIGNATURE bounds that."""
-    moved = [i for i in cap.in_place if args[i].data_ptr() != cap.static[i].data_ptr()]
-    return bool(moved) and not set(moved) & set(cap.lent)
 
 
 def _on_copies(t: torch.Tensor, pool: set[int], copies: list[tuple[int, int]]) -> bool:
