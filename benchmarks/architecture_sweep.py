@@ -1,8 +1,9 @@
 """One training step of many architectures that no compiler change was tuned on, against
-eager, on the CPU: what a user finds first when they compile a model of their own.
+eager, on the CPU or a GPU: what a user finds first when they compile a model of their own.
 
     python -m benchmarks.architecture_sweep
     python -m benchmarks.architecture_sweep --only bloom,unet --target triton   # TRITON_INTERPRET=1
+    python -m benchmarks.architecture_sweep --device cuda
 
 Hugging Face models from small configs (random weights, nothing downloaded; dropout off)
 and vision networks written here in the shape of torchvision's (DenseNet's concatenations
@@ -54,6 +55,11 @@ def _hf(name: str) -> nn.Module:
         "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**c, num_key_value_heads=2, head_dim=16)),
         "phi": lambda: T.PhiForCausalLM(T.PhiConfig(**c)),
         "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**c, num_key_value_heads=2)),
+        "mixtral": lambda: T.MixtralForCausalLM(T.MixtralConfig(**c, num_key_value_heads=2, num_local_experts=4,
+                                                                num_experts_per_tok=2)),
+        "qwen2_moe": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+            **c, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64)),
         "opt": lambda: T.OPTForCausalLM(T.OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                     ffn_dim=128, vocab_size=VOCAB, word_embed_proj_dim=64,
                                                     dropout=0.0, layerdrop=0.0)),
@@ -73,8 +79,8 @@ def _hf(name: str) -> nn.Module:
     return makers[name]()
 
 
-HF = ("roberta", "distilbert", "albert", "deberta_v2", "mistral", "gemma", "phi", "qwen2", "opt", "bloom", "falcon",
-      "gptj", "gpt_neo", "xlnet", "bart", "t5")
+HF = ("roberta", "distilbert", "albert", "deberta_v2", "mistral", "gemma", "phi", "qwen2", "mixtral", "qwen2_moe", "opt",
+      "bloom", "falcon", "gptj", "gpt_neo", "xlnet", "bart", "t5")
 
 
 class _DenseLayer(nn.Module):
@@ -256,31 +262,31 @@ VISION: dict[str, type] = {"densenet": DenseNet, "inception": Inception, "shuffl
                            "swin": Swin, "vit": ViT, "unet": UNet, "conv1d_3d": Conv1d3d}
 
 
-def _step(name: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+def _step(name: str, device: str) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     torch.manual_seed(0)
     if name in VISION:
-        module = VISION[name]()
-        x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+        module = VISION[name]().to(device)
+        x, y = torch.randn(2, 3, 32, 32).to(device), torch.tensor([1, 2]).to(device)
         return module, lambda m: F.cross_entropy(m(x), y)
-    module = _hf(name)
+    module = _hf(name).to(device)
     for m in module.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0
-    ids = torch.randint(0, VOCAB, (2, 32))
+    ids = torch.randint(0, VOCAB, (2, 32)).to(device)
     kw = {"input_ids": ids, "labels": ids}
     if name in ("bart", "t5"):
         kw["decoder_input_ids"] = ids
     return module, lambda m: m(**kw).loss
 
 
-def check(name: str, target: str) -> dict[str, Any]:
-    module, loss_of = _step(name)
+def check(name: str, target: str, device: str = "cpu") -> dict[str, Any]:
+    module, loss_of = _step(name, device)
     module.train()
     ref = copy.deepcopy(module)
     eager_loss = loss_of(ref)
     eager_loss.backward()
     torch._dynamo.reset()
-    compiled = torch.compile(module, backend="fuselens", options={"target": target})
+    compiled = torch.compile(module, backend="fuselens", options={"target": target} if device == "cpu" else {})
     t0 = time.perf_counter()
     with sink.collect() as events:
         loss = loss_of(compiled)
@@ -306,22 +312,42 @@ def check(name: str, target: str) -> dict[str, Any]:
     return rec
 
 
+def _fails_without_fuselens(name: str, device: str) -> str:
+    """The error of the same step compiled with `aot_eager` (Dynamo and AOTAutograd, no
+    backend of ours), or "" when it runs: a failure both share is torch's."""
+    module, loss_of = _step(name, device)
+    torch._dynamo.reset()
+    try:
+        loss_of(torch.compile(module, backend="aot_eager")).backward()
+    except Exception as e:  # noqa: BLE001 - the finding
+        return type(e).__name__
+    return ""
+
+
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="comma-separated names (default: all)")
     ap.add_argument("--target", default="cpp", help="cpp, or triton (with TRITON_INTERPRET=1 on the CPU)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (Triton and cuBLAS/cuDNN, float32 as on the CPU)")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else [*HF, *VISION]
     torch._dynamo.config.cache_size_limit = 64
+    # ours computes convolutions in NHWC: with TF32, cuDNN's algorithms for the two layouts
+    # round differently, 1e-3 apart, which would hide an error of ours below them
+    torch.backends.cudnn.allow_tf32 = False
     wrong = 0
     print("| model | loss err | worst grad err (where) | buffers err | first step s | left to ATen |")
     print("|---|---|---|---|---|---|")
     for name in names:
         try:
-            r = check(name, args.target)
+            r = check(name, args.target, args.device)
         except Exception as e:  # noqa: BLE001 - a failed compile is this sweep's finding
-            wrong += 1
-            print(f"| {name} | FAILED: {type(e).__name__}: {str(e)[:200]} | | | | |", flush=True)
+            why = " ".join(f"{type(e).__name__}: {e}".split())
+            why = why if len(why) <= 400 else f"{why[:150]} ... {why[-250:]}"  # Dynamo's wrapping, then the cause
+            theirs = _fails_without_fuselens(name, args.device)
+            wrong += not theirs
+            where = f"torch's, not ours: aot_eager fails too ({theirs})" if theirs else "FAILED"
+            print(f"| {name} | {where}: {why} | | | | |", flush=True)
             continue
         bad = r["loss_err"] > 1e-4 or r["grad_err"] > 1e-4 or r["buffer_err"] > 1e-5
         wrong += bad

@@ -17,3 +17,15 @@ def test_a_held_out_architecture_trains_one_step_like_eager_with_nothing_left_to
     r = check(name, "cpp")
     assert r["loss_err"] < 1e-4 and r["grad_err"] < 1e-4 and r["buffer_err"] < 1e-5, r
     assert r["left_to_aten"] == [], r["left_to_aten"]
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_a_mixture_of_experts_model_trains_like_eager_with_only_its_routing_left_to_aten(name: str) -> None:
+    """Hugging Face's MoE layers route tokens with topk, sort, histc and an inverse
+    permutation (index_put), which stay ATen's; the top-k gradient's scatter is generated,
+    the grouped expert matmul (a `transformers` op) is a library call and the permutation's
+    buffer an allocation, neither reported as an op left to ATen."""
+    r = check(name, "cpp")
+    assert r["loss_err"] < 1e-4 and r["grad_err"] < 1e-4 and r["buffer_err"] < 1e-5, r
+    assert r["left_to_aten"] == ["aten.histc.default", "aten.index_put.default", "aten.sort.default",
+                                 "aten.topk.default"], r["left_to_aten"]

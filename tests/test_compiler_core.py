@@ -341,6 +341,36 @@ def test_unlowered_op_falls_back_to_aten_and_says_why():
     assert fb and "cumprod" in fb[0].message
 
 
+@torch.library.custom_op("fuselens_test::clipped_cube", mutates_args=())
+def _clipped_cube(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-1, 1) ** 3
+
+
+@_clipped_cube.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_library_custom_op_is_a_library_call_not_an_op_left_to_aten():
+    """A `torch.library` op (Hugging Face's grouped expert matmul, a user's own kernel) is
+    opaque to every compiler by its author's choice: it runs as a library call between our
+    kernels, with no finding that it "runs in ATen". An allocation launches nothing: an
+    inverse permutation's buffer (a mixture-of-experts layer's) is no such finding either;
+    the index_put that fills it is."""
+    def f(x, perm):
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        return torch.ops.fuselens_test.clipped_cube(x.sin()) + 1, inv * 2
+
+    x, perm = torch.randn(10, 3), torch.randperm(10)
+    with sink.collect() as events:
+        out = torch.compile(f, backend="fuselens")(x, perm)
+    for a, b in zip(out, f(x, perm)):
+        torch.testing.assert_close(a, b)
+    assert [e.message.split(" runs in ATen")[0] for e in events if isinstance(e, ErrorEntry)] == ["aten.index_put.default"]
+    assert any(isinstance(e, Kernel) and e.kind == "extern" and "clipped_cube" in e.ops[0] for e in events)
+
+
 def _capture_results(monkeypatch, module, name):
     """Every value `module.name(...)` returns from now on, in a list."""
     results = []

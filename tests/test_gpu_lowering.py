@@ -65,13 +65,19 @@ def test_avg_pool_forward_and_backward_on_cuda_are_generated_and_match_eager(dty
 
     x = torch.randn(4, 32, 28, 28, device="cuda").to(dtype)
     xe, xc = x.clone().requires_grad_(), x.clone().to(memory_format=torch.channels_last).requires_grad_()
+    exact = x.double().requires_grad_()
     pools(xe).backward()
+    pools(exact).backward()
     torch._dynamo.reset()
     with sink.collect() as events:
         torch.compile(pools, backend="fuselens")(xc).backward()
     assert not [e.message for e in events if isinstance(e, ErrorEntry) and "avg_pool2d" in e.message]
     assert xc.grad.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(xc.grad, xe.grad)
+    if dtype == torch.float32:
+        torch.testing.assert_close(xc.grad, xe.grad)
+    else:  # eager rounds each pool's gradient to bf16 before adding them, ours adds in float
+        ours, eager = ((g.grad.double() - exact.grad).abs().max().item() for g in (xc, xe))
+        assert ours <= max(eager, exact.grad.abs().max().item() * 2 ** -8), (ours, eager)
 
 
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])

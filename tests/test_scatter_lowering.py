@@ -1,6 +1,8 @@
-"""`scatter` with one index per line along its dim is lowered as a comparison in the
-output's space (cross-entropy's backward: no ATen copy of a zeros tensor the size of
-the logits); other scatters stay ATen's. C++ in-process, Triton in its interpreter."""
+"""`scatter` with a few indices per line along its dim (up to SCATTER_MAX_PER_LINE) is
+lowered as comparisons in the output's space (cross-entropy's backward: no ATen copy of
+a zeros tensor the size of the logits; top-k's backward in a mixture-of-experts router);
+scatters with more stay ATen's. Where a line names an element twice, the last index wins,
+as in ATen's CPU kernel. C++ in-process, Triton in its interpreter."""
 
 from __future__ import annotations
 
@@ -16,12 +18,17 @@ def _cases() -> dict:
     g = torch.Generator().manual_seed(0)
     x, src = torch.randn(6, 9, generator=g), torch.randn(6, 1, generator=g)
     rows, cols = torch.randint(0, 9, (6, 1), generator=g), torch.randint(0, 6, (1, 9), generator=g)
-    wide = torch.randint(0, 9, (6, 3), generator=g)  # several indices per line: ATen's scatter
+    three = torch.randint(0, 9, (6, 3), generator=g)
+    three[0] = torch.tensor([4, 1, 4])  # element 4 named twice: the later src wins
+    src3 = torch.randn(6, 3, generator=g)
+    wide = torch.randint(0, 9, (6, 12), generator=g)  # more indices per line than compared: ATen's scatter
     return {
         "src_dim1": (lambda x, i, s: x.scatter(1, i, s) * 2, (x, rows, src)),
         "value_dim0": (lambda x, i: x.scatter(0, i, 2.5) + 1, (x, cols)),
         "value_last_dim": (lambda x, i: x.scatter(-1, i, -1.0).exp(), (x, rows)),
-        "several_per_line": (lambda x, i: x.scatter(1, i, 0.0) + 1, (x, wide)),
+        "three_per_line": (lambda x, i, s: x.scatter(1, i, s) + 1, (x, three, src3)),
+        "three_per_line_value": (lambda x, i: x.scatter(1, i, 0.0) + 1, (x, three)),
+        "many_per_line": (lambda x, i: x.scatter(1, i, 0.0) + 1, (x, wide)),
     }
 
 
@@ -50,14 +57,27 @@ def _run(opts: dict) -> dict:
     (theirs,) = torch.autograd.grad(loss(logits), logits)
     aten = any(isinstance(e, ErrorEntry) and "aten.scatter" in e.message for e in events)
     out["cross_entropy_grad"] = [bool(torch.allclose(mine, theirs, atol=1e-7)), aten]
+    torch._dynamo.reset()
+    router = torch.randn(32, 8, requires_grad=True)
+
+    def top2(z: torch.Tensor) -> torch.Tensor:  # a mixture-of-experts router's weights
+        w, _ = torch.topk(z.softmax(-1), 2, dim=-1)
+        return (w / w.sum(-1, keepdim=True)).square().sum()
+
+    with sink.collect() as events:
+        (mine,) = torch.autograd.grad(torch.compile(top2, backend="fuselens", options=opts)(router), router)
+    (theirs,) = torch.autograd.grad(top2(router), router)
+    aten = any(isinstance(e, ErrorEntry) and "aten.scatter" in e.message for e in events)
+    out["top2_router_grad"] = [bool(torch.allclose(mine, theirs, atol=1e-7)), aten]
     return out
 
 
 EXPECTED = {"src_dim1": [True, False], "value_dim0": [True, False], "value_last_dim": [True, False],
-            "several_per_line": [True, True], "cross_entropy_grad": [True, False]}
+            "three_per_line": [True, False], "three_per_line_value": [True, False], "many_per_line": [True, True],
+            "cross_entropy_grad": [True, False], "top2_router_grad": [True, False]}
 
 
-def test_one_index_per_line_scatter_is_generated_code_and_others_stay_aten() -> None:
+def test_scatter_with_few_indices_per_line_is_generated_code_and_others_stay_aten() -> None:
     assert _run({"target": "cpp", "fallback_on_error": False}) == EXPECTED
 
 

@@ -43,6 +43,20 @@ def _random(node: torch.fx.Node) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
+# uninitialised memory (an inverse permutation's buffer before index_put fills it, in a
+# mixture-of-experts layer): ATen allocates it, which launches nothing
+_ALLOCATIONS = {getattr(torch.ops.aten, op).default for op in ("empty_permuted", "empty_strided", "new_empty_strided")
+                if hasattr(torch.ops.aten, op)}
+_ALLOCATIONS |= {torch.ops.aten.empty.memory_format, torch.ops.aten.new_empty.default}
+
+
+def _custom_op(target: Any) -> bool:
+    """An op of a library's own namespace (`torch.library`: Hugging Face's grouped matmul
+    for mixture-of-experts, a user's kernel, torch's functional collectives): a library
+    call by its author's choice, not an ATen op left unlowered."""
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims", "fuselens")
+
+
 def _meta(node: torch.fx.Node) -> Any:
     return node.meta.get("val", node.meta.get("example_value"))
 
@@ -158,6 +172,13 @@ class Lowerer:
                     self._extern(node, "extern", "draws eager's random numbers (option fallback_random)")
                     continue
                 fn = lowering_of(node.target) if self.options.lower else None
+                if fn is None and node.target in _ALLOCATIONS:
+                    self._extern(node, "extern", "an allocation: no kernel, its contents are undefined")
+                    continue
+                if fn is None and _custom_op(node.target):
+                    self._extern(node, "extern", f"an op of the library '{node.target.namespace}', opaque to a "
+                                                 "compiler: it runs as registered")
+                    continue
                 reason = self._unsupported_dtype(node)
                 if fn is None and not reason:
                     reason = f"no lowering for {ir.op_name(node.target)}" if self.options.lower else "lowering disabled (option lower=False)"

@@ -364,29 +364,40 @@ def lower_arange(ctx: Lowerer, start: Any, end: Any, step: Any = 1, **kw: Any) -
     return ctx.add_compute(body, size, dt)
 
 
+SCATTER_MAX_PER_LINE = 8  # indices per line compared at each output element (top-k routing: k of 1-8)
+
+
 @register(*overloads(aten.scatter, "src", "value"))
-def lower_scatter_one_per_line(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue, src: Any) -> TensorValue:
-    """`scatter` with one index per line along `dim` (a cross-entropy backward puts
-    -1/n at each row's target: `scatter(zeros, 1, target[:, None], g)`) is a
-    comparison in the output's own space: element c of a line takes src where
-    c == index, else self. Without it ATen copies the zeros (GPT-2's logits
-    gradient: 0.4 GB) before scattering into them."""
+def lower_scatter_few_per_line(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue, src: Any) -> TensorValue:
+    """`scatter` with a few indices per line along `dim` (a cross-entropy backward puts
+    -1/n at each row's target: `scatter(zeros, 1, target[:, None], g)`; top-k's backward,
+    a mixture-of-experts router's, puts k gradients in each row) is a comparison in the
+    output's own space: element c of a line takes src[j] where c == index[j], the last
+    such j winning (ATen's order on the CPU; on CUDA ATen leaves it undefined), else
+    self. Without it ATen copies the zeros (GPT-2's logits gradient: 0.4 GB) before
+    scattering into them."""
     size = out_size(ctx)
     n = len(size)
     dim = dim + n if dim < 0 else dim
-    if not isinstance(index, TensorValue) or len(index.size) != n or index.size[dim] != 1 or any(
+    if not isinstance(index, TensorValue) or len(index.size) != n or any(
             not ir.same_expr(index.size[d], size[d]) for d in range(n) if d != dim):
-        raise NotLowered("scatter with several indices per line")
+        raise NotLowered("scatter whose index is not shaped like self outside the scattered dim")
+    per_line = index.size[dim]
+    if not per_line.is_Integer or int(per_line) > SCATTER_MAX_PER_LINE:
+        raise NotLowered(f"scatter with more than {SCATTER_MAX_PER_LINE} indices per line")
     if isinstance(src, TensorValue) and (len(src.size) != n or any(
             not ir.same_expr(src.size[d], index.size[d]) for d in range(n))):
         raise NotLowered("scatter whose src is not shaped like its index")
     dt = ctx.out_meta().dtype
-    zero = sympy.Integer(0)
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
-        line = [zero if d == dim else i for d, i in enumerate(idx)]
-        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), load_as(ops, index, line, torch.int64, index.size))
-        new = load_as(ops, src, line, dt, index.size) if isinstance(src, TensorValue) else load_as(ops, src, idx, dt, size)
-        return ops.where(hit, new, load_as(ops, x, idx, dt, size))
+        out = load_as(ops, x, idx, dt, size)
+        at = ops.index_expr(idx[dim], torch.int64)
+        for j in range(int(per_line)):
+            line = [sympy.Integer(j) if d == dim else i for d, i in enumerate(idx)]
+            hit = ops.eq(at, load_as(ops, index, line, torch.int64, index.size))
+            new = load_as(ops, src, line, dt, index.size) if isinstance(src, TensorValue) else load_as(ops, src, idx, dt, size)
+            out = ops.where(hit, new, out)
+        return out
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))

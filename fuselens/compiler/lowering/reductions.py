@@ -248,6 +248,9 @@ _EXTERN = [
     # ATen's atomic accumulation: what graph_passes' `index_put_accumulate_as_index_add` chooses for
     # an embedding's gradient on the GPU (every Hugging Face model's training backward)
     *overloads(aten.index_add, "default"),
+    # a mixture-of-experts layer's experts in one grouped GEMM (CUTLASS), as Hugging Face calls it
+    # on GPUs that have it
+    *(overloads(aten._grouped_mm, "default") if hasattr(aten, "_grouped_mm") else []),
 ]
 _EXTERN.append(torch.ops.fuselens.conv2d_bias_relu.default)
 EXTERN_OPS = set()
