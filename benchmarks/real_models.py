@@ -4,7 +4,8 @@ from configs, torchvision's ResNet-50 (`MODELS`, the suite issue 17 measures).
 
 `HELD_OUT` are models no compiler change was tuned on, to check that a change
 generalizes: Hugging Face T5 (encoder-decoder, relative position bias), Qwen2
-(biased q/k/v, grouped-query attention) and ViT; torchvision's MobileNetV3
+(biased q/k/v, grouped-query attention), Mixtral (Llama's shape with a mixture of
+8 experts, top-2 routing: topk, sort, a grouped expert matmul) and ViT; torchvision's MobileNetV3
 (depthwise convolutions, hard-swish, squeeze-excitation), EfficientNet-B0 (SiLU),
 ConvNeXt-T (7x7 depthwise, LayerNorm over channels-last) and Swin-T (shifted
 windows: roll, window partition). Stochastic depth and dropout are off.
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 MODELS = ("gpt2", "llama", "bert", "resnet50")
-HELD_OUT = ("t5", "qwen2", "vit", "mobilenet_v3", "efficientnet", "convnext", "swin")
+HELD_OUT = ("t5", "qwen2", "mixtral", "vit", "mobilenet_v3", "efficientnet", "convnext", "swin")
 VISION = ("resnet50", "vit", "mobilenet_v3", "efficientnet", "convnext", "swin")
 
 
@@ -76,7 +77,7 @@ def build(name: str, size: str = "gpu") -> ModelCase:
     import transformers
 
     layers = 6 if big else 2
-    batch, seq = ((4 if name in ("llama", "qwen2") else 8), 512) if big else (2, 128)
+    batch, seq = ((4 if name in ("llama", "qwen2", "mixtral") else 8), 512) if big else (2, 128)
     if name == "gpt2":
         vocab = 50257 if big else 5003
         cfg = transformers.GPT2Config(n_layer=layers, vocab_size=vocab, n_positions=1024, resid_pdrop=0.0,
@@ -90,6 +91,12 @@ def build(name: str, size: str = "gpu") -> ModelCase:
         module = model(config(num_hidden_layers=layers, hidden_size=1024 if big else 256,
                               num_attention_heads=16 if big else 4, num_key_value_heads=4 if big else 2,
                               intermediate_size=2816 if big else 688, vocab_size=vocab, max_position_embeddings=2048))
+    elif name == "mixtral":
+        vocab = 32000 if big else 5003
+        module = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            num_hidden_layers=layers, hidden_size=1024 if big else 256, num_attention_heads=16 if big else 4,
+            num_key_value_heads=4 if big else 2, intermediate_size=1408 if big else 344, num_local_experts=8,
+            num_experts_per_tok=2, vocab_size=vocab, max_position_embeddings=2048))
     elif name == "bert":
         vocab = 30522 if big else 5003
         cfg = transformers.BertConfig(num_hidden_layers=layers, vocab_size=vocab, hidden_dropout_prob=0.0,

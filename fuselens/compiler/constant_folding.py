@@ -119,6 +119,11 @@ def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dic
     if n.target is aten.lift_fresh_copy.default:
         return  # the literal itself: already a constant
     real = _evaluate(gm, n, values)
+    if real is not None and (real.device != val.device or real.dtype != val.dtype
+                             or tuple(real.shape) != tuple(val.shape)):
+        # eager evaluation here disagrees with the traced value (a literal kept on the CPU
+        # for a graph on CUDA): readers and the graph's outputs expect the traced one
+        real = real.to(device=val.device, dtype=val.dtype) if tuple(real.shape) == tuple(val.shape) else None
     if real is None or _uniform(real):
         for i in inputs:
             _fold_at(gm, i, const, values, folded, rewrites)
