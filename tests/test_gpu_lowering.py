@@ -464,3 +464,30 @@ def test_dropout_on_cuda_is_drawn_in_the_kernel_one_mask_forward_and_backward_ne
     a = f(x).clone()
     torch.manual_seed(7)
     assert torch.equal(f(x), a)
+
+
+def test_a_mask_built_from_shapes_alone_comes_out_on_cuda():
+    """A graph that reads no tensor and builds a CUDA mask from `torch.arange(n, device=...)`
+    (Hugging Face's masks after a graph break) is compiled for the GPU: compiled for the
+    CPU, its mask came out on the CPU and the next graph's attention failed."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+
+    def build(n: int) -> torch.Tensor:
+        q, k = torch.arange(n, device="cuda"), torch.arange(n, device="cuda")
+        return (q[:, None] >= k[None, :]).expand(2, 1, n, n)
+
+    mask = torch.compile(build, backend="fuselens", options={"fallback_on_error": False})(16)
+    assert mask.device.type == "cuda" and torch.equal(mask, build(16))
+
+
+@pytest.mark.parametrize("name", ["bart", "mixtral"])
+def test_models_whose_masks_cross_a_graph_break_train_like_eager_on_cuda(name):
+    """BART's and Mixtral's attention masks are built after a graph break, in a graph that
+    reads no CUDA tensor (architecture_sweep on the H200 found both failing)."""
+    pytest.importorskip("transformers")
+    from benchmarks.architecture_sweep import check
+
+    torch.backends.cudnn.allow_tf32 = False
+    r = check(name, "cpp", "cuda")
+    assert r["loss_err"] < 1e-4 and r["grad_err"] < 1e-4, r

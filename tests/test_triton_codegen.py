@@ -546,6 +546,38 @@ def test_a_graph_whose_first_input_is_a_cpu_step_count_runs_on_its_cuda_inputs_d
     assert cuda_device([torch.tensor(3.0), torch.zeros(2)]) is None
 
 
+def test_a_graph_that_reads_no_cuda_tensor_but_computes_on_cuda_is_compiled_for_cuda() -> None:
+    """Hugging Face's attention mask built from shapes alone after a graph break (BART,
+    Mixtral on the H200): the graph reads no CUDA tensor, and the device decisions read
+    only its inputs, so it was compiled for the CPU, the mask came out on the CPU and the
+    next graph's attention failed. The decisions now read the values it computes too.
+    (Fake CUDA tensors: this machine has no GPU.)"""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fuselens.compiler import options as options_mod
+    from fuselens.compiler.ir import ComputeNode
+    from fuselens.compiler.lowering import lower
+    from fuselens.compiler.lowering.lowerer import Lowerer
+    from fuselens.compiler.targets.base import cuda_device, with_graph_device
+    from fuselens.compiler.targets.registry import resolve_target
+
+    def mask(x):
+        return (torch.zeros(8, 8, device="cuda") + 1 >= 0).expand(2, 8, 8)
+
+    gm = make_fx(mask, tracing_mode="fake")(torch.ones(1))
+    x = torch.ones(1)
+    assert cuda_device([x]) is None
+    devices = with_graph_device(gm, [x])
+    assert devices[0] is x and cuda_device(devices) == torch.device("cuda:0")
+    assert resolve_target("auto", devices) == "triton"
+    assert Lowerer(gm, options_mod.resolve({"target": "triton"})).on_cuda
+    g, _ = lower(gm, options_mod.resolve({"target": "triton"}))
+    assert all(isinstance(s, ComputeNode) for s in g.steps)
+    cpu_only = make_fx(lambda t: (t + 1 >= 0).expand(2, 1), tracing_mode="fake")(torch.ones(1))
+    assert resolve_target("auto", with_graph_device(cpu_only, [x])) == "cpp"
+
+
 def test_cpu_work_in_a_cuda_graph_runs_in_aten_and_its_cuda_work_in_kernels() -> None:
     """An optimizer's CPU step count, updated in place and read by the parameters' update:
     a Triton kernel cannot write host memory (its CPU arguments are copied to the device),

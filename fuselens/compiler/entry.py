@@ -43,7 +43,7 @@ from fuselens.compiler import aot_printouts, compile_gc, layout_passes, options 
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
-from fuselens.compiler.targets.base import runs_on_cuda
+from fuselens.compiler.targets.base import runs_on_cuda, with_graph_device
 from fuselens.events import ErrorEntry, FusionDecision, SourceLocation
 from fuselens.kernel_timing import KernelTimer, clock_for
 
@@ -325,7 +325,8 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     from fuselens.compiler.scheduler import schedule
     from fuselens.compiler.targets.registry import get_target, resolve_target
 
-    target = get_target(resolve_target(opts.target, example_inputs))
+    devices = with_graph_device(gm, example_inputs)  # the device decisions' inputs, not the graph's
+    target = get_target(resolve_target(opts.target, devices))
     with phases.timed("graph_passes"):
         rewrites = rewrite_graph(gm, target, example_inputs, ident.stage, opts)
     with phases.timed("lowering"):
@@ -347,13 +348,13 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         library = target.generate(sched.groups, graph, opts)
     with phases.timed(target.build_phase):
         lib = target.build(library, opts, ident.compile_id)
-    timer = _kernel_timer(opts, ident.graph_id, example_inputs)
+    timer = _kernel_timer(opts, ident.graph_id, devices)
     runner = make_runner(graph, sched, library.kernels, lib, outputs, timer if target.host_timing else None)
     events = build_events(gm, graph, sched, library.kernels, ident.graph_id, ident.compile_id, ident.stage,
                           ident.function, ident.location)
     events += _rewrite_decisions(rewrites, inlined, sched, ident.graph_id)
     opts, blocked = _cuda_graphs_for(gm, example_inputs, opts, ident)
-    runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, example_inputs, timer)
+    runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, devices, timer)
     return runner, events + blocked + extra_events
 
 
@@ -471,7 +472,8 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     compile_id = _compile_id()
     function, location = _user_location(gm)
     start = time.perf_counter()
-    triton = _target_of(opts, example_inputs) == "triton"
+    devices = with_graph_device(gm, example_inputs)
+    triton = _target_of(opts, devices) == "triton"
     if triton:
         _start_compile_workers(opts)
     if opts.extern_epilogue_fusion and triton:
@@ -496,7 +498,7 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     counters["aot_autograd"]["total"] += 1
     with compile_gc.old_objects_frozen():
         return _aot_compile(gm, example_inputs, make, partition, compile_id, opts.fallback_random,
-                            backward_with_forward=triton and opts.backward_with_forward and runs_on_cuda(example_inputs))
+                            backward_with_forward=triton and opts.backward_with_forward and runs_on_cuda(devices))
 
 
 def _reset() -> None:

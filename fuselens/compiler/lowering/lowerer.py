@@ -20,7 +20,7 @@ import torch.fx
 from fuselens.compiler import ir
 from fuselens.compiler.ir import BufferSpec, ComputeNode, Expr, ExternNode, GraphIR, TensorValue
 from fuselens.compiler.lowering.registry import NotLowered, lowering_of
-from fuselens.compiler.targets.base import runs_on_cuda
+from fuselens.compiler.targets.base import runs_on_cuda, with_graph_device
 
 # dtypes the code generators handle; anything else runs through ATen.
 LOWERED_DTYPES = {
@@ -70,9 +70,10 @@ class Lowerer:
         self.graph = GraphIR()
         self.current: Optional[torch.fx.Node] = None
         self._counter = 0
-        # a graph with CUDA inputs gets Triton kernels, which cannot write host memory: its CPU
-        # work (an optimizer's step count kept on the CPU) runs in ATen
-        self.on_cuda = runs_on_cuda([_meta(n) for n in gm.graph.nodes if n.op == "placeholder"])
+        # a graph on CUDA gets Triton kernels, which cannot write host memory: its CPU work (an
+        # optimizer's step count kept on the CPU) runs in ATen. On CUDA: any value there, not
+        # only an input (a graph may read CPU tensors and copy them to the GPU)
+        self.on_cuda = runs_on_cuda(with_graph_device(gm, []))
 
     # -- helpers used by the op tables ------------------------------------
     def out_meta(self) -> Any:

@@ -21,6 +21,24 @@ def runs_on_cuda(example_inputs: Sequence[Any]) -> bool:
     return cuda_device(example_inputs) is not None
 
 
+def with_graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list:
+    """`example_inputs`, and where none is a CUDA tensor but a value the graph computes is,
+    that value too: what the device decisions above read. A graph may read no CUDA tensor
+    and still compute on the GPU: Hugging Face's attention mask, built from
+    `torch.arange(n, device=...)` alone before a graph break (BART, Mixtral), or a batch
+    copied to the GPU inside the compiled function. Compiled for the CPU, the mask came
+    out on the CPU, and the next graph's attention failed."""
+    inputs = list(example_inputs)
+    if runs_on_cuda(inputs):
+        return inputs
+    for n in gm.graph.nodes:
+        v = n.meta.get("val", n.meta.get("example_value"))
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                return [*inputs, t]  # its fake value: read for its device only
+    return inputs
+
+
 class Target:
     """One code-generation target. The driver runs, in order: `graph_rewrites`,
     (lowering and scheduling with `kernel_prefix`), `generate`, `build`, the plan,
