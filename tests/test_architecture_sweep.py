@@ -1,5 +1,5 @@
 """Held-out architectures train one step like eager, with no op left to ATen
-(benchmarks/architecture_sweep.py, which runs all 26): the ones this suite's fixes were
+(benchmarks/architecture_sweep.py, which runs all 28): the ones this suite's fixes were
 found on. RoBERTa's position ids are a cumsum, Bloom's ALiBi repeats a tensor, Falcon's
 backward scatters with index_put, DenseNet's transitions and Inception's branches
 average-pool, a UNet interpolates and pools both ways, a 1-d convolution stack pools over
@@ -22,10 +22,12 @@ def test_a_held_out_architecture_trains_one_step_like_eager_with_nothing_left_to
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
 def test_a_mixture_of_experts_model_trains_like_eager_with_only_its_routing_left_to_aten(name: str) -> None:
     """Hugging Face's MoE layers route tokens with topk, sort, histc and an inverse
-    permutation (index_put), which stay ATen's; the top-k gradient's scatter is generated,
-    the grouped expert matmul (a `transformers` op) is a library call and the permutation's
-    buffer an allocation, neither reported as an op left to ATen."""
+    permutation (index_put), which stay ATen's, and nothing else does: the top-k
+    gradient's scatter is generated, the grouped expert matmul (a `transformers` op) is a
+    library call and the permutation's buffer an allocation, neither reported as an op
+    left to ATen."""
     r = check(name, "cpp")
     assert r["loss_err"] < 1e-4 and r["grad_err"] < 1e-4 and r["buffer_err"] < 1e-5, r
-    assert r["left_to_aten"] == ["aten.histc.default", "aten.index_put.default", "aten.sort.default",
-                                 "aten.topk.default"], r["left_to_aten"]
+    # a subset: which of them a layer calls depends on the transformers version
+    routing = {"aten.histc.default", "aten.index_put.default", "aten.sort.default", "aten.topk.default"}
+    assert set(r["left_to_aten"]) <= routing, r["left_to_aten"]
