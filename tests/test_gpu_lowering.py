@@ -483,8 +483,9 @@ def test_a_mask_built_from_shapes_alone_comes_out_on_cuda():
 
 @pytest.mark.parametrize("name", ["bart", "mixtral"])
 def test_models_whose_masks_cross_a_graph_break_train_like_eager_on_cuda(name):
-    """BART's and Mixtral's attention masks are built after a graph break, in a graph that
-    reads no CUDA tensor (architecture_sweep on the H200 found both failing)."""
+    """architecture_sweep on the H200 found both failing: a CPU attention mask reached
+    the next graph's SDPA. The likely cause, a graph that reads no CUDA tensor compiled
+    for the CPU (the masks are built from shapes alone), is what the test above checks."""
     pytest.importorskip("transformers")
     from benchmarks.architecture_sweep import check
 
