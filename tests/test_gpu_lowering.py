@@ -491,3 +491,22 @@ def test_models_whose_masks_cross_a_graph_break_train_like_eager_on_cuda(name):
 
     r = check(name, "cpp", "cuda")  # no convolutions: cuDNN's TF32 does not enter
     assert r["loss_err"] < 1e-4 and r["grad_err"] < 1e-4, r
+
+
+def test_argmax_and_max_with_indices_on_cuda_are_generated_with_eagers_indices():
+    """Greedy decoding's argmax over GPT-2's vocabulary (50257: no power of two) in bf16 and
+    max with indices over rows with ties: generated row reductions, eager's indices."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    logits = torch.randn(64, 50257, device="cuda").to(torch.bfloat16)
+    ties = torch.randint(0, 3, (128, 40), device="cuda").float()
+
+    def f(a, b):
+        return a.argmax(-1), b.max(-1), b.argmin(0)
+
+    with sink.collect() as events:
+        got = torch.compile(f, backend="fuselens", options={"fallback_on_error": False})(logits, ties)
+    ref = f(logits, ties)
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[2], ref[2])
+    assert torch.equal(got[1].values, ref[1].values) and torch.equal(got[1].indices, ref[1].indices)
