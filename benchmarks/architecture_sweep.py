@@ -13,8 +13,8 @@ Swin's shifted windows, ViT, a diffusion-style UNet with interpolation, 1-d and 
 convolutions). For each: the loss against eager's, the largest gradient error relative
 to the parameter's largest gradient (parameters whose gradient is nothing but rounding,
 such as a bias right before a normalization, are left out), BatchNorm's running
-statistics, and the ops left to ATen (each an `ErrorEntry` a report would show), or the
-error that stopped the compile. Correctness and coverage, not speed: run it after a
+statistics, the graphs compiled (more than one: graph breaks), and the ops left to ATen
+(each an `ErrorEntry` a report would show), or the error that stopped the compile. Correctness and coverage, not speed: run it after a
 change to the passes, lowerings or decompositions.
 """
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout has no entry point
 from fuselens import sink  # noqa: E402
-from fuselens.events import ErrorEntry  # noqa: E402
+from fuselens.events import CompiledGraph, ErrorEntry  # noqa: E402
 
 VOCAB = 503
 
@@ -309,6 +309,8 @@ def check(name: str, target: str, device: str = "cpu") -> dict[str, Any]:
     rec["buffer_err"] = max((float((a - b).abs().max()) for a, b in zip(module.buffers(), ref.buffers())
                              if a.is_floating_point()), default=0.0)
     rec["left_to_aten"] = sorted({e.message.split(" runs in ATen")[0] for e in events if isinstance(e, ErrorEntry)})
+    # more than one: graph breaks, whose values cross from one compiled graph to the next
+    rec["graphs"] = len({e.compile_id for e in events if isinstance(e, CompiledGraph)})
     return rec
 
 
@@ -336,8 +338,8 @@ def main(argv: Any = None) -> int:
     # round differently, 1e-3 apart, which would hide an error of ours below them
     torch.backends.cudnn.allow_tf32 = False
     wrong = 0
-    print("| model | loss err | worst grad err (where) | buffers err | first step s | left to ATen |")
-    print("|---|---|---|---|---|---|")
+    print("| model | loss err | worst grad err (where) | buffers err | first step s | graphs | left to ATen |")
+    print("|---|---|---|---|---|---|---|")
     for name in names:
         try:
             r = check(name, args.target, args.device)
@@ -347,12 +349,13 @@ def main(argv: Any = None) -> int:
             theirs = _fails_without_fuselens(name, args.device)
             wrong += not theirs
             where = f"torch's, not ours: aot_eager fails too ({theirs})" if theirs else "FAILED"
-            print(f"| {name} | {where}: {why} | | | | |", flush=True)
+            print(f"| {name} | {where}: {why} | | | | | |", flush=True)
             continue
         bad = r["loss_err"] > 1e-4 or r["grad_err"] > 1e-4 or r["buffer_err"] > 1e-5
         wrong += bad
         print(f"| {name}{' WRONG' if bad else ''} | {r['loss_err']:.1e} | {r['grad_err']:.1e} ({r['grad_err_at']}) | "
-              f"{r['buffer_err']:.1e} | {r['first_step_s']:.1f} | {', '.join(r['left_to_aten']) or '-'} |", flush=True)
+              f"{r['buffer_err']:.1e} | {r['first_step_s']:.1f} | {r['graphs']} | {', '.join(r['left_to_aten']) or '-'} |",
+              flush=True)
     return 1 if wrong else 0
 
 
