@@ -547,11 +547,12 @@ def test_a_graph_whose_first_input_is_a_cpu_step_count_runs_on_its_cuda_inputs_d
 
 
 def test_a_graph_that_reads_no_cuda_tensor_but_computes_on_cuda_is_compiled_for_cuda() -> None:
-    """Hugging Face's attention mask built from shapes alone after a graph break (BART,
-    Mixtral on the H200): the graph reads no CUDA tensor, and the device decisions read
-    only its inputs, so it was compiled for the CPU, the mask came out on the CPU and the
-    next graph's attention failed. The decisions now read the values it computes too.
-    (Fake CUDA tensors: this machine has no GPU.)"""
+    """A graph that builds a CUDA mask from shapes alone reads no CUDA tensor, as Hugging
+    Face's mask code can after a graph break. The device decisions read only the inputs,
+    so such a graph was compiled for the CPU and its mask came out there: the likely cause
+    of BART's and Mixtral's failures on the H200, where a CPU mask reached the next graph's
+    attention. The decisions now read the values it computes too. (Fake CUDA tensors:
+    this machine has no GPU.)"""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -24,10 +24,10 @@ def runs_on_cuda(example_inputs: Sequence[Any]) -> bool:
 def with_graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list:
     """`example_inputs`, and where none is a CUDA tensor but a value the graph computes is,
     that value too: what the device decisions above read. A graph may read no CUDA tensor
-    and still compute on the GPU: Hugging Face's attention mask, built from
-    `torch.arange(n, device=...)` alone before a graph break (BART, Mixtral), or a batch
-    copied to the GPU inside the compiled function. Compiled for the CPU, the mask came
-    out on the CPU, and the next graph's attention failed."""
+    and still compute on the GPU: an attention mask built from `torch.arange(n,
+    device=...)` alone, or a batch copied to the GPU inside the compiled function.
+    Compiled for the CPU, such a mask comes out on the CPU (the likely cause of BART's and
+    Mixtral's failures on the H200, where a CPU mask reached the next graph's attention)."""
     inputs = list(example_inputs)
     if runs_on_cuda(inputs):
         return inputs
