@@ -111,11 +111,12 @@ def lower_all(ctx: Lowerer, x: TensorValue, dims: Any = None, keepdim: bool = Fa
     return reduce(ctx, x, dims, "all")
 
 
-def _arg_reduce(ctx: Lowerer, x: TensorValue, dim: Any, kind: str, size: Sequence[Expr]) -> TensorValue:
-    """The index of the first largest (`kind` "max") or smallest element over `dim` (None:
-    over all of `x`, as a row-major flat index), ATen's argmax/argmin: a NaN counts as the
-    extreme, the first one winning. Two reductions over the same row, fused by the
-    scheduler as a softmax's are: the extreme value, then the least index holding it."""
+def _arg_reduce(ctx: Lowerer, x: TensorValue, dim: Any, kind: str, size: Sequence[Expr]) -> tuple:
+    """(the largest (`kind` "max") or smallest values over `dim`, the index of the first of
+    each) at the output `size`; None for `dim`: over all of `x`, as a row-major flat index.
+    ATen's argmax/argmin and max/min with indices: a NaN counts as the extreme, the first
+    one winning. Two reductions over the same row, fused by the scheduler as a softmax's
+    are: the extreme value, then the least index holding it."""
     if x.dtype == torch.bool or x.dtype.is_complex:
         raise NotLowered(f"arg{kind} of a {x.dtype} tensor")
     n = len(x.size)
@@ -124,8 +125,9 @@ def _arg_reduce(ctx: Lowerer, x: TensorValue, dim: Any, kind: str, size: Sequenc
     rdims = list(range(n)) if dim is None else _dims(x, dim)
     if any(x.size[d] == 0 for d in rdims):
         raise NotLowered(f"arg{kind} over an empty dim raises in eager")
-    best = reduce(ctx, x, rdims, kind, size=_keep_size(x, rdims), dtype=x.dtype, name=ctx.fresh(f"arg{kind}_best"))
+    best = reduce(ctx, x, rdims, kind, size=size, dtype=x.dtype, name=ctx.fresh(f"{kind}_values"))
     bl = best.loader
+    keepdim = len(size) == n  # the reduced dims stay as ones
     floating = x.dtype.is_floating_point
     count = _count(x, rdims)  # above every index: what a miss contributes to the min
 
@@ -136,41 +138,35 @@ def _arg_reduce(ctx: Lowerer, x: TensorValue, dim: Any, kind: str, size: Sequenc
         return out
 
     def pick(ops: Any, v: Any, idx: Sequence[Expr]) -> Any:
-        m = bl(ops, [ZERO if d in rdims else i for d, i in enumerate(idx)])
+        row = ([ZERO if d in rdims else i for d, i in enumerate(idx)] if keepdim
+               else [i for d, i in enumerate(idx) if d not in rdims])
+        m = bl(ops, row)
         hit = ops.eq(v, m)
         if floating:
             hit = ops.logical_or(hit, ops.logical_and(ops.isnan(v), ops.isnan(m)))
         return ops.where(hit, ops.index_expr(flat(idx), torch.int64), ops.index_expr(count, torch.int64))
 
-    return reduce(ctx, x, rdims, "min", size=size, dtype=torch.int64, in_dtype=torch.int64, map_fn=pick)
+    return best, reduce(ctx, x, rdims, "min", size=size, dtype=torch.int64, in_dtype=torch.int64, map_fn=pick)
 
 
 @register(aten.argmax.default)
 def lower_argmax(ctx: Lowerer, x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorValue:
-    return _arg_reduce(ctx, x, dim, "max", out_size(ctx))
+    return _arg_reduce(ctx, x, dim, "max", out_size(ctx))[1]
 
 
 @register(aten.argmin.default)
 def lower_argmin(ctx: Lowerer, x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorValue:
-    return _arg_reduce(ctx, x, dim, "min", out_size(ctx))
-
-
-def _extreme_and_index(ctx: Lowerer, x: TensorValue, dim: int, keepdim: bool, kind: str) -> tuple:
-    """`max.dim`/`min.dim`: the values (a reduction the scheduler joins with the index's
-    own) and their indices."""
-    size = [ir.sympify_size(s) for s in ctx.out_meta()[0].shape]
-    values = reduce(ctx, x, [dim], kind, size=size, dtype=x.dtype, name=ctx.fresh(f"{kind}_values"))
-    return values, _arg_reduce(ctx, x, dim, kind, size)
+    return _arg_reduce(ctx, x, dim, "min", out_size(ctx))[1]
 
 
 @register(aten.max.dim)
 def lower_max_dim(ctx: Lowerer, x: TensorValue, dim: int, keepdim: bool = False) -> tuple:
-    return _extreme_and_index(ctx, x, dim, keepdim, "max")
+    return _arg_reduce(ctx, x, dim, "max", [ir.sympify_size(s) for s in ctx.out_meta()[0].shape])
 
 
 @register(aten.min.dim)
 def lower_min_dim(ctx: Lowerer, x: TensorValue, dim: int, keepdim: bool = False) -> tuple:
-    return _extreme_and_index(ctx, x, dim, keepdim, "min")
+    return _arg_reduce(ctx, x, dim, "min", [ir.sympify_size(s) for s in ctx.out_meta()[0].shape])
 
 
 def _count(x: TensorValue, rdims: Sequence[int]) -> Expr:
