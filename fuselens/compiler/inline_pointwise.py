@@ -183,6 +183,8 @@ class _InliningOps(ir.IndexedLoads):
         p = self._producers.get(name)
         if p is None:
             return self._ops.load(name, ir.offset_of(index, strides))
+        if p.loop_order is not None:  # the scheduler reordered its loops after this reader was lowered
+            return self._evaluate(p, [index[d] for d in p.loop_order])
         return self._evaluate(p, list(index))
 
     def masked_where(self, cond: Any, then: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:

@@ -308,6 +308,10 @@ class ComputeNode:
     reads: set[str] = field(default_factory=set)  # buffers/compute nodes it loads
     stack_trace: str = ""
     list_element: bool = False  # one element of a list op (`_foreach_*`): list_order.py
+    # the lowered dim each loop dim iterates, once the scheduler reordered the loops
+    # (permute_loops); None: as lowered. A reader that recomputes this node passes an
+    # index in the lowered dims (inline_pointwise.py), which the body no longer takes.
+    loop_order: Optional[list[int]] = None
 
     @property
     def is_reduction(self) -> bool:
@@ -343,7 +347,8 @@ def memory_order(node: ComputeNode) -> Optional[list[int]]:
 def permute_loops(node: ComputeNode, order: Sequence[int]) -> None:
     """Make `node` iterate its dims in `order` (new dim i is old dim order[i]). Its
     buffer is the same memory: each element keeps its offset, only the loop over them
-    changes, so readers (which index buffers by offset) are not affected."""
+    changes, so readers that load it by offset are not affected; readers that recompute
+    it at an index in its lowered dims go through `loop_order`."""
     assert not node.is_reduction
     body, order = node.body, list(order)
 
@@ -353,6 +358,8 @@ def permute_loops(node: ComputeNode, order: Sequence[int]) -> None:
             old[d] = index[i]
         return body(ops, old)
 
+    lowered = node.loop_order if node.loop_order is not None else list(range(len(order)))
+    node.loop_order = [lowered[d] for d in order]
     node.size = [node.size[d] for d in order]
     node.stride = [node.stride[d] for d in order]
     node.body = permuted

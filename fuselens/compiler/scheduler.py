@@ -575,7 +575,7 @@ class Scheduler:
         order = None if node.is_reduction else ir.memory_order(node)
         if order is None:
             return False
-        size, stride, body = node.size, node.stride, node.body
+        size, stride, body, loop_order = node.size, node.stride, node.body, node.loop_order
         full = group.full if group is not None else None
         ir.permute_loops(node, order)
         self._forget(node)
@@ -583,7 +583,7 @@ class Scheduler:
             group.full = loop_space(node)[0]
         if accept():
             return True
-        node.size, node.stride, node.body = size, stride, body
+        node.size, node.stride, node.body, node.loop_order = size, stride, body, loop_order
         self._forget(node)
         if group is not None:
             group.full = full
