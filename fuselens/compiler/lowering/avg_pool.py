@@ -38,9 +38,6 @@ def _args(x: TensorValue, nd: int, kernel_size: Any, stride: Any, padding: Any) 
 def _check(ctx: Lowerer, x: TensorValue, dtype: torch.dtype, nd: int, what: str) -> None:
     if not dtype.is_floating_point or len(x.size) not in (nd + 1, nd + 2):
         raise NotLowered(f"{what} of a non-float tensor or one of other dims")
-    if not ctx.triton_target(ctx.out_meta()) and dtype not in (torch.float32, torch.float64):
-        # ATen's CPU kernels sum 16-bit types in their own precision in places: not matched here
-        raise NotLowered(f"16-bit {what} on the CPU")
 
 
 def _window(ops: Any, o: Expr, s: int, p: int, k: int, n: Expr) -> tuple[Any, Any]:

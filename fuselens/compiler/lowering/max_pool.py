@@ -213,8 +213,6 @@ def _max_pool_backward(ctx: Lowerer, nd: int, grad: TensorValue, x: TensorValue,
     s, p, d = pool_tuple(stride, nd, k), pool_tuple(padding, nd, (0,)), pool_tuple(dilation, nd, (1,))
     if any(v != 1 for v in d):
         raise NotLowered(f"{what} with dilation")
-    if not ctx.triton_target(meta) and meta.dtype not in (torch.float32, torch.float64):
-        raise NotLowered(f"16-bit {what} on the CPU (ATen accumulates in the 16-bit type)")
     sizes, out_sizes = list(x.size[-nd:]), list(grad.size[-nd:])
     acc = torch.float64 if meta.dtype == torch.float64 else torch.float32
 
