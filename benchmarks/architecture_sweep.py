@@ -4,6 +4,7 @@ eager, on the CPU or a GPU: what a user finds first when they compile a model of
     python -m benchmarks.architecture_sweep
     python -m benchmarks.architecture_sweep --only bloom,unet --target triton   # TRITON_INTERPRET=1
     python -m benchmarks.architecture_sweep --device cuda
+    python -m benchmarks.architecture_sweep --autocast    # bf16 autocast, as users train
 
 Hugging Face models from small configs (random weights, nothing downloaded; dropout off)
 and vision networks written here in the shape of torchvision's (DenseNet's concatenations
@@ -16,6 +17,11 @@ such as a bias right before a normalization, are left out), BatchNorm's running
 statistics, the graphs compiled (more than one: graph breaks), and the ops left to ATen
 (each an `ErrorEntry` a report would show), or the error that stopped the compile. Correctness and coverage, not speed: run it after a
 change to the passes, lowerings or decompositions.
+
+float32 steps must equal eager's within rounding. With `--autocast` the step runs under
+bf16 autocast and both sides are judged against eager's float32 step: ours may be off by
+a few times what bf16 costs eager (`BF16_SLACK`), not more. Casts are where float32 and
+bf16 graphs differ most (T5's decoder queries got gradients 1.4x off under bf16 only).
 """
 
 from __future__ import annotations
@@ -279,12 +285,47 @@ def _step(name: str, device: str) -> tuple[nn.Module, Callable[[nn.Module], torc
     return module, lambda m: m(**kw).loss
 
 
-def check(name: str, target: str, device: str = "cpu") -> dict[str, Any]:
-    module, loss_of = _step(name, device)
+def _grad_errors(module: nn.Module, ref: nn.Module) -> dict[str, float]:
+    """Each parameter's largest gradient error relative to its largest gradient in `ref`
+    (inf where one side has no gradient); parameters whose gradient is nothing but
+    rounding (a bias before a normalization) are left out."""
+    errs: dict[str, float] = {}
+    for (n, p), q in zip(module.named_parameters(), ref.parameters()):
+        if q.grad is None or p.grad is None:
+            if (q.grad is None) != (p.grad is None):
+                errs[n + " (no gradient)"] = float("inf")
+            continue
+        scale = q.grad.abs().max().item()
+        if scale >= 1e-4:
+            errs[n] = (p.grad.float() - q.grad.float()).abs().max().item() / scale
+    return errs
+
+
+def _buffer_err(module: nn.Module, ref: nn.Module) -> float:
+    return max((float((a.float() - b.float()).abs().max()) for a, b in zip(module.buffers(), ref.buffers())
+                if a.is_floating_point()), default=0.0)
+
+
+BF16_SLACK = (3.0, 0.01)  # ours may be this many times eager's bf16 error, plus this much
+
+
+def check(name: str, target: str, device: str = "cpu", autocast: bool = False) -> dict[str, Any]:
+    """One training step compiled against eager's. With `autocast` (bf16, as users train),
+    both are judged against eager's float32 step: ours may be off by what bf16 costs
+    eager (`BF16_SLACK`), not more; in float32 it must equal eager's within rounding."""
+    module, step_loss = _step(name, device)
     module.train()
-    ref = copy.deepcopy(module)
-    eager_loss = loss_of(ref)
+
+    def loss_of(m: nn.Module) -> torch.Tensor:
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            return step_loss(m)
+
+    ref = copy.deepcopy(module)  # float32 eager
+    eager_loss = step_loss(ref)
     eager_loss.backward()
+    ref16 = copy.deepcopy(module)
+    if autocast:
+        loss_of(ref16).backward()
     torch._dynamo.reset()
     compiled = torch.compile(module, backend="fuselens", options={"target": target} if device == "cpu" else {})
     t0 = time.perf_counter()
@@ -293,25 +334,34 @@ def check(name: str, target: str, device: str = "cpu") -> dict[str, Any]:
         loss.backward()
     rec: dict[str, Any] = {"model": name, "first_step_s": time.perf_counter() - t0,
                            "loss_err": abs(loss.item() - eager_loss.item())}
-    worst, where = 0.0, ""
-    for (n, p), q in zip(module.named_parameters(), ref.parameters()):
-        if q.grad is None or p.grad is None:
-            if (q.grad is None) != (p.grad is None):
-                worst, where = float("inf"), n + " (no gradient)"
-            continue
-        scale = q.grad.abs().max().item()
-        if scale < 1e-4:  # nothing but rounding (a bias before a normalization)
-            continue
-        err = (p.grad - q.grad).abs().max().item() / scale
-        if err > worst:
-            worst, where = err, n
-    rec["grad_err"], rec["grad_err_at"] = worst, where
-    rec["buffer_err"] = max((float((a - b).abs().max()) for a, b in zip(module.buffers(), ref.buffers())
-                             if a.is_floating_point()), default=0.0)
+    ours = _grad_errors(module, ref)
+    where = max(ours, key=ours.get, default="")
+    rec["grad_err"], rec["grad_err_at"] = ours.get(where, 0.0), where
+    rec["buffer_err"] = _buffer_err(module, ref)
+    if autocast:
+        times, plus = BF16_SLACK
+        theirs = _grad_errors(ref16, ref)
+        excess = {n: e - (times * theirs.get(n, 0.0) + plus) for n, e in ours.items()}
+        rec["worst_excess_at"] = max(excess, key=excess.get, default="")
+        rec["eager_bf16_grad_err"] = theirs.get(rec["worst_excess_at"], 0.0)
+        rec["ours_bf16_grad_err"] = ours.get(rec["worst_excess_at"], 0.0)
+        rec["eager_bf16_loss_err"] = abs(loss_of(ref16).item() - eager_loss.item())
+        rec["eager_bf16_buffer_err"] = _buffer_err(ref16, ref)
     rec["left_to_aten"] = sorted({e.message.split(" runs in ATen")[0] for e in events if isinstance(e, ErrorEntry)})
     # more than one: graph breaks, whose values cross from one compiled graph to the next
     rec["graphs"] = len({e.compile_id for e in events if isinstance(e, CompiledGraph)})
     return rec
+
+
+def wrong(r: dict[str, Any]) -> bool:
+    """Whether a `check` result is off by more than rounding (float32) or than bf16
+    costs eager (autocast)."""
+    if "eager_bf16_grad_err" not in r:
+        return r["loss_err"] > 1e-4 or r["grad_err"] > 1e-4 or r["buffer_err"] > 1e-5
+    times, plus = BF16_SLACK
+    return (r["ours_bf16_grad_err"] > times * r["eager_bf16_grad_err"] + plus
+            or r["loss_err"] > times * r["eager_bf16_loss_err"] + plus
+            or r["buffer_err"] > times * r["eager_bf16_buffer_err"] + plus)
 
 
 def _fails_without_fuselens(name: str, device: str) -> str:
@@ -331,32 +381,39 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated names (default: all)")
     ap.add_argument("--target", default="cpp", help="cpp, or triton (with TRITON_INTERPRET=1 on the CPU)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (Triton and cuBLAS/cuDNN, float32 as on the CPU)")
+    ap.add_argument("--autocast", action="store_true",
+                    help="train under bf16 autocast, judged against eager's float32 step (ours may be off by "
+                         "what bf16 costs eager: BF16_SLACK)")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else [*HF, *VISION]
     torch._dynamo.config.cache_size_limit = 64
     # ours computes convolutions in NHWC: with TF32, cuDNN's algorithms for the two layouts
     # round differently, 1e-3 apart, which would hide an error of ours below them
     torch.backends.cudnn.allow_tf32 = False
-    wrong = 0
-    print("| model | loss err | worst grad err (where) | buffers err | first step s | graphs | left to ATen |")
+    failed = 0
+    grad_col = ("grad err vs float32: ours / eager bf16 (where ours is worst against eager's)" if args.autocast
+                else "worst grad err (where)")
+    print(f"| model | loss err | {grad_col} | buffers err | first step s | graphs | left to ATen |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
         try:
-            r = check(name, args.target, args.device)
+            r = check(name, args.target, args.device, args.autocast)
         except Exception as e:  # noqa: BLE001 - a failed compile is this sweep's finding
             why = " ".join(f"{type(e).__name__}: {e}".split())
             why = why if len(why) <= 400 else f"{why[:150]} ... {why[-250:]}"  # Dynamo's wrapping, then the cause
             theirs = _fails_without_fuselens(name, args.device)
-            wrong += not theirs
+            failed += not theirs
             where = f"torch's, not ours: aot_eager fails too ({theirs})" if theirs else "FAILED"
             print(f"| {name} | {where}: {why} | | | | | |", flush=True)
             continue
-        bad = r["loss_err"] > 1e-4 or r["grad_err"] > 1e-4 or r["buffer_err"] > 1e-5
-        wrong += bad
-        print(f"| {name}{' WRONG' if bad else ''} | {r['loss_err']:.1e} | {r['grad_err']:.1e} ({r['grad_err_at']}) | "
+        bad = wrong(r)
+        failed += bad
+        grads = (f"{r['ours_bf16_grad_err']:.1e} / {r['eager_bf16_grad_err']:.1e} ({r['worst_excess_at']})"
+                 if args.autocast else f"{r['grad_err']:.1e} ({r['grad_err_at']})")
+        print(f"| {name}{' WRONG' if bad else ''} | {r['loss_err']:.1e} | {grads} | "
               f"{r['buffer_err']:.1e} | {r['first_step_s']:.1f} | {r['graphs']} | {', '.join(r['left_to_aten']) or '-'} |",
               flush=True)
-    return 1 if wrong else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
