@@ -112,3 +112,19 @@ def test_a_uniform_constant_stays_computed_inline():
     out, events = _compile(f, x)
     torch.testing.assert_close(out, f(x))
     assert not _folds(events)
+
+
+def test_a_mask_built_from_ones_becomes_one_number_its_where_reads_without_masking():
+    """A Hugging Face model called without an attention mask builds one from `ones`
+    (DeBERTa: ones * ones != 0, negated, then masked_fill): the subgraph is one number
+    repeated and becomes a `full` of it. A `where` on it keeps one branch in the Triton
+    kernel (its loads were masked by a 0-d constant, which Triton's interpreter refuses)."""
+    def f(scores):
+        ones = torch.ones(scores.shape[0], scores.shape[-1], dtype=scores.dtype)
+        keep = (ones[:, None, :] * ones[:, :, None]) != 0
+        return torch.softmax(scores.masked_fill(~keep[:, None], torch.finfo(scores.dtype).min), -1)
+
+    x = torch.randn(2, 4, 16, 16)
+    out, events = _compile(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert [e for e in _folds(events) if "one number repeated" in e.reason]

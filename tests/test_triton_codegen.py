@@ -90,6 +90,14 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     case("persistent_softmax", lambda x: torch.softmax(x, -1), (torch.randn(8, 100),))
     case("looped_sum", lambda x: x.sum(-1), (torch.randn(3, 20000),), rtol=1e-4, atol=1e-3)
     case("online_softmax", lambda x: torch.softmax(x, -1), (torch.randn(3, 20000),))
+
+    def softmax_masked_by_ones(x):  # a Hugging Face model without an attention mask: folded to one number
+        ones = torch.ones(x.shape[0], x.shape[-1], dtype=x.dtype)
+        keep = (ones[:, None, :] * ones[:, :, None]) != 0
+        return torch.softmax(x.masked_fill(~keep[:, None], torch.finfo(x.dtype).min), -1)
+
+    case("softmax_masked_by_ones", softmax_masked_by_ones, (torch.randn(2, 4, 16, 16).to(torch.bfloat16),),
+         rtol=1e-2, atol=1e-2)
     case("layernorm", lambda x, w, b: F.layer_norm(x, (64,), w, b), (torch.randn(6, 64), torch.randn(64), torch.randn(64)),
          rtol=1e-4, atol=1e-4)
     # rows far from zero: E[x^2] - E[x]^2 in the GPU's float32 accumulators would cancel
@@ -372,7 +380,7 @@ def _ok(records: dict, name: str) -> dict:
     "column_reduction", "column_reduction_looped_narrow", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
-    "lgamma", "dynamic_shapes",
+    "lgamma", "dynamic_shapes", "softmax_masked_by_ones",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)

@@ -20,6 +20,10 @@ except where that would cost more than it saves:
 * a view of a constant (an `expand` of the mask to the batch): the tensor viewed
   is folded instead, so the buffer holds no repeated elements;
 * a result over `MAX_FOLDED_BYTES`: the constants it reads are folded instead.
+
+Computations on creation ops alone stay inline too, except one whose value is one
+number repeated (a mask built from `ones`): that becomes a `full` of the number, so
+its readers see a constant.
 """
 
 from __future__ import annotations
@@ -115,7 +119,10 @@ def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dic
             _fold_at(gm, i, const, values, folded, rewrites)
         return
     if not _reads_literal(n, const):
-        return  # creation ops and index arithmetic (a roll's `arange`): computed inline by their readers
+        # creation ops and index arithmetic (a roll's `arange`): computed inline by their
+        # readers, but one number repeated becomes a `full` of it
+        _fold_uniform(gm, n, values, folded, rewrites)
+        return
     if n.target is aten.lift_fresh_copy.default:
         return  # the literal itself: already a constant
     real = _evaluate(gm, n, values)
@@ -146,6 +153,40 @@ def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dic
         "constant-fold", n.name,
         f"computed once at compile time: {ops} operation{'s' * (ops != 1)} that read no input "
         f"(a {shape} {str(val.dtype).removeprefix('torch.')} tensor)"))
+
+
+def _fold_uniform(gm: torch.fx.GraphModule, n: torch.fx.Node, values: dict, folded: set,
+                  rewrites: list[GraphRewrite]) -> None:
+    """Replace `n`, computed from creation ops alone, by a `full` of its value when that
+    is one number repeated. A Hugging Face model called without an attention mask
+    builds one from `ones` (DeBERTa: ones * ones != 0, negated): its readers then see a
+    constant, and a `where` on it keeps one branch instead of masking every load with it."""
+    val = n.meta["val"]
+    if not any(i.op == "call_function" for i in _data_inputs(n)):
+        return  # a creation op itself (`ones`, `new_full`): its readers see its number already
+    if not val.is_contiguous() or val.numel() > _UNIFORM_MAX_NUMEL:
+        return
+    real = _evaluate(gm, n, values)
+    if real is None or tuple(real.shape) != tuple(val.shape) or real.dtype != val.dtype:
+        return
+    flat = real.reshape(-1)
+    if flat.numel() == 0 or not torch.equal(flat, flat[:1].expand_as(flat)):
+        return
+    with gm.graph.inserting_before(n):
+        node = gm.graph.call_function(aten.full.default, (list(val.shape), flat[0].item()),
+                                      {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+    node.meta["val"] = val
+    for key in ("stack_trace", "original_aten"):
+        if key in n.meta:
+            node.meta[key] = n.meta[key]
+    n.replace_all_uses_with(node)
+    folded.add(n)
+    rewrites.append(GraphRewrite("constant-fold", n.name, f"one number repeated ({flat[0].item()}): "
+                                 "computed at compile time, read as that number"))
+
+
+# Creation-op subgraphs larger than this are not evaluated at compile time to look for one number.
+_UNIFORM_MAX_NUMEL = 1 << 20
 
 
 def _evaluate(gm: torch.fx.GraphModule, n: torch.fx.Node, values: dict) -> Optional[torch.Tensor]:

@@ -225,6 +225,8 @@ class TritonOps(PrintingOps[TVal]):
         when the condition comes from indices (a cat's, a pad's, a select's). A mask read
         from data (a ReLU's backward) changes within a vector: Triton would split each
         16-byte load into scalar ones (ResNet-50 training: 6.75 -> 7.36 ms of kernels, H200)."""
+        if c.const is not None:  # one number (a mask of ones, folded): one branch, nothing to mask
+            return then() if c.const else otherwise()
         if not self.k.from_index(c):
             return self.where(c, then(), otherwise())
         with self.k.masked(c):
