@@ -96,6 +96,10 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         keep = (ones[:, None, :] * ones[:, :, None]) != 0
         return torch.softmax(x.masked_fill(~keep[:, None], torch.finfo(x.dtype).min), -1)
 
+    def kv_cache_update(cache, pos, k):  # a static KV cache's write at the decoded position
+        return cache.index_copy(2, pos, k) * 2
+
+    case("index_put_kv_cache", kv_cache_update, (torch.randn(1, 2, 16, 8), torch.tensor([5]), torch.randn(1, 2, 1, 8)))
     case("softmax_masked_by_ones", softmax_masked_by_ones, (torch.randn(2, 4, 16, 16).to(torch.bfloat16),),
          rtol=1e-2, atol=1e-2)
     case("layernorm", lambda x, w, b: F.layer_norm(x, (64,), w, b), (torch.randn(6, 64), torch.randn(64), torch.randn(64)),
@@ -380,7 +384,7 @@ def _ok(records: dict, name: str) -> dict:
     "column_reduction", "column_reduction_looped_narrow", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
-    "lgamma", "dynamic_shapes", "softmax_masked_by_ones",
+    "lgamma", "dynamic_shapes", "softmax_masked_by_ones", "index_put_kv_cache",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)

@@ -113,3 +113,47 @@ def lower_index_select(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValu
         return load_as(ops, x, [*idx[:d], row, *idx[d + 1:]], dt, x.size)
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+@register(aten.index_put.default)
+def lower_index_put(ctx: Lowerer, x: TensorValue, indices: Sequence[Any], values: Any,
+                    accumulate: bool = False) -> TensorValue:
+    """`x[idx] = v` with a few positions along one dim: a static KV cache's `index_copy_`
+    at the decoded position, an assignment to a few rows. Each element of the result
+    compares its position along that dim with the indices and takes the value of the
+    last that matches (ATen's order on the CPU), else x's: one pass, where ATen copies x
+    and then writes into the copy. Accumulating ones (an embedding's backward) are
+    graph_passes' `index_put_accumulate_as_index_add`; more positions than
+    SCATTER_MAX_PER_LINE (a permutation's inverse) stay ATen's."""
+    import sympy
+
+    from fuselens.compiler.lowering.pointwise import SCATTER_MAX_PER_LINE
+
+    if accumulate:
+        raise NotLowered("index_put with accumulate=True")
+    tensors = list(indices)
+    at = [d for d, t in enumerate(tensors) if t is not None]
+    if not isinstance(x, TensorValue) or len(at) != 1:
+        raise NotLowered("index_put with other than one index tensor")
+    p, t = at[0], tensors[at[0]]
+    if not isinstance(t, TensorValue) or t.dtype not in (torch.int32, torch.int64) or len(t.size) != 1:
+        raise NotLowered("index_put with a boolean mask or an index of other than one dim")
+    k = t.size[0]
+    if not k.is_Integer or int(k) > SCATTER_MAX_PER_LINE:
+        raise NotLowered(f"index_put of more than {SCATTER_MAX_PER_LINE} positions")
+    size = out_size(ctx)
+    indexed = [*x.size[:p], k, *x.size[p + 1:]]  # x[idx]'s shape: values broadcast to it
+    dt = ctx.out_meta().dtype
+    i64 = torch.int64
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        out = load_as(ops, x, idx, dt, size)
+        here = ops.index_expr(idx[p], i64)
+        for j in range(int(k)):
+            pos = load_as(ops, t, [sympy.Integer(j)], i64, [k])
+            pos = ops.where(ops.lt(pos, ops.constant(0, i64)), ops.add(pos, ops.index_expr(x.size[p], i64)), pos)
+            line = [sympy.Integer(j) if d == p else i for d, i in enumerate(idx)]
+            out = ops.where(ops.eq(here, pos), load_as(ops, values, line, dt, indexed), out)
+        return out
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
