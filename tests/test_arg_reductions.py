@@ -2,7 +2,7 @@
 (reductions.py `_arg_reduce`): ATen ran each as a kernel of its own (a training loop's
 accuracy, greedy decoding, a top-1 router). Exactly eager's indices: the first extreme
 wins ties, a NaN counts as the extreme (the first NaN), a flat row-major index without a
-dim; values and gradients too. C++ in-process, Triton in its CPU interpreter."""
+dim, a bool's largest is its first True; values and gradients too. C++ in-process, Triton in its CPU interpreter."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def _inputs() -> dict[str, torch.Tensor]:
     nans[2, 0] = float("nan")
     nans[3] = float("-inf")
     return {"x": x, "ties": ties, "nans": nans, "ints": torch.randint(-5, 5, (5, 8), generator=g),
-            "bf16": torch.randn(8, 33, generator=g).to(torch.bfloat16)}
+            "bf16": torch.randn(8, 33, generator=g).to(torch.bfloat16),
+            "mask": torch.randint(0, 4, (6, 9), generator=g) == 0}  # rows with no True too
 
 
 CASES = {
@@ -42,6 +43,8 @@ CASES = {
     "min_dim_keepdim": ("ties", lambda t: t.min(1, keepdim=True)),
     "max_dim_nans": ("nans", lambda t: t.max(-1)),
     "accuracy": ("x", lambda t: (t.sum(1).argmax(-1) == 3).float().mean()),
+    "first_true": ("mask", lambda t: t.max(-1)),  # cumprod's backward: a row's first zero
+    "min_dim_bool": ("mask", lambda t: t.min(0)),
 }
 
 

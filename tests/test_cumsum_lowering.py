@@ -1,4 +1,4 @@
-"""cumsum is lowered as a masked reduction (compiler/lowering/reductions.py) while its work
+"""cumsum and cumprod are lowered as masked reductions (compiler/lowering/reductions.py) while its work
 is small: RoBERTa's and OPT's position ids, a cumsum of the padding mask over the sequence,
 fuse with the mask and the offset instead of an ATen kernel between them. Integers exact,
 floats within rounding (summed in double in C++, as ATen's CPU scan does), gradients
@@ -24,6 +24,8 @@ CASES = {
     "bool over dim 0": (lambda m: torch.cumsum(m, 0), lambda: (torch.rand(9, 4) > 0.5,)),
     "int32 transposed": (lambda t: torch.cumsum(t.t(), 1), lambda: (torch.randint(-5, 5, (6, 4), dtype=torch.int32),)),
     "float": (lambda t: torch.cumsum(t * 2, 1), lambda: (torch.randn(3, 50, 4),)),
+    "cumprod float": (lambda t: torch.cumprod(t * 0.5 + 1, 1), lambda: (torch.rand(3, 30, 4),)),
+    "cumprod int64 with zeros": (lambda t: torch.cumprod(t, -1), lambda: (torch.randint(0, 3, (5, 9)),)),
 }
 
 
@@ -49,11 +51,16 @@ def _mismatches(opts: dict) -> list[str]:
     def g(t: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(t.sin(), 1).square().sum()
 
-    with sink.collect() as events:
-        (mine,) = torch.autograd.grad(torch.compile(g, backend="fuselens", options=opts)(x), x)
-    if not torch.allclose(mine, torch.autograd.grad(g(x), x)[0], rtol=1e-5, atol=1e-5) or any(
-            isinstance(e, ErrorEntry) for e in events):
-        bad.append("gradient")
+    def p(t: torch.Tensor) -> torch.Tensor:  # cumprod's backward divides by the input where it is not 0
+        return (torch.cumprod(t, 1) * torch.arange(20.0)).sum()
+
+    for name, fn in (("gradient", g), ("cumprod gradient", p)):
+        torch._dynamo.reset()
+        with sink.collect() as events:
+            (mine,) = torch.autograd.grad(torch.compile(fn, backend="fuselens", options=opts)(x), x)
+        if not torch.allclose(mine, torch.autograd.grad(fn(x), x)[0], rtol=1e-5, atol=1e-5) or any(
+                isinstance(e, ErrorEntry) for e in events):
+            bad.append(name)
     return bad
 
 

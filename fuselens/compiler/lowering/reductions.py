@@ -117,7 +117,7 @@ def _arg_reduce(ctx: Lowerer, x: TensorValue, dim: Any, kind: str, size: Sequenc
     ATen's argmax/argmin and max/min with indices: a NaN counts as the extreme, the first
     one winning. Two reductions over the same row, fused by the scheduler as a softmax's
     are: the extreme value, then the least index holding it."""
-    if x.dtype == torch.bool or x.dtype.is_complex:
+    if x.dtype.is_complex:
         raise NotLowered(f"arg{kind} of a {x.dtype} tensor")
     n = len(x.size)
     if n == 0:
@@ -125,7 +125,10 @@ def _arg_reduce(ctx: Lowerer, x: TensorValue, dim: Any, kind: str, size: Sequenc
     rdims = list(range(n)) if dim is None else _dims(x, dim)
     if any(x.size[d] == 0 for d in rdims):
         raise NotLowered(f"arg{kind} over an empty dim raises in eager")
-    best = reduce(ctx, x, rdims, kind, size=size, dtype=x.dtype, name=ctx.fresh(f"{kind}_values"))
+    # a bool's largest is any, its smallest all (cumprod's backward finds a row's first zero
+    # with max over a mask)
+    extreme = {"max": "any", "min": "all"}[kind] if x.dtype == torch.bool else kind
+    best = reduce(ctx, x, rdims, extreme, size=size, dtype=x.dtype, name=ctx.fresh(f"{kind}_values"))
     bl = best.loader
     keepdim = len(size) == n  # the reduced dims stay as ones
     floating = x.dtype.is_floating_point
@@ -364,18 +367,33 @@ def lower_cumsum(ctx: Lowerer, x: TensorValue, dim: int, *, dtype: Any = None) -
     fuse with the mask and the offset around them instead of an ATen kernel between
     them. Sums in int64 or double, as reductions do (ATen's CPU scan accumulates floats
     in double too)."""
+    return _masked_scan(ctx, x, dim, "sum")
+
+
+@register(aten.cumprod.default)
+def lower_cumprod(ctx: Lowerer, x: TensorValue, dim: int, *, dtype: Any = None) -> TensorValue:
+    """cumprod as cumsum is lowered, a product over j <= i (a survival or discount
+    factor along a sequence)."""
+    return _masked_scan(ctx, x, dim, "prod")
+
+
+def _masked_scan(ctx: Lowerer, x: TensorValue, dim: int, kind: str) -> TensorValue:
+    """out[..., i, ...] = the `kind` reduction of x[..., j, ...] over j <= i, the other
+    j's masked to the reduction's identity."""
     meta = ctx.out_meta()
+    what = "cumsum" if kind == "sum" else "cumprod"
     n_dims = len(x.size)
     if n_dims == 0:
-        raise NotLowered("cumsum of a scalar")
+        raise NotLowered(f"{what} of a scalar")
     d = dim + n_dims if dim < 0 else dim
     n = x.size[d]
     numel = ir.numel(x.size)
     if not (numel.is_Integer and int(numel) * int(n) <= CUMSUM_MAX_ADDS):
-        raise NotLowered(f"cumsum of more than {CUMSUM_MAX_ADDS} adds as a masked sum, or of symbolic size "
-                         "(ATen's scan)")
+        raise NotLowered(f"{what} of more than {CUMSUM_MAX_ADDS} steps as a masked reduction, or of symbolic "
+                         "size (ATen's scan)")
     loader = x.loader
     full = list(x.size) + [n]
+    identity = 0 if kind == "sum" else 1
 
     def masked(ops: Any, idx: Sequence[Expr]) -> Any:
         i, j = idx[d], idx[-1]
@@ -383,14 +401,14 @@ def lower_cumsum(ctx: Lowerer, x: TensorValue, dim: int, *, dtype: Any = None) -
         at[d] = j
         take = ops.le(ops.index_expr(j, torch.int64), ops.index_expr(i, torch.int64))
         v = loader(ops, at)
-        return ops.where(take, v, ops.constant(0, x.dtype))
+        return ops.where(take, v, ops.constant(identity, x.dtype))
 
-    acc = acc_dtype_for("sum", meta.dtype)
+    acc = acc_dtype_for(kind, meta.dtype)
 
     def body(ops: Any, idx: Sequence[Expr]) -> Any:
         v = masked(ops, idx)
         return v if x.dtype == acc else ops.to_dtype(v, acc)
 
     size = list(x.size)
-    return ctx.add_compute(body, size, meta.dtype, name=ctx.current.name, reduction="sum", full_size=full,
+    return ctx.add_compute(body, size, meta.dtype, name=ctx.current.name, reduction=kind, full_size=full,
                            rdims=[n_dims], acc_dtype=acc, stride=ctx.out_stride(size))
