@@ -99,6 +99,9 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     def kv_cache_update(cache, pos, k):  # a static KV cache's write at the decoded position
         return cache.index_copy(2, pos, k) * 2
 
+    edges = torch.tensor([-1.0, 0.0, 0.0, 1.0])  # bucketize's binary search starts at an index of constants alone
+    case("bucketize_both_sides", lambda v: torch.bucketize(v, edges) * 10 + torch.bucketize(v, edges, right=True),
+         (torch.randn(4, 10).round(),))
     case("index_put_kv_cache", kv_cache_update, (torch.randn(1, 2, 16, 8), torch.tensor([5]), torch.randn(1, 2, 1, 8)))
     case("softmax_masked_by_ones", softmax_masked_by_ones, (torch.randn(2, 4, 16, 16).to(torch.bfloat16),),
          rtol=1e-2, atol=1e-2)
@@ -385,6 +388,7 @@ def _ok(records: dict, name: str) -> dict:
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
     "lgamma", "dynamic_shapes", "softmax_masked_by_ones", "index_put_kv_cache",
+    "bucketize_both_sides",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)

@@ -79,8 +79,9 @@ def _decomposition_table() -> dict:
         aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
         aten._native_batch_norm_legit_no_training, aten.native_group_norm, aten.hardtanh, aten.leaky_relu,
         aten.elu, aten.var_mean, aten.var, aten.linalg_vector_norm, aten.native_dropout, aten.mean,
-        # gathers at computed positions, which the index lowering generates (Inductor decomposes it too)
-        aten.grid_sampler_2d,
+        # gathers at computed positions and comparisons, which are generated (Inductor decomposes
+        # them too); the first two keep their backwards whole
+        aten.grid_sampler_2d, aten._adaptive_avg_pool2d, aten.bucketize,
     ]
     table.update(get_decompositions([op for op in extra if op is not None]))
     # ops we lower ourselves: keep them whole

@@ -15,6 +15,11 @@ import torch
 from fuselens.compiler.codegen.triton_ops import TVal
 
 TMP = re.compile(r"\btmp\d+\b")
+# what a 0-d value's expression may hold besides other 0-d values: tl.* calls and dtypes,
+# methods (`.to`), our prelude's helpers and numbers (an exponent's e is not a name)
+_NOT_NAMES = re.compile(r"\btl\.\w+|\.\w+|\b_fl_\w+|(?<![\w.])\d[\w.]*(?:[eE][+-]?\d+)?")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_LITERALS = {"float", "inf", "nan", "True", "False"}  # float("inf"), booleans
 
 
 @dataclass
@@ -47,12 +52,14 @@ class Scope:
 
 class Emission:
     """TritonKernel's printing of values. The kernel sets `scope` (where values go now),
-    `counter`, `from_data` (names of values computed from a load or a reduction) and
-    `load_conds` (the conditions the loads being printed are masked by)."""
+    `counter`, `from_data` (names of values computed from a load or a reduction),
+    `scalars` (values computed from constants alone: 0-d, no block) and `load_conds`
+    (the conditions the loads being printed are masked by)."""
 
     scope: Scope
     counter: int
     from_data: set[str]
+    scalars: set[str]
     load_conds: list[str]
 
     def emit(self, expr: str, dtype: torch.dtype, scope: Optional[Scope] = None) -> TVal:
@@ -66,6 +73,8 @@ class Emission:
         sc.cache[expr] = v
         if "tl.load(" in expr or "acc" in expr or any(t in self.from_data for t in TMP.findall(expr)):
             self.from_data.add(v.name)
+        if all(name in self.scalars or name in _LITERALS for name in _NAME.findall(_NOT_NAMES.sub(" ", expr))):
+            self.scalars.add(v.name)
         return v
 
     def from_index(self, v: TVal) -> bool:
