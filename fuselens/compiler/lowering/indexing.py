@@ -143,6 +143,8 @@ def lower_index_put(ctx: Lowerer, x: TensorValue, indices: Sequence[Any], values
         raise NotLowered(f"index_put of more than {SCATTER_MAX_PER_LINE} positions")
     size = out_size(ctx)
     indexed = [*x.size[:p], k, *x.size[p + 1:]]  # x[idx]'s shape: values broadcast to it
+    if isinstance(values, TensorValue) and len(values.size) > len(indexed):
+        raise NotLowered("index_put whose values have more dims than what they replace")
     dt = ctx.out_meta().dtype
     i64 = torch.int64
 
