@@ -70,10 +70,14 @@ wait_for "run 1 done" "the first profile finished"
 wait_for "cpp_fused|triton_|kernel" "kernels of the example in the table"
 screen | grep -Eq "cpp_fused|triton_(poi|red|per)" || fail "no generated kernel in the table"
 
-# Toggles panel, down to Inductor's max fusion size, one step left: 64 -> 2.
+# Toggles panel, down to Inductor's max fusion size, one step left: 64 -> 2. Its row
+# is counted from the toggles list itself (the section headers take no Down): a count
+# written here went stale when compiler options were added.
+downs="$(cd "$REPO" && $PY -c 'from fuselens.tui.toggles import TOGGLES
+print([t.key for t in TOGGLES].index("inductor:max_fusion_size"))')" || fail "could not count the toggles"
 tmux send-keys -t "$SESSION" t
 sleep 0.3
-for _ in $(seq 11); do tmux send-keys -t "$SESSION" Down; sleep 0.05; done
+for _ in $(seq "$downs"); do tmux send-keys -t "$SESSION" Down; sleep 0.05; done
 tmux send-keys -t "$SESSION" Left
 wait_for "max_fusion_size=2" "the toggle started a re-run"
 wait_for "run 2 done" "the re-run finished"
