@@ -140,13 +140,7 @@ def _fold_at(gm: torch.fx.GraphModule, n: torch.fx.Node, const: set, values: dic
     name = _free_name(gm)
     gm.register_buffer(name, real)
     with gm.graph.inserting_before(n):
-        node = gm.graph.get_attr(name)
-    node.meta["val"] = val
-    for key in ("stack_trace", "original_aten"):
-        if key in n.meta:
-            node.meta[key] = n.meta[key]
-    n.replace_all_uses_with(node)
-    folded.add(n)
+        _replace(n, gm.graph.get_attr(name), folded)
     ops = _count_ops(n, const)
     shape = "x".join(str(s) for s in val.shape) or "0-d"
     rewrites.append(GraphRewrite(
@@ -169,20 +163,25 @@ def _fold_uniform(gm: torch.fx.GraphModule, n: torch.fx.Node, values: dict, fold
     real = _evaluate(gm, n, values)
     if real is None or tuple(real.shape) != tuple(val.shape) or real.dtype != val.dtype:
         return
-    flat = real.reshape(-1)
-    if flat.numel() == 0 or not torch.equal(flat, flat[:1].expand_as(flat)):
+    if not (real.numel() == 1 or _uniform(real)):
         return
+    number = real.reshape(-1)[0].item()
     with gm.graph.inserting_before(n):
-        node = gm.graph.call_function(aten.full.default, (list(val.shape), flat[0].item()),
-                                      {"dtype": val.dtype, "device": val.device, "pin_memory": False})
-    node.meta["val"] = val
+        _replace(n, gm.graph.call_function(aten.full.default, (list(val.shape), number),
+                                           {"dtype": val.dtype, "device": val.device, "pin_memory": False}), folded)
+    rewrites.append(GraphRewrite("constant-fold", n.name, f"one number repeated ({number}): "
+                                 "computed at compile time, read as that number"))
+
+
+def _replace(n: torch.fx.Node, node: torch.fx.Node, folded: set) -> None:
+    """`node` (a constant's value) in place of `n` for all its readers, with its traced
+    value and the source line a finding points at."""
+    node.meta["val"] = n.meta["val"]
     for key in ("stack_trace", "original_aten"):
         if key in n.meta:
             node.meta[key] = n.meta[key]
     n.replace_all_uses_with(node)
     folded.add(n)
-    rewrites.append(GraphRewrite("constant-fold", n.name, f"one number repeated ({flat[0].item()}): "
-                                 "computed at compile time, read as that number"))
 
 
 # Creation-op subgraphs larger than this are not evaluated at compile time to look for one number.
