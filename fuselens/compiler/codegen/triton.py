@@ -155,7 +155,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         self.store_offsets: dict[str, set[str]] = {}
         self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
         self.from_data: set[str] = set()  # values computed from a load or a reduction (emit)
-        self.scalars: set[str] = set()  # values computed from constants alone (emit)
+        self.exprs: dict[str, str] = {}  # each printed value's expression (emit)
         # a part of a combo kernel: the name of the program's index within its part
         self.pid_name: Optional[str] = None
 
@@ -288,7 +288,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         # the runtime passes tensors, whose data pointer already includes the storage offset
         idx, axes = self.index(index)
         indirect = [v for v in sympy.sympify(index).free_symbols if isinstance(v, ir.Indirect)]
-        if indirect and not (not axes and all(v.name in self.scalars for v in indirect)):
+        if indirect and not (not axes and all(self.is_scalar(v.name) for v in indirect)):
             # an index read from a tensor varies with x, and with r where it was read in the r
             # loop; one computed from constants alone (bucketize's first probe) is one element
             axes |= {"x"} | ({"r"} if any(self.indirect_in_r.get(v.name) for v in indirect) else set())

@@ -53,13 +53,13 @@ class Scope:
 class Emission:
     """TritonKernel's printing of values. The kernel sets `scope` (where values go now),
     `counter`, `from_data` (names of values computed from a load or a reduction),
-    `scalars` (values computed from constants alone: 0-d, no block) and `load_conds`
-    (the conditions the loads being printed are masked by)."""
+    `exprs` (each printed value's expression) and `load_conds` (the conditions the
+    loads being printed are masked by)."""
 
     scope: Scope
     counter: int
     from_data: set[str]
-    scalars: set[str]
+    exprs: dict[str, str]
     load_conds: list[str]
 
     def emit(self, expr: str, dtype: torch.dtype, scope: Optional[Scope] = None) -> TVal:
@@ -73,9 +73,24 @@ class Emission:
         sc.cache[expr] = v
         if "tl.load(" in expr or "acc" in expr or any(t in self.from_data for t in TMP.findall(expr)):
             self.from_data.add(v.name)
-        if all(name in self.scalars or name in _LITERALS for name in _NAME.findall(_NOT_NAMES.sub(" ", expr))):
-            self.scalars.add(v.name)
+        self.exprs[v.name] = expr
         return v
+
+    def is_scalar(self, name: str) -> bool:
+        """Whether value `name` is computed from constants alone (0-d: no block). Asked
+        only of gathers' indices, so derived when asked, not for every value printed;
+        walked without recursion (a fused kernel's chain of values can be long)."""
+        todo, seen = [name], set()
+        while todo:
+            n = todo.pop()
+            if n in seen or n in _LITERALS:
+                continue
+            seen.add(n)
+            expr = self.exprs.get(n)
+            if expr is None or n in self.from_data:  # a load, a reduction, an index variable, an argument
+                return False
+            todo.extend(_NAME.findall(_NOT_NAMES.sub(" ", expr)))
+        return True
 
     def from_index(self, v: TVal) -> bool:
         """Whether `v` is computed from indices alone (no load, no reduction): the same
