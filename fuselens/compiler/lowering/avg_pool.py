@@ -35,7 +35,7 @@ def _args(x: TensorValue, nd: int, kernel_size: Any, stride: Any, padding: Any) 
     return k, pool_tuple(stride, nd, k), pool_tuple(padding, nd, (0,)), tuple(x.size[-nd:])
 
 
-def _check(ctx: Lowerer, x: TensorValue, dtype: torch.dtype, nd: int, what: str) -> None:
+def _check(x: TensorValue, dtype: torch.dtype, nd: int, what: str) -> None:
     if not dtype.is_floating_point or len(x.size) not in (nd + 1, nd + 2):
         raise NotLowered(f"{what} of a non-float tensor or one of other dims")
 
@@ -73,7 +73,7 @@ def _divisor(ops: Any, outs: Sequence[Expr], k: Sequence[int], s: Sequence[int],
 def _avg_pool(ctx: Lowerer, nd: int, x: TensorValue, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
               count_include_pad: bool, divisor_override: Optional[int]) -> TensorValue:
     meta = ctx.out_meta()
-    _check(ctx, x, meta.dtype, nd, f"avg_pool{nd}d")
+    _check(x, meta.dtype, nd, f"avg_pool{nd}d")
     k, s, p, sizes = _args(x, nd, kernel_size, stride, padding)
     acc = torch.float64 if meta.dtype == torch.float64 else torch.float32
     bounded = any(p) or ceil_mode  # else every tap is inside the input by the output size's formula
@@ -100,7 +100,7 @@ def _avg_pool(ctx: Lowerer, nd: int, x: TensorValue, kernel_size: Any, stride: A
 def _avg_pool_backward(ctx: Lowerer, nd: int, grad: TensorValue, x: TensorValue, kernel_size: Any, stride: Any,
                        padding: Any, count_include_pad: bool, divisor_override: Optional[int]) -> TensorValue:
     meta = ctx.out_meta()
-    _check(ctx, grad, meta.dtype, nd, f"avg_pool{nd}d backward")
+    _check(grad, meta.dtype, nd, f"avg_pool{nd}d backward")
     k, s, p, sizes = _args(x, nd, kernel_size, stride, padding)
     out_sizes = list(grad.size[-nd:])
     acc = torch.float64 if meta.dtype == torch.float64 else torch.float32
