@@ -105,6 +105,9 @@ class ExternCall:
     # a view of a buffer whose layout the plan knows, with static sizes: (size, stride,
     # storage offset from its base), which the wrapper re-creates without ATen's view checks
     reinterpret: Optional[tuple] = None
+    # a matmul whose static, contiguous result may be written into a dead buffer given as
+    # `out=` (buffer_reuse.py): (size, stride)
+    out_layout: Optional[tuple] = None
 
 
 @dataclass
@@ -125,6 +128,7 @@ class GraphRunner:
         self.symbol_sources, self.symeval = symbol_sources, symeval
         self.timer = timer  # host-clock times of kernels and library calls (option time_kernels)
         self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_module.finalize)
+        self.storage = None  # static graphs: buffer_reuse.StorageFacts (plan.py), for the GPU wrapper's reuse
         # static shapes: the size/stride slots never change, evaluate them once
         self._static_slots: Optional[list] = None if symbol_sources else (symeval({}) if symeval else [])
 

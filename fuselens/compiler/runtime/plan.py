@@ -12,7 +12,8 @@ import torch.fx
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue, released_inputs
-from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval
+from fuselens.compiler.runtime.buffer_reuse import StorageFacts
+from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval, alloc_nbytes
 from fuselens.compiler.runtime.plan_order import PlanOrder, buffers_in, step_buffers
 from fuselens.compiler.kernel_group import KernelGroup
 from fuselens.compiler.scheduler import Schedule
@@ -51,6 +52,7 @@ class Planner:
         self.views: set[str] = set()
         self.alias_parent: dict[str, str] = {}
         self.kernel_allocated: set[str] = set()
+        self._extern_took: dict[str, str] = {}  # an in-place library call's output -> the buffer it updated
         # buffers whose run-time layout is the traced one: graph inputs (Dynamo guards their
         # strides), kernel outputs (allocated by us), matmul results (always contiguous) and
         # views of those; views of anything else (an attention output, a fallback) go through ATen
@@ -169,7 +171,32 @@ class Planner:
                              outputs, reusable - self._output_bufs - in_place, self.timer, constants=g.constants)
         names = [i.name for i in g.inputs]
         runner.mutated_inputs = sorted(names.index(d) for d in g.input_mutations.values())
+        if runner._static_slots is not None:
+            runner.storage = self._storage_facts(taken | in_place | self._output_bufs)
         return runner
+
+    def _storage_facts(self, kept: set[str]) -> StorageFacts:
+        """The byte sizes and hand-on rules buffer_reuse.py plans a static graph's reuse by.
+        A storage may be handed on when the graph owns it whole: a kernel's output or a
+        matmul's result, neither an output nor written in place, dead with all its views
+        (a Free drops a buffer's aliases together). `kept`: buffers whose storage outlives
+        them (taken over in place, graph outputs, mutated inputs)."""
+        nbytes, dtypes = {}, {}
+        for name, spec in self.g.buffers.items():
+            if self._root(name) != name or spec.offset != 0:
+                continue
+            facts = (*spec.size, *spec.stride)
+            if not all(isinstance(x, int) or getattr(x, "is_Integer", False) for x in facts):
+                continue
+            nbytes[name] = alloc_nbytes([int(x) for x in spec.size], [int(x) for x in spec.stride], spec.dtype)
+            dtypes[name] = spec.dtype
+        keep = {self._root(b) for b in self._output_bufs} | kept
+        matmuls = {st.outputs for st in self.plan if isinstance(st, ExternCall) and st.out_layout is not None}
+        owned = (self.kernel_allocated | matmuls) - keep
+        took = {out: src for st in self.plan if isinstance(st, KernelCall) for out, src in st.reuse.items()}
+        took.update(self._extern_took)
+        return StorageFacts(nbytes, dtypes, {n for n in owned if n in nbytes},
+                            {n for n in self.kernel_allocated | matmuls if n in nbytes}, took)
 
     def _extern(self, e: ExternNode) -> None:
         node = e.fx_node
@@ -181,14 +208,33 @@ class Planner:
             outs = node.name
         dtypes = {o: self.g.buffers[o].dtype for o in (outs if isinstance(outs, list) else [outs])
                   if o is not None and o in self.g.buffers}
-        self.plan.append(ExternCall(node.name, node.target, args, kwargs, outs, dtypes))
+        step = ExternCall(node.name, node.target, args, kwargs, outs, dtypes)
+        self.plan.append(step)
         if node.target in _CONTIGUOUS_RESULTS and isinstance(outs, str):
             self.layout_known.add(outs)
+            step.out_layout = self._out_layout(outs, node)
         if not _fresh_outputs(node.target):
             for o in outs if isinstance(outs, list) else [outs]:
                 if o is not None:
                     for leaf in buffers_in((args, kwargs)):
                         self._union(o, leaf)
+
+    def _out_layout(self, out: str, node: torch.fx.Node) -> Optional[tuple]:
+        """(size, stride) of a matmul's result that a dead buffer may be given for, through
+        `out=`: static, dense, of its operands' dtype (an `out=` of another dtype is an error)."""
+        spec = self.g.buffers.get(out)
+        if spec is None or spec.offset != 0:
+            return None
+        facts = (*spec.size, *spec.stride)
+        if not all(isinstance(x, int) or getattr(x, "is_Integer", False) for x in facts):
+            return None
+        size, stride = tuple(int(x) for x in spec.size), tuple(int(x) for x in spec.stride)
+        if stride != _contiguous_strides(size):
+            return None
+        operands = [a.meta.get("val") for a in node.all_input_nodes]
+        if not operands or any(getattr(v, "dtype", None) != spec.dtype for v in operands):
+            return None
+        return size, stride
 
     def _mutate_inputs(self) -> set[str]:
         """Where each input mutation kept in the graph lands. The kernel computing the new
@@ -294,6 +340,8 @@ class Planner:
                     and b not in aliased and b not in taken
                     and step.outputs in self.g.buffers and self.g.buffers[b].dtype == self.g.buffers[step.outputs].dtype):
                 step.target = in_place
+                step.out_layout = None
+                self._extern_took[step.outputs] = b
                 taken |= {b, step.outputs}
         return taken
 
@@ -322,6 +370,14 @@ class Planner:
             if i in frees:
                 new_plan.append(Free(sorted(set(frees[i]))))
         self.plan = new_plan
+
+
+def _contiguous_strides(size: tuple) -> tuple:
+    strides, acc = [], 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 class _TupleExpr:

@@ -44,6 +44,7 @@ from typing import Any, Optional
 
 import torch
 
+from fuselens.compiler.runtime.buffer_reuse import reuse_map
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall, alloc_nbytes, pool_put
 
 _ids = iter(range(1 << 62))
@@ -73,6 +74,9 @@ class _Printer:
         self.pool: dict[tuple, list[str]] = {}  # static shapes: (dtype, nbytes) -> dead locals
         self.nbytes: dict[str, tuple] = {}  # local -> (dtype, nbytes) of what it was allocated as
         self.kernel_reads = {b for st in runner.plan if isinstance(st, KernelCall) for b in st.buffers}
+        self.takes: dict[str, str] = {}  # GPU, static shapes: allocation -> the dead buffer it takes over
+        self.held: dict[str, str] = {}  # dead buffers kept for the allocation taking them -> their local
+        self.layouts: dict[str, tuple] = {}  # buffer -> (size, stride) it was allocated with
 
     # -- names
     def local(self, buf: str) -> str:
@@ -214,7 +218,11 @@ class _Printer:
             self.emit(f"stream = _stream({int(idx)})")
         elif launches:
             self.emit("stream = None")
-        self.host_pool = not on_cuda
+        # Triton graphs take dead buffers over by buffer_reuse's plan, on the GPU and in Triton's
+        # interpreter on the CPU (where the tests run it); C++ graphs by the host pool below
+        if self.static is not None and r.storage is not None and (on_cuda or launches):
+            self.takes = reuse_map(r.plan, r.storage)
+        self.host_pool = not on_cuda and not launches
         if self.host_pool and self.static is None:
             from fuselens.compiler.runtime.interpreter import _alloc
 
@@ -234,9 +242,13 @@ class _Printer:
     def free(self, step: Free) -> None:
         """Buffers dead after this point: deleted, or kept for a later allocation of their size."""
         dead = []
+        taken_later = set(self.takes.values())
         for n in step.names:
             var = self.names.pop(n, None)
             if var is None:
+                continue
+            if n in taken_later:
+                self.held[n] = var  # alive in its local until the allocation taking it
                 continue
             if self.host_pool and n in self.r.reusable:
                 if self.static is None:
@@ -264,11 +276,16 @@ class _Printer:
                 self.emit(f"{var} = _alloc(pool, {self.slot(sz)}, {self.slot(st)}, {self.glob(dtype, 'dt')})")
             elif self.host_pool and self._take_pooled(var, sz, st, dtype):
                 pass
+            elif self.takes.get(name) in self.held:
+                self.emit(f"{var} = {self._take_held(name, tuple(self.static[sz]), tuple(self.static[st]))}")
+                self.emit(f"del {self.held.pop(self.takes[name])}")
             elif self.empty_fast:
                 self.emit(f"{var} = _empty_fast({self.tuple_slot(sz)}, {self.tuple_slot(st)}, {self.glob(dtype, 'dt')})")
             else:
                 self.emit(f"{var} = _empty({self.slot(sz)}, {self.slot(st)}, dtype={self.glob(dtype, 'dt')}, "
                           "device=_dev)")
+            if self.static is not None:
+                self.layouts[name] = (tuple(self.static[sz]), tuple(self.static[st]))
         if not tensors:  # a ctypes function of the C++ library
             call_args = [f"{self.names[b]}.data_ptr()" for b in step.buffers] + [syms[s] for s in step.symbols]
             call = f"{self.glob(la, 'k')}({', '.join(call_args)})"
@@ -301,9 +318,26 @@ class _Printer:
         self.emit(f"del {old}")
         return True
 
+    def _take_held(self, name: str, size: tuple, stride: tuple) -> str:
+        """The expression giving allocation `name` the storage of the dead buffer it takes."""
+        old = self.takes[name]
+        var = self.held[old]
+        self.layouts[name] = (size, stride)
+        if self.layouts.get(old) == (size, stride):
+            return var
+        if "_reinterpret" in self.ns:
+            return f"_reinterpret({var}, {self.lit(size)}, {self.lit(stride)}, 0)"
+        return f"{var}.as_strided({self.lit(size)}, {self.lit(stride)}, 0)"
+
     def extern(self, step: ExternCall) -> None:
         a = ", ".join(self.arg(x) for x in step.args)
         k = ", ".join(f"{key}={self.arg(v)}" for key, v in step.kwargs.items())
+        into = None
+        if step.out_layout is not None and self.takes.get(step.outputs) in self.held:
+            into = self._take_held(step.outputs, *step.out_layout)
+            k = ", ".join(p for p in (k, f"out={into}") if p)
+        elif step.out_layout is not None:
+            self.layouts[step.outputs] = step.out_layout
         call = f"{self.glob(_direct(step.target), 'e')}({', '.join(p for p in (a, k) if p)})"
         method = _VIEW_METHODS.get(step.target)
         if step.reinterpret is not None and "_reinterpret" in self.ns:
@@ -333,6 +367,8 @@ class _Printer:
             self.emit(f"{self.local(step.outputs)} = {call}")
             if tail:
                 self.emit(tail)
+            if into is not None:
+                self.emit(f"del {self.held.pop(self.takes[step.outputs])}")
         for n, dt in step.dtypes.items():  # where kernels read it, in the dtype they were generated for
             if n in self.kernel_reads:
                 var, d = self.names[n], self.glob(dt, "dt")
