@@ -41,6 +41,7 @@ import torch.fx
 from fuselens import sink
 from fuselens.compiler import aot_printouts, compile_gc, layout_passes, options as options_mod
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
+from fuselens.compiler.joint_cse import partition_without_its_cse
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
 from fuselens.compiler.phases import CompilePhases
 from fuselens.compiler.targets.base import runs_on_cuda, with_graph_device
@@ -550,7 +551,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: 
                     # BatchNorm's running stats and an optimizer's parameters are written by our
                     # kernels (lowering `copy_`), not copied back by AOTAutograd after the graph
                     keep_inference_input_mutations=True,
-                    partition_fn=checked_partition(partition, _location_of, seen),
+                    partition_fn=checked_partition(partition_without_its_cse(partition), _location_of, seen),
                 )
             break
         except ForwardBackwardMismatch as mismatch:
