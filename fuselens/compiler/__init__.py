@@ -4,6 +4,7 @@ The package reads top to bottom as the pipeline:
 
     options.py     CompilerOptions, configure(), current()
     entry.py       the Dynamo backend: AOTAutograd, decompositions, per-graph driver
+    joint_cse.py   the joint graph's common subexpressions merged before partitioning
     graph_passes.py     named FX rewrites before lowering
     lowering/      ATen/prims FX graph -> loop IR (ir.py): the walk (lowerer.py), the op
                    tables (pointwise.py, reductions.py, views.py) registered in registry.py
@@ -19,6 +20,7 @@ The package reads top to bottom as the pipeline:
                    the interface in codegen/__init__.py
     runtime/       running a compiled graph:
         plan.py             order, allocations and frees of a compiled graph
+        buffer_reuse.py     which dead buffer each allocation of a static GPU graph takes over
         interpreter.py      GraphRunner: interprets the plan
         wrapper_codegen.py  the plan printed once as straight-line Python (what runs)
         cpp_build.py        g++ into one cached shared library per graph
