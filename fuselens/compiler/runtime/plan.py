@@ -183,13 +183,10 @@ class Planner:
         them (taken over in place, graph outputs, mutated inputs)."""
         nbytes, dtypes = {}, {}
         for name, spec in self.g.buffers.items():
-            if self._root(name) != name or spec.offset != 0:
-                continue
-            facts = (*spec.size, *spec.stride)
-            if not all(isinstance(x, int) or getattr(x, "is_Integer", False) for x in facts):
-                continue
-            nbytes[name] = alloc_nbytes([int(x) for x in spec.size], [int(x) for x in spec.stride], spec.dtype)
-            dtypes[name] = spec.dtype
+            layout = _static_layout(spec)
+            if self._root(name) == name and layout is not None:
+                nbytes[name] = alloc_nbytes(*layout, spec.dtype)
+                dtypes[name] = spec.dtype
         keep = {self._root(b) for b in self._output_bufs} | kept
         matmuls = {st.outputs for st in self.plan if isinstance(st, ExternCall) and st.out_layout is not None}
         owned = (self.kernel_allocated | matmuls) - keep
@@ -223,18 +220,13 @@ class Planner:
         """(size, stride) of a matmul's result that a dead buffer may be given for, through
         `out=`: static, dense, of its operands' dtype (an `out=` of another dtype is an error)."""
         spec = self.g.buffers.get(out)
-        if spec is None or spec.offset != 0:
-            return None
-        facts = (*spec.size, *spec.stride)
-        if not all(isinstance(x, int) or getattr(x, "is_Integer", False) for x in facts):
-            return None
-        size, stride = tuple(int(x) for x in spec.size), tuple(int(x) for x in spec.stride)
-        if stride != _contiguous_strides(size):
+        layout = None if spec is None else _static_layout(spec)
+        if layout is None or layout[1] != _contiguous_strides(layout[0]):
             return None
         operands = [a.meta.get("val") for a in node.all_input_nodes]
         if not operands or any(getattr(v, "dtype", None) != spec.dtype for v in operands):
             return None
-        return size, stride
+        return layout
 
     def _mutate_inputs(self) -> set[str]:
         """Where each input mutation kept in the graph lands. The kernel computing the new
@@ -370,6 +362,15 @@ class Planner:
             if i in frees:
                 new_plan.append(Free(sorted(set(frees[i]))))
         self.plan = new_plan
+
+
+def _static_layout(spec: ir.BufferSpec) -> Optional[tuple[tuple, tuple]]:
+    """(size, stride) of a buffer whose sizes and strides are numbers and which starts
+    its storage; None otherwise."""
+    facts = (*spec.size, *spec.stride, spec.offset)
+    if not all(isinstance(x, int) or getattr(x, "is_Integer", False) for x in facts) or spec.offset != 0:
+        return None
+    return tuple(int(x) for x in spec.size), tuple(int(x) for x in spec.stride)
 
 
 def _contiguous_strides(size: tuple) -> tuple:

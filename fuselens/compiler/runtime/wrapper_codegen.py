@@ -75,6 +75,7 @@ class _Printer:
         self.nbytes: dict[str, tuple] = {}  # local -> (dtype, nbytes) of what it was allocated as
         self.kernel_reads = {b for st in runner.plan if isinstance(st, KernelCall) for b in st.buffers}
         self.takes: dict[str, str] = {}  # GPU, static shapes: allocation -> the dead buffer it takes over
+        self.taken: set[str] = set()  # the dead buffers in `takes`
         self.held: dict[str, str] = {}  # dead buffers kept for the allocation taking them -> their local
         self.layouts: dict[str, tuple] = {}  # buffer -> (size, stride) it was allocated with
 
@@ -222,6 +223,7 @@ class _Printer:
         # interpreter on the CPU (where the tests run it); C++ graphs by the host pool below
         if self.static is not None and r.storage is not None and (on_cuda or launches):
             self.takes = reuse_map(r.plan, r.storage)
+            self.taken = set(self.takes.values())
         self.host_pool = not on_cuda and not launches
         if self.host_pool and self.static is None:
             from fuselens.compiler.runtime.interpreter import _alloc
@@ -242,12 +244,11 @@ class _Printer:
     def free(self, step: Free) -> None:
         """Buffers dead after this point: deleted, or kept for a later allocation of their size."""
         dead = []
-        taken_later = set(self.takes.values())
         for n in step.names:
             var = self.names.pop(n, None)
             if var is None:
                 continue
-            if n in taken_later:
+            if n in self.taken:
                 self.held[n] = var  # alive in its local until the allocation taking it
                 continue
             if self.host_pool and n in self.r.reusable:
