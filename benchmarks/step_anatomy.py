@@ -10,6 +10,7 @@ Backends are `benchmarks.models`' labels (`inductor_cg` is `mode="reduce-overhea
 For each model, mode and backend (same process, same inputs, as `benchmarks.models`):
 - `enqueue_ms`: a call's host time with the GPU idle at its start (median of 30);
   `wall_ms`: the same call until the GPU is done. enqueue close to wall: host-bound.
+- `allocations`: the caching allocator's allocations in one step (each costs host time);
 - from torch.profiler over 5 steps: kernel ms and launches, GPU busy fraction (union
   of kernel intervals over the window), CUDA runtime API calls by name (a
   `cudaStreamSynchronize` or `cudaMemcpy` DtoH inside a step stalls the pipeline),
@@ -149,10 +150,14 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
             step()
         enq, wall = enqueue_and_wall(step)
         torch.cuda.reset_peak_memory_stats()
+        made = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
         step()
         peak = torch.cuda.max_memory_allocated() / 2**20
+        # every tensor a step makes goes through the caching allocator: the generated wrapper's,
+        # ATen's results and workspaces, Python's (a tensor taking over a dead one's memory does not)
+        made = torch.cuda.memory_stats().get("allocation.all.allocated", 0) - made
         rec = {"model": model, "mode": mode, "backend": backend, "enqueue_ms": enq, "wall_ms": wall,
-               "peak_mb": peak, **anatomy(step), "host_top": host_top(step)}
+               "peak_mb": peak, "allocations": made, **anatomy(step), "host_top": host_top(step)}
         print(json.dumps(rec), flush=True)
         out.append(rec)
         del compiled, step
