@@ -48,19 +48,20 @@ def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:
     peak = max([0, *curve])
     total = list(curve)  # live bytes after each step, with the holds taken so far
     dead: dict[tuple, list[tuple[str, int]]] = {}  # (dtype, bytes) -> (buffer, where it died)
+    moved = set(facts.took.values())  # their storage lives on in the output that took it
     taken: dict[str, str] = {}
     for t, step in enumerate(plan):
         if isinstance(step, Free):
             for n in step.names:
-                if n in facts.poolable and n in owner_bytes and n not in facts.took.values():
+                if n in facts.poolable and n in owner_bytes and n not in moved:
                     dead.setdefault((facts.dtype[n], owner_bytes[n]), []).append((n, t))
             continue
         for name in _allocated(step):
             if name not in facts.takers or name not in owner_bytes:
                 continue
             size = owner_bytes[name]
-            cands = dead.get((facts.dtype[name], size))
-            if not cands or size == 0:
+            cands = dead.get((facts.dtype[name], size)) if size else None
+            if not cands:
                 continue
             for k in range(len(cands) - 1, -1, -1):  # the latest death first: the shortest hold
                 buf, died = cands[k]
