@@ -26,6 +26,11 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
+try:
+    from torch._higher_order_ops.auto_functionalize import AutoFunctionalized
+except ImportError:  # pragma: no cover - a torch without it has no such nodes either
+    AutoFunctionalized = ()
+
 aten = torch.ops.aten
 
 # the names of in-place and stateful callables (pattern_matcher's `_mutation_op_re`)
@@ -36,7 +41,7 @@ def _mutates(node: torch.fx.Node) -> bool:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.is_mutable
-    if isinstance(target, torch._higher_order_ops.auto_functionalize.AutoFunctionalized):
+    if isinstance(target, AutoFunctionalized):
         return False
     if node.op == "call_function" and _MUTATING_NAME.search(getattr(target, "__name__", "")):
         return True
