@@ -86,6 +86,7 @@ def test_the_wrapper_gives_a_matmul_a_dead_buffer_as_out_and_computes_the_same()
     ]
     runner = GraphRunner(plan, ["x", "w", "b"], {}, lambda env: [[16], [1]], [("buf", "fin")], set())
     runner.storage = _facts({"t": 64, "u": 64, "mm": 64, "out": 64, "fin": 64}, {"t", "u", "mm", "out"})
+    runner.storage.layout = {n: ((16,), (1,)) for n in ("t", "u", "out", "fin")} | {"mm": ((4, 4), (4, 1))}
     x, w, b = torch.randn(4, 3), torch.randn(3, 4), torch.randn(16)
     wrapped = wrap(runner, fast=False)
     assert wrapped is not None

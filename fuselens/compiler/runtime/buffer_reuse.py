@@ -36,6 +36,7 @@ class StorageFacts:
     poolable: set[str]  # owners whose storage may be handed on once they die
     takers: set[str]  # allocations that may take a dead buffer's storage
     took: dict[str, str] = field(default_factory=dict)  # output -> the dying input whose storage it took
+    layout: dict[str, tuple] = field(default_factory=dict)  # buffer -> (size, stride), those in nbytes
 
 
 def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:

@@ -181,19 +181,19 @@ class Planner:
         matmul's result, neither an output nor written in place, dead with all its views
         (a Free drops a buffer's aliases together). `kept`: buffers whose storage outlives
         them (taken over in place, graph outputs, mutated inputs)."""
-        nbytes, dtypes = {}, {}
+        nbytes, dtypes, layouts = {}, {}, {}
         for name, spec in self.g.buffers.items():
             layout = _static_layout(spec)
             if self._root(name) == name and layout is not None:
                 nbytes[name] = alloc_nbytes(*layout, spec.dtype)
-                dtypes[name] = spec.dtype
+                dtypes[name], layouts[name] = spec.dtype, layout
         keep = {self._root(b) for b in self._output_bufs} | kept
         matmuls = {st.outputs for st in self.plan if isinstance(st, ExternCall) and st.out_layout is not None}
         owned = (self.kernel_allocated | matmuls) - keep
         took = {out: src for st in self.plan if isinstance(st, KernelCall) for out, src in st.reuse.items()}
         took.update(self._extern_took)
         return StorageFacts(nbytes, dtypes, {n for n in owned if n in nbytes},
-                            {n for n in self.kernel_allocated | matmuls if n in nbytes}, took)
+                            {n for n in self.kernel_allocated | matmuls if n in nbytes}, took, layouts)
 
     def _extern(self, e: ExternNode) -> None:
         node = e.fx_node

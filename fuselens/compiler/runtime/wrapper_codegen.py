@@ -77,7 +77,6 @@ class _Printer:
         self.takes: dict[str, str] = {}  # GPU, static shapes: allocation -> the dead buffer it takes over
         self.taken: set[str] = set()  # the dead buffers in `takes`
         self.held: dict[str, str] = {}  # dead buffers kept for the allocation taking them -> their local
-        self.layouts: dict[str, tuple] = {}  # buffer -> (size, stride) it was allocated with
 
     # -- names
     def local(self, buf: str) -> str:
@@ -278,15 +277,13 @@ class _Printer:
             elif self.host_pool and self._take_pooled(var, sz, st, dtype):
                 pass
             elif self.takes.get(name) in self.held:
-                self.emit(f"{var} = {self._take_held(name, tuple(self.static[sz]), tuple(self.static[st]))}")
+                self.emit(f"{var} = {self._take_held(name)}")
                 self.emit(f"del {self.held.pop(self.takes[name])}")
             elif self.empty_fast:
                 self.emit(f"{var} = _empty_fast({self.tuple_slot(sz)}, {self.tuple_slot(st)}, {self.glob(dtype, 'dt')})")
             else:
                 self.emit(f"{var} = _empty({self.slot(sz)}, {self.slot(st)}, dtype={self.glob(dtype, 'dt')}, "
                           "device=_dev)")
-            if self.static is not None:
-                self.layouts[name] = (tuple(self.static[sz]), tuple(self.static[st]))
         if not tensors:  # a ctypes function of the C++ library
             call_args = [f"{self.names[b]}.data_ptr()" for b in step.buffers] + [syms[s] for s in step.symbols]
             call = f"{self.glob(la, 'k')}({', '.join(call_args)})"
@@ -319,12 +316,13 @@ class _Printer:
         self.emit(f"del {old}")
         return True
 
-    def _take_held(self, name: str, size: tuple, stride: tuple) -> str:
+    def _take_held(self, name: str) -> str:
         """The expression giving allocation `name` the storage of the dead buffer it takes."""
         old = self.takes[name]
         var = self.held[old]
-        self.layouts[name] = (size, stride)
-        if self.layouts.get(old) == (size, stride):
+        layout = self.r.storage.layout
+        size, stride = layout[name]
+        if layout.get(old) == (size, stride):
             return var
         if "_reinterpret" in self.ns:
             return f"_reinterpret({var}, {self.lit(size)}, {self.lit(stride)}, 0)"
@@ -335,10 +333,8 @@ class _Printer:
         k = ", ".join(f"{key}={self.arg(v)}" for key, v in step.kwargs.items())
         into = None
         if step.out_layout is not None and self.takes.get(step.outputs) in self.held:
-            into = self._take_held(step.outputs, *step.out_layout)
+            into = self._take_held(step.outputs)
             k = ", ".join(p for p in (k, f"out={into}") if p)
-        elif step.out_layout is not None:
-            self.layouts[step.outputs] = step.out_layout
         call = f"{self.glob(_direct(step.target), 'e')}({', '.join(p for p in (a, k) if p)})"
         method = _VIEW_METHODS.get(step.target)
         if step.reinterpret is not None and "_reinterpret" in self.ns:
@@ -448,3 +444,4 @@ def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
     exec(compile(src, filename, "exec"), ns)  # noqa: S102 - our own printed plan
     return GeneratedWrapper(ns["call"], src, runner)
+
