@@ -29,22 +29,12 @@ from benchmarks.real_models import build  # noqa: E402
 def profile(model: str, backend: str, calls: int, top: int, out: Path | None) -> None:
     from fuselens.compiler.runtime import wrapper_codegen
 
-    sources: list[str] = []
-    real_wrap = wrapper_codegen.wrap
-
-    def recording_wrap(runner: Any, fast: bool = True) -> Any:
-        w = real_wrap(runner, fast)
-        if w is not None:
-            sources.append(w.source)
-        return w
-
-    wrapper_codegen.wrap = recording_wrap
     torch._dynamo.reset()
     case = build(model, "gpu")
     module = case.module.to("cuda").bfloat16().eval()
     inputs = case.make_inputs("cuda")
     compiled = torch.compile(module, backend=backend)
-    try:
+    with wrapper_codegen.recorded_sources() as sources:
         with torch.no_grad():
             for _ in range(5):
                 compiled(**inputs)
@@ -55,8 +45,6 @@ def profile(model: str, backend: str, calls: int, top: int, out: Path | None) ->
                 compiled(**inputs)
             prof.disable()
             torch.cuda.synchronize()
-    finally:
-        wrapper_codegen.wrap = real_wrap
     stream = io.StringIO()
     stats = pstats.Stats(prof, stream=stream)
     stats.sort_stats("tottime")

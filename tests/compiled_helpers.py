@@ -1,5 +1,6 @@
 """What the compiler tests share: a fresh Dynamo around each test, a compile checked
-against eager, and the C++ kernels among a compile's events."""
+against eager, the C++ kernels among a compile's events, and a stand-in launcher for
+hand-built plans."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def run(fn, *args, **compile_kw):
 
 def cpp_kernels(events):
     return [e for e in events if isinstance(e, Kernel) and e.kind == "cpp"]
+
+
+class AddLauncher:
+    """Stands in for a Triton launcher in hand-built plans: out = a + b (takes tensors,
+    like the real one; no direct launch path, as in Triton's interpreter)."""
+
+    takes_tensors = True
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        torch.add(a, b, out=out)
+
+    def fast_launcher(self) -> None:
+        return None

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
+from compiled_helpers import AddLauncher
 from triton_worker import interpreted_worker_records, worker_main
 
 from fuselens.compiler.runtime.buffer_reuse import StorageFacts, reuse_map
@@ -57,22 +57,10 @@ def test_a_storage_taken_over_in_place_is_handed_on_by_the_buffer_that_took_it()
     assert reuse_map(plan, facts) == {"z": "y"}
 
 
-class _AddLauncher:
-    """Stands in for a Triton launcher: out = a + b (takes tensors, like the real one)."""
-
-    takes_tensors = True
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-        torch.add(a, b, out=out)
-
-    def fast_launcher(self) -> None:
-        return None
-
-
 def test_the_wrapper_gives_a_matmul_a_dead_buffer_as_out_and_computes_the_same() -> None:
     from fuselens.compiler.runtime.wrapper_codegen import wrap
 
-    k = _AddLauncher()
+    k = AddLauncher()
     plan = [
         KernelCall("k0", k, ["b", "b", "t"], ["t"], [("t", 0, 1, F32)], [], takes_tensors=True),
         KernelCall("k1", k, ["t", "b", "u"], ["u"], [("u", 0, 1, F32)], [], takes_tensors=True),
@@ -107,22 +95,13 @@ def _gpt2_block_training(opts: dict) -> dict:  # pragma: no cover - runs in the 
     sys.path.insert(0, str(Path(__file__).parent))
     from models import GPT2Block, seeded
 
-    from fuselens.compiler.runtime import triton_module, wrapper_codegen
+    from fuselens.compiler.runtime.wrapper_codegen import recorded_sources
 
-    sources: list[str] = []
-    wrap = wrapper_codegen.wrap
-
-    def recording(runner: Any, fast: bool = True) -> Any:
-        w = wrap(runner, fast)
-        if w is not None:
-            sources.append(w.source)
-        return w
-
-    triton_module.wrapper_codegen.wrap = recording
     model = seeded(GPT2Block)
     ref = copy.deepcopy(model)
     x = torch.randn(2, 16, model.ln_1.normalized_shape[0])
-    torch.compile(model, backend="fuselens", options=opts)(x).square().mean().backward()
+    with recorded_sources() as sources:
+        torch.compile(model, backend="fuselens", options=opts)(x).square().mean().backward()
     ref(x).square().mean().backward()
     err = max(((a.grad - b.grad).abs().max() / b.grad.abs().max()).item()
               for a, b in zip(model.parameters(), ref.parameters()))

@@ -18,29 +18,15 @@ import pytest
 import sympy
 import torch
 
+from compiled_helpers import AddLauncher
+
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall
 
 aten = torch.ops.aten
 
 
-class _AddLauncher:
-    """Stands in for a Triton Launcher: out = a + b (takes tensors, like the real one)."""
-
-    takes_tensors = True
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-        self.calls += 1
-        torch.add(a, b, out=out)
-
-    def fast_launcher(self) -> None:
-        return None
-
-
 def _runner() -> GraphRunner:
-    k = _AddLauncher()
+    k = AddLauncher()
     plan = [
         ExternCall("mm", aten.mm.default, (("buf", "x"), ("buf", "w")), {}, "mm"),
         ExternCall("view", aten.view.default, (("buf", "mm"), [16]), {}, "view"),

@@ -37,10 +37,11 @@ something the printer does not know (then the GraphRunner stays).
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import math
 import re
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -443,5 +444,21 @@ def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
     filename = f"<fuselens-wrapper-{next(_ids)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
     exec(compile(src, filename, "exec"), ns)  # noqa: S102 - our own printed plan
+    for sources in _recording:
+        sources.append(src)
     return GeneratedWrapper(ns["call"], src, runner)
 
+
+_recording: list[list[str]] = []
+
+
+@contextlib.contextmanager
+def recorded_sources() -> Iterator[list[str]]:
+    """The source of every wrapper generated inside the block, in order (a benchmark
+    keeps them; tests read them)."""
+    sources: list[str] = []
+    _recording.append(sources)
+    try:
+        yield sources
+    finally:
+        _recording.remove(sources)
