@@ -45,11 +45,11 @@ def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:
     for out, src in facts.took.items():  # an output written over a dying input lives in its storage
         if src in owner_bytes:
             owner_bytes[out] = owner_bytes[src]
-    curve = _live_curve(plan, owner_bytes, facts)
+    moved = set(facts.took.values())  # their storage lives on in the output that took it
+    curve = _live_curve(plan, owner_bytes, facts.took, moved)
     peak = max([0, *curve])
     total = list(curve)  # live bytes after each step, with the holds taken so far
     dead: dict[tuple, list[tuple[str, int]]] = {}  # (dtype, bytes) -> (buffer, where it died)
-    moved = set(facts.took.values())  # their storage lives on in the output that took it
     taken: dict[str, str] = {}
     for t, step in enumerate(plan):
         if isinstance(step, Free):
@@ -85,18 +85,18 @@ def _allocated(step: Any) -> list[str]:
     return []
 
 
-def _live_curve(plan: list[Any], owner_bytes: dict[str, int], facts: StorageFacts) -> list[int]:
+def _live_curve(plan: list[Any], owner_bytes: dict[str, int], took: dict[str, str], moved: set[str]) -> list[int]:
     """Bytes allocated by the graph and alive after each step, relative to its start
-    (inputs it releases count down when they die)."""
+    (inputs it releases count down when they die). A buffer in `took` makes no bytes of
+    its own; one in `moved` frees none."""
     live = 0
     curve: list[int] = []
-    moved = set(facts.took.values())  # their storage lives on in the output that took it
     for step in plan:
         if isinstance(step, KernelCall):
             live += sum(owner_bytes.get(name, 0) for name, *_ in step.alloc if name not in step.reuse)
         elif isinstance(step, ExternCall):
             outs = step.outputs if isinstance(step.outputs, list) else [step.outputs]
-            live += sum(owner_bytes.get(o, 0) for o in outs if o is not None and o not in facts.took)
+            live += sum(owner_bytes.get(o, 0) for o in outs if o is not None and o not in took)
         elif isinstance(step, Free):
             live -= sum(owner_bytes.get(n, 0) for n in step.names if n not in moved)
         curve.append(live)
