@@ -1,0 +1,202 @@
+"""A CUDA-graph pool's allocations, recorded on the GPU and replayed through a model of the
+caching allocator, to see what a change to the allocation pattern does to the pool's
+reservation before spending device time on it.
+
+    python -m benchmarks.cuda_graph_pool_model record --models resnet50 --out DIR   # GPU
+    python -m benchmarks.cuda_graph_pool_model replay DIR/pool_resnet50_fuselens_cg.json.gz \
+        --reserve-mb 0,1200,1324                                                       # anywhere
+
+`record` runs four training steps of a suite model under a CUDA-graph backend with the
+allocator's history on (a process per model), and keeps the graphs' private pools: their segments and every
+allocation and free in them. `replay` feeds those allocations, in order, to the model below
+and prints its segments and reserved MB, without and with one segment of each
+`--reserve-mb` reserved before the first allocation. A trace that begins with such a
+reservation (an allocation freed before anything else) replays without it.
+
+The model is the caching allocator's rules for one pool on one stream (c10's
+CUDACachingAllocator, torch 2.11-2.13, no `max_split_size`, no expandable segments):
+requests up to 1 MiB take 2 MiB segments of a small pool of their own; a larger request
+takes the smallest free block that fits, split when more than 1 MiB is left, else a new
+segment of its size (20 MiB under 10 MiB, else rounded up to 2 MiB); a freed block merges
+with free neighbours of its segment. On ResNet-50's recorded steps it gives the recorded
+76 segments and 1574 MB exactly; BERT's and GPT-2's within 1% of theirs.
+
+What it showed (thirty-first session, benchmarks/RESULTS.md): one segment of the forward's
+planned peak, reserved before its warm-up, takes ResNet-50's pool from 1574 to 1346-1366 MB
+and GPT-2's from 2632 to 2256, but BERT's from 2188 to 2440, and small changes to the
+reservation move each by 10-20%: a reservation is not a general fix, and none was kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+MB = 1 << 20
+SMALL = 1 << 20  # requests up to this size: the small pool
+SMALL_SEGMENT = 2 * MB
+LARGE_SEGMENT = 20 * MB  # the segment of a request under MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MB
+ROUND_LARGE = 2 * MB
+
+
+@dataclass(eq=False)
+class Block:
+    segment: int
+    size: int
+    small: bool
+    free: bool = True
+    prev: Optional["Block"] = None
+    next: Optional["Block"] = None
+
+
+@dataclass
+class PoolModel:
+    """One private pool of the caching allocator, on one stream."""
+
+    segments: list[int] = field(default_factory=list)
+    _free: dict[bool, list] = field(default_factory=lambda: {True: [], False: []})  # (size, seq, block)
+    _seq: int = 0
+
+    def _put(self, b: Block) -> None:
+        self._seq += 1
+        bisect.insort(self._free[b.small], (b.size, self._seq, b))
+
+    def _take(self, b: Block) -> None:
+        lst = self._free[b.small]
+        lst.pop(next(i for i, e in enumerate(lst) if e[2] is b))
+
+    def alloc(self, size: int) -> Block:
+        small = size <= SMALL
+        lst = self._free[small]
+        i = bisect.bisect_left(lst, (size,))
+        if i < len(lst):
+            b = lst.pop(i)[2]
+        else:
+            seg = SMALL_SEGMENT if small else LARGE_SEGMENT if size < MIN_LARGE_ALLOC else -(-size // ROUND_LARGE) * ROUND_LARGE
+            b = Block(len(self.segments), seg, small)
+            self.segments.append(seg)
+        rest = b.size - size
+        if (small and rest >= 512) or (not small and rest > SMALL):
+            r = Block(b.segment, rest, small, prev=b, next=b.next)
+            if b.next is not None:
+                b.next.prev = r
+            b.next, b.size = r, size
+            self._put(r)
+        b.free = False
+        return b
+
+    def free(self, b: Block) -> None:
+        b.free = True
+        for n in (b.prev, b.next):
+            if n is None or not n.free:
+                continue
+            self._take(n)
+            first, second = (n, b) if n is b.prev else (b, n)
+            first.size += second.size
+            first.next = second.next
+            if second.next is not None:
+                second.next.prev = first
+            b = first
+        self._put(b)
+
+    def reserved_mb(self) -> float:
+        return sum(self.segments) / MB
+
+
+def replay(events: list[tuple[str, int, int]], reserve: int = 0) -> PoolModel:
+    """The pool after `events` ((action, address, bytes), the recorded order), with one
+    segment of `reserve` bytes reserved and freed first."""
+    pool = PoolModel()
+    if reserve:
+        pool.free(pool.alloc(reserve))
+    live: dict[int, Block] = {}
+    for action, addr, size in events:
+        if action == "alloc":
+            live[addr] = pool.alloc(size)
+        elif addr in live:
+            pool.free(live.pop(addr))
+    return pool
+
+
+def load(path: Path) -> tuple[list[tuple[str, int, int]], dict]:
+    """The private pool's allocations and frees of a recorded trace, without a reservation
+    made first (an allocation freed before anything else was allocated); and its summary."""
+    d = json.load(gzip.open(path, "rt"))
+    spans = [(s["addr"], s["addr"] + s["size"]) for s in d["segments"] if tuple(s["pool"]) != (0, 0)]
+    events = [(a, addr, size) for a, addr, size, *_ in d["trace"]
+              if a in ("alloc", "free_requested") and any(lo <= addr < hi for lo, hi in spans)]
+    if len(events) >= 2 and events[0][0] == "alloc" and events[1] == ("free_requested", events[0][1], events[0][2]):
+        events = events[2:]
+    summary = {"segments": len(spans), "reserved_mb": sum(hi - lo for lo, hi in spans) / MB}
+    return events, summary
+
+
+def record(model: str, backend: str, out: Path) -> Path:
+    import torch
+
+    import fuselens.compiler
+    from benchmarks.models import backends_for, make_step
+    from benchmarks.real_models import build
+
+    fuselens.compiler.register()
+    case = build(model, "gpu")
+    module = case.module.to("cuda").train(True)
+    inputs = case.make_inputs("cuda")
+    kw = dict(backends_for("cuda", True, [backend]))[backend]
+    step = make_step(case, torch.compile(module, **kw), inputs, True, "cuda")
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+    for _ in range(4):
+        step()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    segs = [{"pool": list(s.get("segment_pool_id", (0, 0))), "addr": s["address"], "size": s["total_size"]}
+            for s in snap["segments"]]
+    trace = [[e["action"], e["addr"], e["size"]] for dev in snap["device_traces"] for e in dev]
+    path = out / f"pool_{model}_{backend}.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"segments": segs, "trace": trace}, f)
+    return path
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record", help="GPU: record suite models' CUDA-graph pools")
+    rec.add_argument("--models", default="resnet50")
+    rec.add_argument("--backend", default="fuselens_cg")
+    rec.add_argument("--out", type=Path, default=Path("."))
+    rep = sub.add_parser("replay", help="replay recorded pools through the allocator's model")
+    rep.add_argument("traces", nargs="+", type=Path)
+    rep.add_argument("--reserve-mb", default="0", help="comma-separated reservations to try (0: none)")
+    args = ap.parse_args(argv)
+    if args.cmd == "record":
+        args.out.mkdir(parents=True, exist_ok=True)
+        models = args.models.split(",")
+        if len(models) == 1:
+            print(record(models[0], args.backend, args.out), flush=True)
+            return 0
+        for m in models:  # a process each: a snapshot holds every pool of its process
+            subprocess.run([sys.executable, "-m", "benchmarks.cuda_graph_pool_model", "record", "--models", m,
+                            "--backend", args.backend, "--out", str(args.out)], check=True)
+        return 0
+    for path in args.traces:
+        events, summary = load(path)
+        print(f"{path.name}: the run's private pools held {summary['segments']} segments, "
+              f"{summary['reserved_mb']:.0f} MB")
+        for r in (int(x) for x in args.reserve_mb.split(",")):
+            pool = replay(events, r * MB)
+            print(f"  reserve {r:>5} MB: model {len(pool.segments):>3} segments, {pool.reserved_mb():.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
