@@ -22,108 +22,23 @@ with free neighbours of its segment. On ResNet-50's recorded steps it gives the 
 76 segments and 1574 MB exactly; BERT's and GPT-2's within 1% of theirs.
 
 What it showed (thirty-first session, benchmarks/RESULTS.md): one segment of the forward's
-planned peak, reserved before its warm-up, takes ResNet-50's pool from 1574 to 1346-1366 MB
-and GPT-2's from 2632 to 2256, but BERT's from 2188 to 2440, and small changes to the
-reservation move each by 10-20%: a reservation is not a general fix, and none was kept.
+planned peak, reserved before its warm-up, takes ResNet-50's pool from 1574 to 1366 MB and
+GPT-2's from 2632 to 2256, but BERT's from 2188 to 2440, and small changes to the
+reservation move each by 10-20% either way. So the runtime reserves only where this model,
+run on the graph's own plan, predicts a gain (compiler/runtime/pool_reserve.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import gzip
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-MB = 1 << 20
-SMALL = 1 << 20  # requests up to this size: the small pool
-SMALL_SEGMENT = 2 * MB
-LARGE_SEGMENT = 20 * MB  # the segment of a request under MIN_LARGE_ALLOC
-MIN_LARGE_ALLOC = 10 * MB
-ROUND_LARGE = 2 * MB
-
-
-@dataclass(eq=False)
-class Block:
-    segment: int
-    size: int
-    small: bool
-    free: bool = True
-    prev: Optional["Block"] = None
-    next: Optional["Block"] = None
-
-
-@dataclass
-class PoolModel:
-    """One private pool of the caching allocator, on one stream."""
-
-    segments: list[int] = field(default_factory=list)
-    _free: dict[bool, list] = field(default_factory=lambda: {True: [], False: []})  # (size, seq, block)
-    _seq: int = 0
-
-    def _put(self, b: Block) -> None:
-        self._seq += 1
-        bisect.insort(self._free[b.small], (b.size, self._seq, b))
-
-    def _take(self, b: Block) -> None:
-        lst = self._free[b.small]
-        lst.pop(next(i for i, e in enumerate(lst) if e[2] is b))
-
-    def alloc(self, size: int) -> Block:
-        small = size <= SMALL
-        lst = self._free[small]
-        i = bisect.bisect_left(lst, (size,))
-        if i < len(lst):
-            b = lst.pop(i)[2]
-        else:
-            seg = SMALL_SEGMENT if small else LARGE_SEGMENT if size < MIN_LARGE_ALLOC else -(-size // ROUND_LARGE) * ROUND_LARGE
-            b = Block(len(self.segments), seg, small)
-            self.segments.append(seg)
-        rest = b.size - size
-        if (small and rest >= 512) or (not small and rest > SMALL):
-            r = Block(b.segment, rest, small, prev=b, next=b.next)
-            if b.next is not None:
-                b.next.prev = r
-            b.next, b.size = r, size
-            self._put(r)
-        b.free = False
-        return b
-
-    def free(self, b: Block) -> None:
-        b.free = True
-        for n in (b.prev, b.next):
-            if n is None or not n.free:
-                continue
-            self._take(n)
-            first, second = (n, b) if n is b.prev else (b, n)
-            first.size += second.size
-            first.next = second.next
-            if second.next is not None:
-                second.next.prev = first
-            b = first
-        self._put(b)
-
-    def reserved_mb(self) -> float:
-        return sum(self.segments) / MB
-
-
-def replay(events: list[tuple[str, int, int]], reserve: int = 0) -> PoolModel:
-    """The pool after `events` ((action, address, bytes), the recorded order), with one
-    segment of `reserve` bytes reserved and freed first."""
-    pool = PoolModel()
-    if reserve:
-        pool.free(pool.alloc(reserve))
-    live: dict[int, Block] = {}
-    for action, addr, size in events:
-        if action == "alloc":
-            live[addr] = pool.alloc(size)
-        elif addr in live:
-            pool.free(live.pop(addr))
-    return pool
+from fuselens.compiler.runtime.allocator_model import MB, replay
 
 
 def load(path: Path) -> tuple[list[tuple[str, int, int]], dict]:

@@ -523,3 +523,48 @@ def test_argmax_and_max_with_indices_on_cuda_are_generated_with_eagers_indices()
     assert not [e.message for e in events if isinstance(e, ErrorEntry)]
     assert torch.equal(got[0], ref[0]) and torch.equal(got[2], ref[2])
     assert torch.equal(got[1].values, ref[1].values) and torch.equal(got[1].indices, ref[1].indices)
+
+
+def test_a_cuda_graph_pools_reservation_is_one_segment_the_warm_up_allocates_in_and_trains_right(monkeypatch):
+    """pool_reserve.py's reservation, forced to the forward's planned peak: made inside the
+    graphs' pool on the warm-up's stream, so the forward's buffers are carved from it (one
+    segment holds them, not one each), and the step still trains like eager."""
+    import copy
+
+    from fuselens.compiler.runtime import cuda_graphs, pool_reserve
+    from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+
+    planned: list[int] = []
+
+    def forced(wrapper):
+        r = wrapper.runner
+        n = pool_reserve.large_peak(pool_reserve.plan_requests(r.plan, r.storage, wrapper.takes))
+        planned.append(n)
+        return n
+
+    monkeypatch.setattr(cuda_graphs, "graph_reservation", forced)
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    earlier = list(CudaGraphRunner._live)  # other tests' graphs, still alive
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 128, 3, 2, 1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(128, 10)).cuda()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="fuselens", options={"cuda_graphs": True, "fallback_on_error": False})
+    x = torch.randn(32, 3, 224, 224, device="cuda")
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        compiled(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    # all gradients as one vector: a conv's bias before a BatchNorm has a gradient of zero
+    # in exact arithmetic, rounding noise that no per-parameter ratio can judge
+    got, want = (torch.cat([p.grad.flatten() for p in m.parameters()]) for m in (model, ref))
+    assert float((got - want).norm() / want.norm()) < 1e-3
+    (fw,) = [r for r in CudaGraphRunner._live if "aot_forward" in r.graph_id and r.graphs
+             and not any(r is e for e in earlier)]
+    (cap,) = fw.graphs.values()
+    handle = tuple(cap.family.handle)
+    segs = [s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == handle]
+    assert planned and planned[0] > 100 << 20 and max(segs) >= planned[0], (planned, segs)

@@ -266,6 +266,15 @@ class GraphFamily:
             torch._C._cuda_endAllocateToPool(self.device, self.handle)
             torch._C._cuda_releasePool(self.device, self.handle)
 
+    def reserve(self, nbytes: int) -> None:
+        """Reserve `nbytes` of the pool as one free segment (pool_reserve.py says when and
+        why), on the current stream: the allocator hands a free block only to requests of
+        the stream it was freed on, and the warm-ups and captures allocate on theirs. Call
+        inside `allocating()`, before anything else allocates in the pool."""
+        if nbytes and self._holds_pool:
+            # freed at once, back to the pool: one free segment the warm-up's allocations split
+            torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", self.device))
+
     def __del__(self) -> None:
         if self._holds_pool:
             try:

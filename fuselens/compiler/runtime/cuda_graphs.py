@@ -34,6 +34,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 import torch
 
 from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily, PoolBuffer
+from fuselens.compiler.runtime.pool_reserve import graph_reservation
 from fuselens.kernel_timing import KernelTimer
 
 
@@ -210,10 +211,15 @@ class CudaGraphRunner:
         pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory)."""
         device = torch.cuda.current_device()
         ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        family = GraphFamily.of(ptrs, device, warm_up=True) or GraphFamily(device, torch.cuda.graph_pool_handle())
+        family = GraphFamily.of(ptrs, device, warm_up=True)
+        new_pool = family is None
+        if new_pool:
+            family = GraphFamily(device, torch.cuda.graph_pool_handle())
         side = _warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), family.allocating(), _library_workspaces_in_pool():
+            if new_pool:
+                family.reserve(graph_reservation(self.runner))
             outs = self.runner(args)
         torch.cuda.current_stream().wait_stream(side)
         family.out_ptrs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}

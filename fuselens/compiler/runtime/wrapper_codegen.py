@@ -414,10 +414,11 @@ class GeneratedWrapper:
 
     _boxed_call = True
 
-    def __init__(self, fn: Any, source: str, runner: Any) -> None:
+    def __init__(self, fn: Any, source: str, runner: Any, takes: Optional[dict[str, str]] = None) -> None:
         self.fn = fn
         self.source = source
-        self.runner = runner  # kept for debugging and tests (the plan it was printed from)
+        self.runner = runner  # the plan it was printed from: for debugging, tests and pool_reserve
+        self.takes = takes or {}  # allocation -> the dead buffer it took over (buffer_reuse)
         self.timer = runner.timer
         self.device = runner.device
         self.graph_id = getattr(runner, "graph_id", "")
@@ -438,15 +439,17 @@ def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
     plan has something the printer does not handle. `fast`: launch Triton
     kernels through their compiled launchers (CUDA only)."""
     try:
-        src, ns = generate_source(runner, fast)
+        p = _Printer(runner)
+        src = p.build(fast)
     except (NotImplementedError, KeyError, AttributeError):
         return None
+    ns = p.ns
     filename = f"<fuselens-wrapper-{next(_ids)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # tracebacks show the line
     exec(compile(src, filename, "exec"), ns)  # noqa: S102 - our own printed plan
     for sources in _recording:
         sources.append(src)
-    return GeneratedWrapper(ns["call"], src, runner)
+    return GeneratedWrapper(ns["call"], src, runner, p.takes)
 
 
 _recording: list[list[str]] = []

@@ -1,10 +1,10 @@
-"""benchmarks/cuda_graph_pool_model.py: the caching allocator's rules for one pool, by which
-changes to a CUDA-graph pool's allocations are judged before the GPU measures them (its
-numbers are in benchmarks/RESULTS.md)."""
+"""allocator_model.py: the caching allocator's rules for one pool, by which pool_reserve.py
+decides a CUDA-graph pool's reservation (replayed against the GPU's recorded history by
+benchmarks/cuda_graph_pool_model.py; its numbers are in benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
-from benchmarks.cuda_graph_pool_model import MB, PoolModel, replay
+from fuselens.compiler.runtime.allocator_model import MB, PoolModel, replay
 
 
 def test_a_large_request_no_freed_block_fits_makes_a_segment_of_its_own() -> None:
