@@ -427,13 +427,6 @@ class GeneratedWrapper:
         return self.fn(args)
 
 
-def generate_source(runner: Any, fast: bool = True) -> tuple[str, dict]:
-    """The wrapper's source and its globals (for tests and `wrap`)."""
-    p = _Printer(runner)
-    src = p.build(fast)
-    return src, p.ns
-
-
 def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
     """`runner` (a GraphRunner) as generated straight-line Python; None when its
     plan has something the printer does not handle. `fast`: launch Triton
