@@ -60,12 +60,8 @@ def plan_requests(plan: list[Any], facts: Any, takes: dict[str, str]) -> list[tu
 
     for step in plan:
         if isinstance(step, KernelCall):
-            for name, *_ in step.alloc:
-                if name in step.reuse:  # in place over an input of the same kernel
-                    if step.reuse[name] in storage:
-                        storage[name] = storage[step.reuse[name]]
-                else:
-                    made(name)
+            for name, *_ in step.alloc:  # one written in place over its input is in `facts.took`
+                made(name)
         elif isinstance(step, ExternCall):
             for o in step.outputs if isinstance(step.outputs, list) else [step.outputs]:
                 if isinstance(o, str):
