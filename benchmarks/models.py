@@ -25,6 +25,9 @@ The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the par
 every backend's cold compile that is not the backend's own; the JSON's `aot_eager_s`
 adds AOTAutograd's trace and partition (`backend="aot_eager"`), which Inductor and
 fuselens both run before their own work.
+`--turns N` times the compiled backends again in turns after all compiled: wall, host
+and pipelined ms a step (`interleaved_times`); pipelined is what a training loop that
+does not wait for each step sees, the figure to read on a host-bound step.
 `--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
 `cuda_graphs` option. `--dropout 0.1` trains with dropout on (Hugging Face's default;
 the error column is then empty: each backend draws its own numbers). `--profile` writes the top kernels of each backend and the Python functions its host time
@@ -289,11 +292,13 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             print(tb, flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
-    for label, (wall, host) in interleaved_times(steps, reps if device != "cuda" else turns, device).items():
+    for label, (wall, host, pipelined) in interleaved_times(steps, reps if device != "cuda" else turns,
+                                                            device).items():
         if device != "cuda":
             rec[label]["ms"] = wall
         else:
             rec[label]["turn_wall_ms"], rec[label]["turn_host_ms"] = wall, host
+            rec[label]["turn_pipelined_ms"] = pipelined
     return rec
 
 
@@ -337,13 +342,21 @@ def dynamo_tracing_s(case: ModelCase, module: torch.nn.Module, inputs: dict, tra
     return time.perf_counter() - t0
 
 
-def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, tuple[float, float]]:
-    """(wall ms, host ms) per step, medians, of each backend timed in turns. A shared
-    machine's speed drifts over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25 minutes
-    apart on the CPU; on the GPU machines eager's host time a step moved 2-4x between runs),
-    so backends timed one after the other compare different machines; in turns, each round
-    sees the same. Host ms is the time until the step returns, its kernels queued but not
-    waited for (on the CPU, the wall time); wall ms waits for them too."""
+PIPELINED_STEPS = 5
+
+
+def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, tuple[float, ...]]:
+    """(wall ms, host ms, pipelined ms) per step, medians, of each backend timed in turns. A
+    shared machine's speed drifts over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25
+    minutes apart on the CPU; on the GPU machines eager's host time a step moved 2-4x between
+    runs), so backends timed one after the other compare different machines; in turns, each
+    round sees the same. Host ms is the time until the step returns, its kernels queued but
+    not waited for (on the CPU, the wall time); wall ms waits for them too. Pipelined ms is
+    a round's PIPELINED_STEPS steps back to back, one wait at the end, per step: a training
+    loop that does not read the loss each step, where one step's host work overlaps the
+    last one's kernels. do_bench cannot stand in for it on a host-bound step: the median of
+    its per-step intervals between CUDA events read T5's Inductor step at 23.2 ms while the
+    same step ran 30.8 ms a step back to back (H200, thirty-second session)."""
     if not steps:
         return {}
     torch._dynamo.reset()  # each backend's compiled code was dropped when the next compiled: back, warm
@@ -351,16 +364,22 @@ def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: 
         for _ in range(3):  # CUDA graphs capture in the first steps
             step()
     _sync(device)
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in steps}
+    times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in steps}
     for _ in range(rounds):
         for k, step in steps.items():
             t0 = time.perf_counter()
             step()
             t1 = time.perf_counter()
             _sync(device)
-            times[k].append((time.perf_counter() - t0, t1 - t0))
-    return {k: (1e3 * statistics.median(w for w, _ in v), 1e3 * statistics.median(h for _, h in v))
-            for k, v in times.items()}
+            t2 = time.perf_counter()
+            pipelined = t2 - t0  # the CPU runs a step's kernels as it queues them: nothing to overlap
+            if device == "cuda":
+                for _ in range(PIPELINED_STEPS):
+                    step()
+                _sync(device)
+                pipelined = (time.perf_counter() - t2) / PIPELINED_STEPS
+            times[k].append((t2 - t0, t1 - t0, pipelined))
+    return {k: tuple(1e3 * statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}
 
 
 def _annotate_top(r: dict, events: list) -> None:
@@ -414,8 +433,8 @@ def table(results: list[dict], backends: list[str]) -> str:
     heads = ["wall ms", "vs Inductor", "kernel ms", "launches", "host ms", "compile s", "peak MB", "reserved MB",
              "max err"]
     if any("turn_wall_ms" in r for rec in results for r in rec.values() if isinstance(r, dict)):
-        cols += ["turn_wall_ms", "turn_host_ms"]
-        heads += ["wall ms in turns", "host ms in turns"]
+        cols += ["turn_wall_ms", "turn_host_ms", "turn_pipelined_ms"]
+        heads += ["wall ms in turns", "host ms in turns", "pipelined ms in turns"]
     rows = ["| model | mode | backend | " + " | ".join(heads) + " |", "|---" * (len(heads) + 3) + "|"]
     ratios = []
     for rec in results:

@@ -85,7 +85,7 @@ def run(model: str, opt_name: str, device: str, backends: list[str], turns: int,
             steps[label], owned[label] = step, params
         except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    for label, (wall, host) in interleaved_times(steps, turns, device).items():
+    for label, (wall, host, _) in interleaved_times(steps, turns, device).items():
         rec[label]["wall_ms"], rec[label]["host_ms"] = round(wall, 4), round(host, 4)
     for label, step in steps.items():
         if device == "cuda":

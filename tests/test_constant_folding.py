@@ -128,3 +128,23 @@ def test_a_mask_built_from_ones_becomes_one_number_its_where_reads_without_maski
     out, events = _compile(f, x)
     torch.testing.assert_close(out, f(x))
     assert [e for e in _folds(events) if "one number repeated" in e.reason]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_a_literal_assigned_into_a_slice_is_a_number_in_the_kernel_not_a_buffer_it_reads(dtype):
+    """T5's `_shift_right` (`ids[..., 0] = decoder_start_token_id`) lifts a 0-d CPU tensor
+    that a fill reads next to the graph's own values. Read as a buffer, a CUDA kernel's
+    launch copied it to the device at every call, which a CUDA-graph capture refuses."""
+    from fuselens.compiler.runtime import wrapper_codegen
+
+    def f(x):
+        y = x.clone()
+        y[..., 0] = 5
+        return y * 2
+
+    x = torch.arange(32).reshape(4, 8).to(dtype)
+    with wrapper_codegen.recorded_sources() as sources:
+        out, events = _compile(f, x)
+    torch.testing.assert_close(out, f(x))
+    launches = [ln for src in sources for ln in src.splitlines() if ".data_ptr()" in ln]
+    assert launches and not [ln for ln in launches if "_tensor_constant" in ln], sources

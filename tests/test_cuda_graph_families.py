@@ -394,3 +394,37 @@ def test_graphs_replayed_out_of_capture_order_never_overwrite_an_output_of_the_s
     after = model([torch.full((4,), 5.0), w])[0]
     assert model.conflicts == 1 and torch.equal(after, torch.full((4,), 10.0))
     assert torch.equal(fresh, torch.full((4,), 9.0))
+
+
+class _WithConstant(Fn):
+    """A compiled forward that also returns a constant it holds (Swin's folded attention
+    mask), saved for the backward: AOTAutograd returns saved tensors as outputs."""
+
+    def __init__(self, fn: Any, constant: torch.Tensor) -> None:
+        super().__init__(fn)
+        self.constants = {"_folded0": constant}
+
+    def __call__(self, args: list) -> list:
+        return [*super().__call__(args), self.constants["_folded0"]]
+
+
+def test_a_constant_the_forward_saves_for_its_backward_is_not_a_held_activation(simulated_cuda: None) -> None:
+    """A graph's constant returned as a saved activation is held by the graph for good: read
+    as pool memory it looked held at every call, so Swin's forward captured again each step,
+    then ran without CUDA graphs. It is the graph's, like a parameter, and the backward reads
+    it in place."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    mask = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    fw = CudaGraphRunner(_WithConstant(lambda x, w: x * w * mask, mask), "0/0:aot_forward", None, saved_from=1)
+    bw = CudaGraphRunner(Fn(lambda m, g: m * g), "0/0:aot_backward", None)
+    for v in (1.0, 3.0, 5.0, 7.0, 9.0):
+        out, saved = fw([torch.full((4,), v), w])
+        assert torch.equal(out, 2.0 * v * mask)
+        args = [saved, torch.full((4,), v)]
+        del saved
+        assert torch.equal(bw(args)[0], v * mask)
+        del out
+    assert fw.conflicts == bw.conflicts == 0 and not fw.failed and not bw.failed
+    assert fw.captures_made == bw.captures_made == 1
+    (b,) = bw.graphs.values()
+    assert b.in_place == {0}  # the constant, not copied into a static buffer

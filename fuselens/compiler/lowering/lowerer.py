@@ -166,6 +166,9 @@ class Lowerer:
                     # size arithmetic (operator.mul on SymInts, sym_size): a sympy expression
                     g.values[node.name] = _scalar_expr(val)
                     continue
+                if self._literal_read_as_is(node):
+                    g.values[node.name] = g.values[node.args[0].name]
+                    continue
                 if self.on_cuda and self._computes_on_cpu(node, val):
                     self._extern(node, "extern", "computes on the CPU, in a graph on CUDA")
                     continue
@@ -202,6 +205,8 @@ class Lowerer:
                 if isinstance(val, torch.Tensor):
                     g.constants[node.name] = val
                     g.values[node.name] = self._buffer_value(node.name, val)
+                    if val.dim() == 0 and val.dtype in LOWERED_DTYPES | {torch.bfloat16, torch.float16}:
+                        g.values[node.name] = _inline_literal(g.values[node.name], val)
                 else:
                     g.values[node.name] = val
         return g
@@ -241,6 +246,19 @@ class Lowerer:
         or option target="triton", which the interpreter tests use on CPU tensors)."""
         on_cuda = getattr(v, "device", torch.device("cpu")).type == "cuda"
         return on_cuda or getattr(self.options, "target", "cpp") == "triton"
+
+    def _literal_read_as_is(self, node: torch.fx.Node) -> bool:
+        """Whether `node` is the copy a literal (`torch.tensor(0)`) gets in the graph, only read:
+        the literal itself serves. A functional graph never writes over it. As a copy on the
+        CPU made by ATen (in a graph on CUDA), T5's `ids[..., 0] = start_id` had the CUDA
+        kernels beside it read that copy, copied to the device at every launch (which a
+        CUDA-graph capture refuses) instead of the literal's number. A graph output is a
+        fresh tensor: its caller may write to it."""
+        if node.target is not torch.ops.aten.lift_fresh_copy.default:
+            return False
+        src = node.args[0]
+        return (isinstance(src, torch.fx.Node) and src.name in self.graph.constants
+                and all(u.op != "output" for u in node.users))
 
     @staticmethod
     def _computes_on_cpu(node: torch.fx.Node, val: Any) -> bool:
@@ -332,6 +350,20 @@ class Lowerer:
         """Used by the op tables for library calls (mm, conv, sdpa)."""
         self._extern(self.current, "extern", reason)
         return self.graph.values[self.current.name]
+
+
+def _inline_literal(buffer: TensorValue, val: torch.Tensor) -> TensorValue:
+    """A 0-d constant of the graph (a literal: `x[..., 0] = 5` lifts `torch.tensor(5)`,
+    kept on the CPU) as its number in every kernel that reads it. As a buffer, a CUDA
+    kernel's launch copied it to the device at every call, which a CUDA-graph capture
+    refuses (T5's `_shift_right`: its graph ran without CUDA graphs). Library calls still
+    get the tensor: the value keeps the buffer as its source."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # AOTAutograd calls the backend under its fake mode; a literal is real
+        number = val.item()
+    dtype = val.dtype
+    return TensorValue([], dtype, lambda ops, idx: ops.constant(number, dtype), buffer.source, True, [])
 
 
 def sources_of(tv: TensorValue) -> set[str]:

@@ -162,6 +162,7 @@ class CudaGraphRunner:
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
         self.conflicts = 0  # captures again because a tensor it would write over was still held
         self.last_conflict = ""
+        self.constant_ptrs = _constant_ptrs(runner)
         CudaGraphRunner._live.add(self)
 
     @staticmethod
@@ -473,7 +474,7 @@ class CudaGraphRunner:
         del run_args
         lent = set(borrowed)
         fixed = {a.untyped_storage().data_ptr() for i, a in enumerate(static)
-                 if isinstance(a, torch.Tensor) and i in params and i not in lent}
+                 if isinstance(a, torch.Tensor) and i in params and i not in lent} | self.constant_ptrs
         own = frozenset(a.untyped_storage().data_ptr() for i, a in enumerate(static)
                         if isinstance(a, torch.Tensor) and i not in params and i not in pooled)
         gradients = set(self.gradient_outputs) if self.hand_out else set()
@@ -495,14 +496,18 @@ class CudaGraphRunner:
         graphs' outputs), and those of them that are other graphs' outputs."""
         params, borrowed = set(), []
         replayed = self._replayed()
+        # a graph's constants (a folded mask a forward saves for its backward) stay where they
+        # are as long as their graph lives: read in place like parameters
+        constants = {p for r in CudaGraphRunner._live for p in r.constant_ptrs}
         for i, a in enumerate(inputs):
             if not isinstance(a, torch.Tensor):
                 continue
-            lent = a.untyped_storage().data_ptr() in replayed
+            ptr = a.untyped_storage().data_ptr()
+            lent = ptr in replayed
             if lent:
                 self.borrowed.add(key)
                 borrowed.append(i)
-            if lent or isinstance(a, torch.nn.Parameter) or i in self.static_inputs:
+            if lent or isinstance(a, torch.nn.Parameter) or i in self.static_inputs or ptr in constants:
                 params.add(i)
         return params, borrowed
 
@@ -608,6 +613,16 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     st = t.untyped_storage()
     mem = torch._C._construct_storage_from_data_pointer(st.data_ptr(), t.device, st.nbytes())
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(mem, t.storage_offset(), t.shape, t.stride())
+
+
+def _constant_ptrs(runner: Any) -> set[int]:
+    """Addresses of the tensors a compiled graph holds as constants (folded masks, literals).
+    An output that is one (a forward saving Swin's folded attention mask for its backward)
+    is not pool memory: the graph holds it for good, so as a saved activation it read as
+    held at every call, which captured the forward again, then ran it without CUDA graphs."""
+    plan = getattr(runner, "runner", runner)  # a generated wrapper keeps the plan it was printed from
+    return {t.untyped_storage().data_ptr() for t in (getattr(plan, "constants", None) or {}).values()
+            if isinstance(t, torch.Tensor)}
 
 
 def _report_failed_capture(graph_id: str, error: str) -> None:
