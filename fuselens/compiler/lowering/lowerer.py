@@ -200,16 +200,20 @@ class Lowerer:
             elif node.op == "output":
                 self.outputs = node.args[0]
             elif node.op == "get_attr":
-                # a constant tensor of the graph module (AOT lifts few): a buffer the runtime holds
-                val = getattr(self.gm, node.target)
-                if isinstance(val, torch.Tensor):
-                    g.constants[node.name] = val
-                    g.values[node.name] = self._buffer_value(node.name, val)
-                    if val.dim() == 0 and val.dtype in LOWERED_DTYPES | {torch.bfloat16, torch.float16}:
-                        g.values[node.name] = _inline_literal(g.values[node.name], val)
-                else:
-                    g.values[node.name] = val
+                self._get_attr(node)
         return g
+
+    def _get_attr(self, node: torch.fx.Node) -> None:
+        """A constant tensor of the graph module (AOT lifts few): a buffer the runtime holds."""
+        g = self.graph
+        val = getattr(self.gm, node.target)
+        if not isinstance(val, torch.Tensor):
+            g.values[node.name] = val
+            return
+        g.constants[node.name] = val
+        g.values[node.name] = self._buffer_value(node.name, val)
+        if val.dim() == 0 and val.dtype in LOWERED_DTYPES | {torch.bfloat16, torch.float16}:
+            g.values[node.name] = _inline_literal(g.values[node.name], val)
 
     def _placeholder(self, node: torch.fx.Node, i: int) -> None:
         g = self.graph
