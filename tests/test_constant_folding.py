@@ -148,3 +148,5 @@ def test_a_literal_assigned_into_a_slice_is_a_number_in_the_kernel_not_a_buffer_
     torch.testing.assert_close(out, f(x))
     launches = [ln for src in sources for ln in src.splitlines() if ".data_ptr()" in ln]
     assert launches and not [ln for ln in launches if "_tensor_constant" in ln], sources
+    # nor is it bound at each call, a store on the hot path nothing reads
+    assert not [src for src in sources if "_tensor_constant" in src], sources

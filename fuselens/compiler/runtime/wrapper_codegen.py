@@ -78,6 +78,7 @@ class _Printer:
         self.takes: dict[str, str] = {}  # GPU, static shapes: allocation -> the dead buffer it takes over
         self.taken: set[str] = set()  # the dead buffers in `takes`
         self.held: dict[str, str] = {}  # dead buffers kept for the allocation taking them -> their local
+        self.const_lines: dict[int, str] = {}  # line index -> the constant's local it binds
 
     # -- names
     def local(self, buf: str) -> str:
@@ -161,6 +162,7 @@ class _Printer:
             else:
                 raise NotImplementedError(type(step).__name__)
         self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
+        head -= self._drop_unread_constants()
         if self.device_guard:
             body = self.lines[head:]
             self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
@@ -172,7 +174,18 @@ class _Printer:
             self.emit(f"{', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
         self.emit("args.clear()")  # boxed convention: the caller's list no longer pins the inputs
         for name, value in self.r.constants.items():
+            self.const_lines[len(self.lines)] = self.local(name)
             self.emit(f"{self.local(name)} = {self.glob(value, 'k')}")
+
+    def _drop_unread_constants(self) -> int:
+        """Deletes the bindings of constants nothing in the body reads (a 0-d literal inlined into
+        every kernel that reads it, a folded constant only its shape was needed of): each is a
+        store on every call's hot path. Returns how many lines went."""
+        body = "\n".join(ln for i, ln in enumerate(self.lines) if i not in self.const_lines)
+        read = set(re.findall(r"\bb_\w+", body))
+        unread = {i for i, var in self.const_lines.items() if var not in read}
+        self.lines = [ln for i, ln in enumerate(self.lines) if i not in unread]
+        return len(unread)
 
     def _bind_symbols(self) -> dict[str, str]:
         """Size symbols read off the inputs, and the size/stride slots computed from them;
