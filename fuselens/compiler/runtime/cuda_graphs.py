@@ -239,8 +239,9 @@ class CudaGraphRunner:
             outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
             self.graphs.pop(key, None)
-            self.failed = f"{type(e).__name__}: {str(e)[:300]}"
-            _report_failed_capture(self.graph_id, self.failed)
+            site, location = _failure_site(self.runner, e)
+            self.failed = f"{site}{type(e).__name__}: {str(e)[:300]}"
+            _report_failed_capture(self.graph_id, self.failed, location)
             return self.runner(inputs)
         return self._replay(self._remember(key), inputs, first=outs)
 
@@ -625,13 +626,31 @@ def _constant_ptrs(runner: Any) -> set[int]:
             if isinstance(t, torch.Tensor)}
 
 
-def _report_failed_capture(graph_id: str, error: str) -> None:
-    """A finding for a capture CUDA refused (what runtime/capture_check.py did not foresee)."""
+def _failure_site(runner: Any, error: BaseException) -> tuple[str, Any]:
+    """Where in the graph a capture stopped: ("at <step> (<its ATen ops>): ", the user's
+    line it computes), or ("", None) when the error did not come from a step of the
+    generated wrapper (the capture's end, say)."""
+    failed_step = getattr(runner, "failed_step", None)
+    name = failed_step(error) if failed_step is not None else None
+    if name is None:
+        return "", None
+    origin = getattr(getattr(runner, "runner", None), "origins", {}).get(name)
+    if origin is None:
+        return f"at {name}: ", None
+    from fuselens.compiler.explain import location_from_stack
+
+    ops = ", ".join(dict.fromkeys(origin.ops[:6]))
+    return f"at {name} ({ops}): ", location_from_stack(origin.stack_trace)
+
+
+def _report_failed_capture(graph_id: str, error: str, location: Any = None) -> None:
+    """A finding for a capture CUDA refused (what runtime/capture_check.py did not foresee),
+    at the user's line of the step it stopped at when known."""
     from fuselens import sink
     from fuselens.events import ErrorEntry
 
     sink.emit(ErrorEntry(kind="fallback", message=f"graph {graph_id} runs without CUDA graphs: its capture failed "
-                         f"({error})"))
+                         f"({error})", location=location))
 
 
 @contextlib.contextmanager

@@ -76,6 +76,15 @@ class SymEval:
             return lambda env: [int(e.subs({s: env[s.name] for s in self.symbols})) for e in exprs]
 
 
+@dataclass(frozen=True)
+class StepOrigin:
+    """What a plan step computes, in the user's terms: its ATen ops and the stack trace
+    of the first that has one (a failure at run time names them and their line)."""
+
+    ops: tuple[str, ...]
+    stack_trace: str = ""
+
+
 @dataclass
 class KernelCall:
     name: str
@@ -129,6 +138,7 @@ class GraphRunner:
         self.timer = timer  # host-clock times of kernels and library calls (option time_kernels)
         self.device = None  # where kernel outputs are allocated; the Triton path sets cuda (triton_module.finalize)
         self.storage = None  # static graphs: buffer_reuse.StorageFacts (plan.py), for the GPU wrapper's reuse
+        self.origins: dict[str, StepOrigin] = {}  # step name -> what it computes (plan.py)
         # static shapes: the size/stride slots never change, evaluate them once
         self._static_slots: Optional[list] = None if symbol_sources else (symeval({}) if symeval else [])
 

@@ -13,7 +13,8 @@ import torch.fx
 from fuselens.compiler import ir
 from fuselens.compiler.ir import ExternNode, GraphIR, TensorValue, released_inputs
 from fuselens.compiler.runtime.buffer_reuse import StorageFacts
-from fuselens.compiler.runtime.interpreter import ExternCall, Free, GraphRunner, KernelCall, SymEval, alloc_nbytes
+from fuselens.compiler.runtime.interpreter import (ExternCall, Free, GraphRunner, KernelCall, StepOrigin, SymEval,
+                                                  alloc_nbytes)
 from fuselens.compiler.runtime.plan_order import PlanOrder, buffers_in, step_buffers
 from fuselens.compiler.kernel_group import KernelGroup
 from fuselens.compiler.scheduler import Schedule
@@ -169,11 +170,23 @@ class Planner:
         reusable = {n for n in self.kernel_allocated if self._root(n) == n and n not in viewed} - taken
         runner = GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
                              outputs, reusable - self._output_bufs - in_place, self.timer, constants=g.constants)
+        runner.origins = self._origins()
         names = [i.name for i in g.inputs]
         runner.mutated_inputs = sorted(names.index(d) for d in g.input_mutations.values())
         if runner._static_slots is not None:
             runner.storage = self._storage_facts(taken | in_place | self._output_bufs)
         return runner
+
+    def _origins(self) -> dict[str, StepOrigin]:
+        """Each kernel's and library call's ATen ops and source line, by step name."""
+        origins: dict[str, StepOrigin] = {}
+        for unit in self.sched.units:
+            if isinstance(unit, KernelGroup):
+                stack = next((n.stack_trace for n in unit.nodes if n.stack_trace), "")
+                origins[unit.name] = StepOrigin(tuple(o for n in unit.nodes for o in n.aten_ops), stack)
+            elif isinstance(unit, ExternNode):
+                origins[unit.fx_node.name] = StepOrigin((ir.op_name(unit.fx_node.target),), unit.stack_trace)
+        return origins
 
     def _storage_facts(self, kept: set[str]) -> StorageFacts:
         """The byte sizes and hand-on rules buffer_reuse.py plans a static graph's reuse by.

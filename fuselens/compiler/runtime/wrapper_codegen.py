@@ -37,11 +37,12 @@ something the printer does not know (then the GraphRunner stays).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import linecache
 import math
 import re
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -79,6 +80,7 @@ class _Printer:
         self.taken: set[str] = set()  # the dead buffers in `takes`
         self.held: dict[str, str] = {}  # dead buffers kept for the allocation taking them -> their local
         self.const_lines: dict[int, str] = {}  # line index -> the constant's local it binds
+        self.step_lines: list[tuple[int, str]] = []  # (first line, step name), in order
 
     # -- names
     def local(self, buf: str) -> str:
@@ -154,18 +156,24 @@ class _Printer:
         idx = self._runtime_helpers(fast)
         for step in r.plan:
             if isinstance(step, KernelCall):
+                self.step_lines.append((len(self.lines), step.name))
                 self.kernel(step, syms, fast)
             elif isinstance(step, ExternCall):
+                self.step_lines.append((len(self.lines), step.name))
                 self.extern(step)
             elif isinstance(step, Free):
                 self.free(step)
             else:
                 raise NotImplementedError(type(step).__name__)
         self.emit(f"return [{', '.join(self.arg(o) for o in r.outputs)}]")
-        head -= self._drop_unread_constants()
+        dropped = self._drop_unread_constants()
+        head -= dropped
         if self.device_guard:
             body = self.lines[head:]
             self.lines[head:] = [f"    with _guard({int(idx)}):"] + ["    " + ln for ln in body]
+        # each step's first line in the source (line 1 is the def; the steps come after the
+        # constants and the guard)
+        self.step_lines = [(i + 2 - dropped + int(self.device_guard), name) for i, name in self.step_lines]
         return "def call(args):\n" + "\n".join(self.lines) + "\n"
 
     def _bind_inputs(self) -> None:
@@ -427,9 +435,12 @@ class GeneratedWrapper:
 
     _boxed_call = True
 
-    def __init__(self, fn: Any, source: str, runner: Any, takes: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, fn: Any, source: str, runner: Any, takes: Optional[dict[str, str]] = None,
+                 filename: str = "", step_lines: Sequence[tuple[int, str]] = ()) -> None:
         self.fn = fn
         self.source = source
+        self.filename = filename  # what tracebacks through `fn` name its frames
+        self.step_lines = list(step_lines)  # (first source line, plan step name), in order
         self.runner = runner  # the plan it was printed from: for debugging, tests and pool_reserve
         self.takes = takes or {}  # allocation -> the dead buffer it took over (buffer_reuse)
         self.timer = runner.timer
@@ -438,6 +449,19 @@ class GeneratedWrapper:
 
     def __call__(self, args: list) -> Any:
         return self.fn(args)
+
+    def failed_step(self, error: BaseException) -> Optional[str]:
+        """The plan step `error` was raised in (its name), when it came from this wrapper."""
+        line = None
+        tb = error.__traceback__
+        while tb is not None:  # the innermost frame of ours
+            if tb.tb_frame.f_code.co_filename == self.filename:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        if line is None:
+            return None
+        at = bisect.bisect_right([ln for ln, _ in self.step_lines], line) - 1
+        return self.step_lines[at][1] if at >= 0 else None
 
 
 def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
@@ -455,7 +479,7 @@ def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
     exec(compile(src, filename, "exec"), ns)  # noqa: S102 - our own printed plan
     for sources in _recording:
         sources.append(src)
-    return GeneratedWrapper(ns["call"], src, runner, p.takes)
+    return GeneratedWrapper(ns["call"], src, runner, p.takes, filename, p.step_lines)
 
 
 _recording: list[list[str]] = []
