@@ -68,9 +68,25 @@ def test_a_refused_capture_names_the_step_its_ops_and_the_users_line(wrapper, op
     _refuse_at(w, op)
     with pytest.raises(RuntimeError) as caught:
         w(list(args))
-    site, location = cuda_graphs._failure_site(w, caught.value)
-    assert op in site, site
+    site, location, cause = cuda_graphs._failure_site(w, caught.value)
+    assert op in site and cause is caught.value, site
     assert location is not None and location.line == _line_of(text), (site, location)
+
+
+def test_the_step_is_found_under_the_error_the_captures_end_raises_over_it(wrapper):
+    """torch.cuda.graph's exit ends the capture while the step's error is in flight, and
+    CUDA refuses that too: the error that reaches the runtime is the end's."""
+    w, args = wrapper
+    _refuse_at(w, "aten.mm")
+    try:
+        try:
+            w(list(args))
+        finally:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+    except RuntimeError as e:
+        site, location, cause = cuda_graphs._failure_site(w, e)
+    assert "aten.mm" in site and str(cause) == REFUSAL, site
+    assert location.line == _line_of("y @ w")
 
 
 def test_an_error_from_outside_the_wrapper_names_no_step(wrapper):
@@ -78,4 +94,4 @@ def test_an_error_from_outside_the_wrapper_names_no_step(wrapper):
     try:
         raise RuntimeError(REFUSAL)  # as the capture's end raises it, after the last step
     except RuntimeError as e:
-        assert cuda_graphs._failure_site(w, e) == ("", None)
+        assert cuda_graphs._failure_site(w, e) == ("", None, e)

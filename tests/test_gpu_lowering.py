@@ -645,3 +645,52 @@ def test_a_folded_mask_the_forward_saves_for_its_backward_does_not_keep_it_from_
     assert {r.graph_id.split("#")[0].rsplit(":", 1)[-1] for r in runners} >= {"aot_forward", "aot_backward"}
     assert all(r.conflicts == 0 and not r.failed and r.captures_made == 1 for r in runners), \
         [(r.graph_id, r.conflicts, r.captures_made, r.failed) for r in runners]
+
+
+def test_a_capture_cuda_refuses_is_reported_at_the_kernel_it_stopped_at_and_the_graph_stays_right(monkeypatch):
+    """What capture_check cannot foresee (a library call that waits for the device, say)
+    fails inside the capture. The finding names the kernel the capture stopped at, its ATen
+    ops and the user's line, and the graph runs with plain launches, right. The refusal is
+    made by a kernel that synchronizes the device before it launches, as such a call would."""
+    import inspect
+    import re
+
+    from fuselens.compiler.runtime import wrapper_codegen
+
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    made = []
+    wrap = wrapper_codegen.wrap
+
+    def recording(runner, fast=True):
+        made.append(wrap(runner, fast))
+        return made[-1]
+
+    monkeypatch.setattr(wrapper_codegen, "wrap", recording)
+
+    def f(x):
+        y = torch.relu(x) * 2
+        return y.sum(0)
+
+    compiled = torch.compile(f, backend="fuselens", options={"cuda_graphs": True, "fallback_on_error": False})
+    x = torch.randn(64, 128, device="cuda")
+    torch.testing.assert_close(compiled(x), f(x))  # the warm-up: not captured yet
+    w = made[0]
+    name = next(n for _, n in w.step_lines if "aten.relu.default" in w.runner.origins[n].ops)
+    line = next(ln for ln, n in w.step_lines if n == name)
+    callee = next(m.group(1) for ln in w.source.splitlines()[line - 1:] if (m := re.search(r"(_k\d+)\(", ln)))
+    kernel = w.fn.__globals__[callee]
+
+    def waits_for_the_device(*args, **kwargs):
+        torch.cuda.synchronize()
+        return kernel(*args, **kwargs)
+
+    w.fn.__globals__[callee] = waits_for_the_device
+    with sink.collect() as events:
+        for _ in range(3):
+            x = torch.randn(64, 128, device="cuda")
+            torch.testing.assert_close(compiled(x), f(x))
+    findings = [e for e in events if isinstance(e, ErrorEntry) and "capture failed" in e.message]
+    assert len(findings) == 1 and f"at {name} (" in findings[0].message, [e.message for e in events]
+    lines, start = inspect.getsourcelines(f)
+    assert findings[0].location.line == start + next(i for i, ln in enumerate(lines) if "torch.relu" in ln)

@@ -239,8 +239,8 @@ class CudaGraphRunner:
             outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
             self.graphs.pop(key, None)
-            site, location = _failure_site(self.runner, e)
-            self.failed = f"{site}{type(e).__name__}: {str(e)[:300]}"
+            site, location, cause = _failure_site(self.runner, e)
+            self.failed = f"{site}{type(cause).__name__}: {str(cause)[:300]}"
             _report_failed_capture(self.graph_id, self.failed, location)
             return self.runner(inputs)
         return self._replay(self._remember(key), inputs, first=outs)
@@ -626,21 +626,22 @@ def _constant_ptrs(runner: Any) -> set[int]:
             if isinstance(t, torch.Tensor)}
 
 
-def _failure_site(runner: Any, error: BaseException) -> tuple[str, Any]:
+def _failure_site(runner: Any, error: BaseException) -> tuple[str, Any, BaseException]:
     """Where in the graph a capture stopped: ("at <step> (<its ATen ops>): ", the user's
-    line it computes), or ("", None) when the error did not come from a step of the
-    generated wrapper (the capture's end, say)."""
+    line it computes, the error the step raised), or ("", None, `error`) when no step of
+    the generated wrapper raised it (the capture's end alone, say)."""
     failed_step = getattr(runner, "failed_step", None)
-    name = failed_step(error) if failed_step is not None else None
-    if name is None:
-        return "", None
+    found = failed_step(error) if failed_step is not None else None
+    if found is None:
+        return "", None, error
+    name, cause = found
     origin = getattr(getattr(runner, "runner", None), "origins", {}).get(name)
     if origin is None:
-        return f"at {name}: ", None
+        return f"at {name}: ", None, cause
     from fuselens.compiler.explain import location_from_stack
 
     ops = ", ".join(dict.fromkeys(origin.ops[:6]))
-    return f"at {name} ({ops}): ", location_from_stack(origin.stack_trace)
+    return f"at {name} ({ops}): ", location_from_stack(origin.stack_trace), cause
 
 
 def _report_failed_capture(graph_id: str, error: str, location: Any = None) -> None:

@@ -450,18 +450,25 @@ class GeneratedWrapper:
     def __call__(self, args: list) -> Any:
         return self.fn(args)
 
-    def failed_step(self, error: BaseException) -> Optional[str]:
-        """The plan step `error` was raised in (its name), when it came from this wrapper."""
-        line = None
-        tb = error.__traceback__
-        while tb is not None:  # the innermost frame of ours
-            if tb.tb_frame.f_code.co_filename == self.filename:
-                line = tb.tb_lineno
-            tb = tb.tb_next
-        if line is None:
-            return None
-        at = bisect.bisect_right([ln for ln, _ in self.step_lines], line) - 1
-        return self.step_lines[at][1] if at >= 0 else None
+    def failed_step(self, error: BaseException) -> Optional[tuple[str, BaseException]]:
+        """The plan step `error` was raised in (its name), and the error raised there: `error`
+        itself or one it was raised while handling (a CUDA-graph capture's end raises its own
+        error over the one a step raised); None when none came from this wrapper."""
+        seen: set[int] = set()
+        e: Optional[BaseException] = error
+        while e is not None and id(e) not in seen:
+            seen.add(id(e))
+            line = None
+            tb = e.__traceback__
+            while tb is not None:  # the innermost frame of ours
+                if tb.tb_frame.f_code.co_filename == self.filename:
+                    line = tb.tb_lineno
+                tb = tb.tb_next
+            if line is not None:
+                at = bisect.bisect_right([ln for ln, _ in self.step_lines], line) - 1
+                return (self.step_lines[at][1], e) if at >= 0 else None
+            e = e.__cause__ or e.__context__
+        return None
 
 
 def wrap(runner: Any, fast: bool = True) -> Optional[GeneratedWrapper]:
