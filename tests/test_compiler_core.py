@@ -131,6 +131,29 @@ def test_layernorm_is_one_row_kernel():
     assert len(cpp_kernels(events)) == 1
 
 
+def _rms_norm_of_embedded(ids, table, w):
+    h = F.embedding(ids, table)
+    return h, w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_a_row_index_read_in_the_loop_is_read_once_before_it():
+    """An embedding's row index does not change along the row: read inside the vectorized
+    loop, g++ gathered every element (an RMSNorm of embedded tokens at half Inductor's
+    speed). It is read, and clamped, once per row before the loop."""
+    ids, table, w = torch.randint(0, 50, (2, 7)), torch.randn(50, 64), torch.randn(64)
+    (k,) = cpp_kernels(run(_rms_norm_of_embedded, ids, table, w))
+    before, loop = k.source.split("#pragma omp simd", 1)
+    assert "b_arg0_1[" in before and "b_arg0_1[" not in loop, k.source
+
+
+def test_a_float32_mean_over_a_short_row_accumulates_in_float():
+    """As eager's float32 mean (a float sum, divided): a double accumulator halves the
+    vector width."""
+    x = torch.randn(16, 256)
+    (k,) = cpp_kernels(run(lambda x: x.pow(2).mean(-1), x))
+    assert "float acc" in k.source and "double acc" not in k.source, k.source
+
+
 def test_layernorm_row_pass_accumulates_each_row_sum_once():
     # The decomposition sums the row twice (mean, and inside the variance); the
     # kernel keeps one accumulator for it plus one for the squares.

@@ -30,6 +30,9 @@ from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.cpp_ops import CTYPES, HALVES, CppOps, CVal, cconst, cexpr, storage_ctype
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
+
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_TEMP = re.compile(r"t\d+")
 from fuselens.compiler.kernel_group import KernelGroup
 
 CHUNK = 4096  # elements per parallel chunk of a 1-D pointwise kernel
@@ -78,6 +81,10 @@ class CppKernel(KernelBuilder):
         # writing that output over that input would overwrite elements not yet loaded
         self.load_after_store: set[tuple[str, str]] = set()
         self.outer_names: set[str] = set()  # values defined outside the inner loop
+        self.hoist_from: Optional[_Scope] = None  # a row pass's loop, whose invariants go before it
+        self.inner_vars: set[str] = set()  # that loop's variables
+        self.hoisted: set[str] = set()  # values moved before it (outer_names has them too)
+        self.written = {f"b_{cname(n)}" for n in self.g.stores}  # pointers this kernel stores through
         self.widened: dict[str, CVal] = {}  # float64 value -> the float32 value it converts
         self.rounded: set[str] = set()  # bfloat16 values known to be representable
         self.unrounded: dict[str, CVal] = {}  # rounded value -> the float it rounds
@@ -105,11 +112,28 @@ class CppKernel(KernelBuilder):
                 return hit
         self.counter += 1
         v = CVal(f"t{self.counter}", dtype)
-        self.scope.lines.append(f"{'  ' * self.scope.indent}const {CTYPES[dtype]} {v} = {expr};")
-        self.scope.cache[expr] = v
-        if self.scope is self.outer_scope:
+        hoist = self._loop_invariant(expr)
+        scope = self.outer_scope if hoist else self.scope
+        scope.lines.append(f"{'  ' * scope.indent}const {CTYPES[dtype]} {v} = {expr};")
+        scope.cache[expr] = v
+        if scope is self.outer_scope:
             self.outer_names.add(v.name)
+        if hoist:
+            self.hoisted.add(v.name)
         return v
+
+    def _loop_invariant(self, expr: str) -> bool:
+        """Whether `expr`, met in a row pass's inner loop, reads no loop variable, no value of
+        the loop and nothing this kernel writes: computed once before it. An embedding's row
+        index read in the loop made g++ gather every element (RMSNorm at half Inductor's speed)."""
+        if self.hoist_from is not self.scope or self.outer_scope is None:
+            return False
+        for tok in _IDENT.findall(expr):
+            if tok in self.inner_vars or tok in self.written or tok.startswith(("scr_", "acc")):
+                return False
+            if _TEMP.fullmatch(tok) and tok not in self.outer_names:
+                return False
+        return True
 
     def ptr(self, name: str, write: bool = False) -> str:
         lst = self.writes if write else self.reads
@@ -435,6 +459,8 @@ class CppKernel(KernelBuilder):
         loop_lines: list[str] = []
         saved = self.scope
         self.scope = _Scope(loop_lines, indent=ind + len(inner_dims) + (1 if nest.chunked else 0))
+        gv = self.g.gvars()
+        self.hoist_from, self.inner_vars = self.scope, {str(gv[d]) for d in inner_dims} | {"c0"}
         self.trig_args = [] if inner_dims else None
         self._compute_fulls(fulls)
         vals = []
@@ -445,6 +471,7 @@ class CppKernel(KernelBuilder):
         moments = self._float_moments(reds, accs, vals, alias, nest.short_rows)
         decls = self._accumulations(reds, accs, vals, alias, moments, nest.short_rows, loop_lines)
         trig, self.trig_args = self.trig_args or [], None
+        self.hoist_from = None
         flag = f"fl_trig_max{p}" if trig else ""
         redo_lines = list(loop_lines)  # the loop body before the check is added
         if flag:

@@ -259,11 +259,13 @@ class CppOps(PrintingOps[CVal]):
     def truediv(self, a, b):
         k = self.k
         if (a.dtype.is_floating_point and k.outer_scope is not None and k.scope is not k.outer_scope
-                and b.name in k.outer_names):
+                and b.name in k.outer_names and b.name not in k.hoisted):
             # The divisor is fixed for the whole inner loop (softmax's row sum): one
             # reciprocal per row, a multiply per element (vdivps costs ~10x vmulps).
             # Within 1 ulp of a / b, as ATen's softmax (it multiplies by 1/sum too);
-            # differs only for a subnormal divisor, whose reciprocal overflows.
+            # differs only for a subnormal divisor, whose reciprocal overflows. Not for a
+            # divisor merely hoisted out of the loop (avg_pool's window size): that
+            # division was exact before, as ATen's.
             saved, k.scope = k.scope, k.outer_scope
             r = k.emit(f"({cconst(1, b.dtype)} / {b})", b.dtype)
             k.scope = saved
