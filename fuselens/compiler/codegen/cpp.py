@@ -30,10 +30,10 @@ from fuselens.compiler import ir
 from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.cpp_ops import CTYPES, HALVES, CppOps, CVal, cconst, cexpr, storage_ctype
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
+from fuselens.compiler.kernel_group import KernelGroup
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _TEMP = re.compile(r"t\d+")
-from fuselens.compiler.kernel_group import KernelGroup
 
 CHUNK = 4096  # elements per parallel chunk of a 1-D pointwise kernel
 _RED_INIT = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
