@@ -417,7 +417,7 @@ class GraphIR:
 
 
 def returns_alias(fx_node: Any) -> bool:
-    """Whether an FX node's op returns a view of an input (its schema says so)."""
+    """Whether an FX node's op (or a plan step's target) returns a view of an input (its schema says so)."""
     schema = getattr(getattr(fx_node, "target", None), "_schema", None)
     rets = schema.returns if schema is not None else ()
     return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fuselens.compiler import ir
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall
 
 # Holds longer than this many plan steps are not looked for: the check is linear in the
@@ -95,12 +96,8 @@ _NO_SCRATCH = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.op
 def _may_allocate_scratch(step: Any) -> bool:
     """Whether `step` may allocate memory the plan does not see while it runs: a library
     call other than a matmul, a copy or a view."""
-    if not isinstance(step, ExternCall) or step.reinterpret is not None or step.target in _NO_SCRATCH:
-        return False
-    schema = getattr(step.target, "_schema", None)
-    if schema is not None and schema.returns and all(r.alias_info is not None for r in schema.returns):
-        return False  # a view
-    return True
+    return (isinstance(step, ExternCall) and step.reinterpret is None and step.target not in _NO_SCRATCH
+            and not ir.returns_alias(step))
 
 
 def _allocated(step: Any) -> list[str]:

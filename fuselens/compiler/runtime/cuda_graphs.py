@@ -621,9 +621,14 @@ def _constant_ptrs(runner: Any) -> set[int]:
     An output that is one (a forward saving Swin's folded attention mask for its backward)
     is not pool memory: the graph holds it for good, so as a saved activation it read as
     held at every call, which captured the forward again, then ran it without CUDA graphs."""
-    plan = getattr(runner, "runner", runner)  # a generated wrapper keeps the plan it was printed from
-    return {t.untyped_storage().data_ptr() for t in (getattr(plan, "constants", None) or {}).values()
+    return {t.untyped_storage().data_ptr() for t in (getattr(_plan_of(runner), "constants", None) or {}).values()
             if isinstance(t, torch.Tensor)}
+
+
+def _plan_of(runner: Any) -> Any:
+    """The GraphRunner behind a compiled graph's callable: a generated wrapper keeps the
+    plan it was printed from."""
+    return getattr(runner, "runner", runner)
 
 
 def _failure_site(runner: Any, error: BaseException) -> tuple[str, Any, BaseException]:
@@ -635,7 +640,7 @@ def _failure_site(runner: Any, error: BaseException) -> tuple[str, Any, BaseExce
     if found is None:
         return "", None, error
     name, cause = found
-    origin = getattr(getattr(runner, "runner", None), "origins", {}).get(name)
+    origin = getattr(_plan_of(runner), "origins", {}).get(name)
     if origin is None:
         return f"at {name}: ", None, cause
     from fuselens.compiler.explain import location_from_stack

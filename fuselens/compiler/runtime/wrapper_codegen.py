@@ -155,11 +155,11 @@ class _Printer:
         head = len(self.lines)  # what runs under the device guard starts here
         idx = self._runtime_helpers(fast)
         for step in r.plan:
-            if isinstance(step, KernelCall):
+            if isinstance(step, (KernelCall, ExternCall)):
                 self.step_lines.append((len(self.lines), step.name))
+            if isinstance(step, KernelCall):
                 self.kernel(step, syms, fast)
             elif isinstance(step, ExternCall):
-                self.step_lines.append((len(self.lines), step.name))
                 self.extern(step)
             elif isinstance(step, Free):
                 self.free(step)
