@@ -687,9 +687,10 @@ def test_a_capture_cuda_refuses_is_reported_at_the_kernel_it_stopped_at_and_the_
 
     w.fn.__globals__[callee] = waits_for_the_device
     with sink.collect() as events:
-        for _ in range(3):
+        for _ in range(3):  # the draws after the refusal prove the generator and stream put right
             x = torch.randn(64, 128, device="cuda")
             torch.testing.assert_close(compiled(x), f(x))
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
     findings = [e for e in events if isinstance(e, ErrorEntry) and "capture failed" in e.message]
     assert len(findings) == 1 and f"at {name} (" in findings[0].message, [e.message for e in events]
     lines, start = inspect.getsourcelines(f)

@@ -470,7 +470,7 @@ class CudaGraphRunner:
         for i in pooled:
             static[i] = _alias(static[i])
         family.hold_pool()
-        with _library_workspaces_in_pool(), _no_collection(), torch.cuda.graph(graph, pool=family.handle, stream=side):
+        with _library_workspaces_in_pool(), _no_collection(), _capturing(graph, family.handle, side):
             outs = list(self.runner(run_args))
         del run_args
         lent = set(borrowed)
@@ -672,6 +672,37 @@ def _no_collection() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def _capturing(graph: Any, pool: Any, stream: Any) -> Iterator[None]:
+    """`torch.cuda.graph`, and after a capture CUDA refused, the process left as it was.
+    When the capture's end raises (a capture a step invalidated), torch.cuda.graph never
+    leaves its stream, so the user's next kernels would run on our side stream; and the
+    device's default generator never ran its capture epilogue, so on torch 2.11 its next
+    draw outside a capture fails ("Offset increment outside graph capture encountered
+    unexpectedly"): one refused capture would break every later torch.randn."""
+    before = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            yield
+    except BaseException:
+        if torch.cuda.current_stream() != before:
+            torch.cuda.set_stream(before)
+        with contextlib.suppress(RuntimeError):  # the capture's own error is the one to report
+            _mend_default_generator(before.device_index)
+        raise
+
+
+def _mend_default_generator(device: int) -> None:
+    """Give the device's default generator a fresh state (same seed and offset) if a refused
+    capture left it expecting one. Only then: graphs captured before hold the old state and
+    advance it at each replay, so a replaced state would draw numbers they also draw."""
+    gen = torch.cuda.default_generators[device]
+    try:
+        torch.empty(1, device=f"cuda:{device}").uniform_(generator=gen)
+    except RuntimeError:
+        gen.graphsafe_set_state(gen.clone_state())
 
 
 _warm_up_streams: dict[int, Any] = {}
