@@ -102,7 +102,7 @@ class Scheduler:
         self._bytes_upto = list(itertools.accumulate(self.nbytes, initial=0))  # bytes made by steps before i
         self.group_of: dict[str, KernelGroup] = {}
         self.decisions: list[Decision] = []
-        self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, their ancestors)
+        self._unit_masks: dict[int, tuple[int, int]] = {}  # live kernel -> (members, members and their ancestors)
 
     # -- rules: each returns None (fuse) or a Refusal -------------------------
     def rule_enabled(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
@@ -250,13 +250,15 @@ class Scheduler:
                 if d not in members:
                     reach |= (1 << d) | self.anc[d]
         merging = {id(g)} | {id(self.group_of[n.name]) for n in new if n.name in self.group_of}
-        others = [(m, a) for k, (m, a) in self._unit_masks.items() if k not in merging]
+        others = [v for k, v in self._unit_masks.items() if k not in merging]
         grown = True
         while grown and not reach & mmask:
             grown = False
-            for gmask, ganc in others:
-                if reach & gmask and (gmask | ganc) & ~reach:
-                    reach |= gmask | ganc
+            outside = ~reach
+            for gmask, gall in others:
+                if reach & gmask and gall & outside:
+                    reach |= gall
+                    outside = ~reach
                     grown = True
         if not reach & mmask:
             return None
@@ -273,7 +275,7 @@ class Scheduler:
             i = self.index[n.name]
             mask |= 1 << i
             anc |= self.anc[i]
-        self._unit_masks[id(g)] = (mask, anc & ~mask)
+        self._unit_masks[id(g)] = (mask, mask | anc)
 
     PEAK_WINDOW = 400  # steps simulated at most; wider gaps are refused as too far apart
     PEAK_SLACK = 64 * 1024  # bytes of extra peak tolerated (a few rows of scratch)
@@ -363,29 +365,34 @@ class Scheduler:
 
     def _unit_order(self, lo: int, hi: int, unit_of: dict[int, tuple],
                     members: dict[Any, list[int]]) -> Optional[list[Any]]:
-        """The units of the window, each as early as its inputs allow; None on a cycle."""
+        """The units of the window, each as early as its inputs allow (of those ready, the
+        first in step order); None on a cycle. A heap of the ready ones: picking by a scan
+        from the start each time was quadratic in a window of up to PEAK_WINDOW steps."""
         units = list(members)
-        udeps: dict[Any, set] = {u: set() for u in units}
-        for u in units:
+        rank = {u: k for k, u in enumerate(units)}
+        waiting = [0] * len(units)
+        readers: list[list[int]] = [[] for _ in units]
+        for k, u in enumerate(units):
+            seen: set = set()
             for j in members[u]:
                 for d in self.deps[j]:
                     if lo <= d <= hi:
                         v = unit_of.get(d, ("s", d))
-                        if v != u:
-                            udeps[u].add(v)
+                        if v != u and v not in seen:
+                            seen.add(v)
+                            readers[rank[v]].append(k)
+            waiting[k] = len(seen)
+        ready = [k for k in range(len(units)) if not waiting[k]]
+        heapq.heapify(ready)
         order: list[Any] = []
-        done: set = set()
-        remaining = list(units)
-        while remaining:
-            for k, u in enumerate(remaining):
-                if udeps[u] <= done:
-                    order.append(u)
-                    done.add(u)
-                    del remaining[k]
-                    break
-            else:
-                return None
-        return order
+        while ready:
+            k = heapq.heappop(ready)
+            order.append(units[k])
+            for r in readers[k]:
+                waiting[r] -= 1
+                if not waiting[r]:
+                    heapq.heappush(ready, r)
+        return order if len(order) == len(units) else None
 
     def _peak_of_order(self, lo: int, hi: int, unit_of: dict[int, tuple], pos: dict[int, int], end: int) -> int:
         """Peak live bytes when step j of the window runs at position pos[j] (of `end`)."""
@@ -394,31 +401,33 @@ class Scheduler:
 
         def last_read(readers: Sequence[int], to_end: bool, default: int) -> int:
             """Position of the last reader in the window, or `end` if it is held past it."""
-            if to_end or any(r > hi for r in readers):
+            if to_end or (readers and max(readers) > hi):
                 return end
-            return max((pos[r] for r in readers if lo <= r <= hi), default=default)
+            return max((pos[r] for r in readers if r >= lo), default=default)
 
+        mem_users, nbytes, out_steps = self.mem.users, self.nbytes, self.out_steps
         # buffers made before the window and read inside it
         outside_producers = {d for j in range(lo, hi + 1) for d in self.mem.deps[j] if d < lo}
         for d in outside_producers:
-            born[0] += self.nbytes[d]
-            dies[last_read(self.mem.users[d], d in self.out_steps, -1) + 1] += self.nbytes[d]
+            born[0] += nbytes[d]
+            dies[last_read(mem_users[d], d in out_steps, -1) + 1] += nbytes[d]
         # inputs the graph releases, read inside the window
         for b in {b for j in range(lo, hi + 1) for b in self.mem.released_read_by[j]}:
             born[0] += self.g.nbytes(b)
             dies[last_read(self.mem.released_readers[b], False, -1) + 1] += self.g.nbytes(b)
         for j in range(lo, hi + 1):
-            u = unit_of.get(j, ("s", j))
+            u = unit_of.get(j)  # a kernel of `sets`; None: a step alone
             users = self.users[j]
-            if isinstance(self.steps[j], ComputeNode) and u[0] == "k" and users and j not in self.out_steps and all(
+            if u is not None and users and j not in out_steps and isinstance(self.steps[j], ComputeNode) and all(
                     unit_of.get(c) == u for c in users):
                 continue  # stays inside the kernel: never materialized
-            born[pos[j]] += self.nbytes[j]
-            dies[last_read(self.mem.users[j], j in self.out_steps, pos[j]) + 1] += self.nbytes[j]
+            born[pos[j]] += nbytes[j]
+            dies[last_read(mem_users[j], j in out_steps, pos[j]) + 1] += nbytes[j]
         live = peak = 0
         for t in range(end):
             live += born[t] - dies[t]
-            peak = max(peak, live)
+            if live > peak:
+                peak = live
         return peak
 
     RULES: tuple[str, ...] = ("rule_enabled", "rule_iteration_space", "rule_epilogue", "rule_size",
