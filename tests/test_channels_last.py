@@ -287,8 +287,22 @@ def test_cpu_inference_convolutions_run_channels_last_and_kernels_loop_channels_
     assert lines[simd + 1].startswith("for (int64_t g1 = 0; g1 < 32; g1++)"), act.source
 
 
+class _Gated(nn.Module):
+    """A gated convolution: its output split in two (an op whose value is a list)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.conv(x).chunk(2, dim=1)
+        return self.fc((a * torch.sigmoid(b)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("make", [_Block, _Gated], ids=["resnet_block", "gated_conv"])
 def test_values_propagated_from_the_changed_nodes_alone_equal_a_whole_graph_propagation(
-        backward_convolutions: list, monkeypatch: pytest.MonkeyPatch) -> None:
+        backward_convolutions: list, monkeypatch: pytest.MonkeyPatch, make: type) -> None:
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     partial = layout_passes._propagate_fake_values
@@ -316,7 +330,7 @@ def test_values_propagated_from_the_changed_nodes_alone_equal_a_whole_graph_prop
     monkeypatch.setattr(FakeTensorProp, "run_node", counted)
     monkeypatch.setattr(layout_passes, "_propagate_fake_values", both)
     torch.manual_seed(0)
-    model = _Block()
+    model = make()
     torch._dynamo.reset()
     _step(torch.compile(model, backend="fuselens", options={"fallback_on_error": False}),
           torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,)))

@@ -234,10 +234,12 @@ def _functional_on_static(n: torch.fx.Node) -> bool:
 
 
 def _run_functional(n: torch.fx.Node, env: dict) -> Any:
-    """`n` run on its inputs' fake values (under the fake mode); its value is stored."""
+    """`n` run on its inputs' fake values (under the fake mode); its value is stored as
+    FakeTensorProp stores one (a list output as fx's immutable list)."""
     args = torch.fx.node.map_arg(n.args, lambda a: env[a])
     kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a])
-    n.meta["val"] = out = n.target(*args, **kwargs)
+    out = n.target(*args, **kwargs)
+    n.meta["val"] = torch.fx.node.map_aggregate(out, lambda v: v)
     return out
 
 
