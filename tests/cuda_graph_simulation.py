@@ -36,6 +36,8 @@ class _Graph:
 
 
 class _Stream:
+    device_index = 0
+
     def __init__(self, device: Any = None) -> None:
         pass
 
@@ -65,7 +67,9 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "graph", _graph)
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    current = [_Stream()]  # the device's stream until one is set, as CUDA's current stream
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: current.__setitem__(0, s))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})

@@ -281,14 +281,17 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
         simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """What capture_check.py did not foresee: CUDA refuses the capture (an op that waits for
     the device). The call still returns its result, later calls run the graph as compiled,
-    and the finding says so once."""
+    the user's stream is current again, and the finding says so once."""
     from fuselens import sink
     from fuselens.events import ErrorEntry
 
     @contextlib.contextmanager
-    def refusing(g: _Graph, **_: Any):
+    def refusing(g: _Graph, stream: Any = None, **_: Any):
+        torch.cuda.set_stream(stream)  # as torch.cuda.graph: its capture stream, not left when its end raises
         yield
         raise RuntimeError("operation not permitted when stream is capturing")
+
+    users = torch.cuda.current_stream()
 
     monkeypatch.setattr(torch.cuda, "graph", refusing)
     w = torch.nn.Parameter(torch.full((4,), 2.0))
@@ -297,6 +300,7 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
         outs = [r([torch.full((4,), v), w, 1.0])[0] for v in (1.0, 5.0, 7.0)]
     assert [o.tolist() for o in outs] == [[3.0] * 4, [11.0] * 4, [15.0] * 4]
     assert r.graphs == {} and "not permitted" in r.failed
+    assert torch.cuda.current_stream() is users
     # the warm-up's, then the capture's copy of its input
     assert [c[0] for c in _pool_calls] == ["begin", "end", "begin", "end", "release", "begin", "end", "release"]
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]

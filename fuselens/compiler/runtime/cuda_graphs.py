@@ -689,7 +689,7 @@ def _capturing(graph: Any, pool: Any, stream: Any) -> Iterator[None]:
     except BaseException:
         if torch.cuda.current_stream() != before:
             torch.cuda.set_stream(before)
-        with contextlib.suppress(RuntimeError):  # the capture's own error is the one to report
+        with contextlib.suppress(Exception):  # the capture's own error is the one to report
             _mend_default_generator(before.device_index)
         raise
 
