@@ -281,7 +281,7 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
         simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """What capture_check.py did not foresee: CUDA refuses the capture (an op that waits for
     the device). The call still returns its result, later calls run the graph as compiled,
-    the user's stream is current again, and the finding says so once."""
+    the user's stream is current again, the finding says so once, and the runner lets its pools go."""
     from fuselens import sink
     from fuselens.events import ErrorEntry
 
@@ -306,6 +306,11 @@ def test_a_capture_cuda_refuses_leaves_the_graph_running_as_compiled_with_a_find
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
     assert finding.kind == "fallback" and "0/0:aot_inference runs without CUDA graphs: its capture failed" in \
         finding.message
+    # never replayed again: the warm-up's pool (reserved for the graph) is let go with the outputs on it
+    assert r.warm == {}
+    del outs
+    gc.collect()
+    assert [c[0] for c in _pool_calls][8:] == ["release"]
 
 
 def test_a_graph_fed_its_own_last_output_copies_it_from_a_copy(simulated_cuda: None,

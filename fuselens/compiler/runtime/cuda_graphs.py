@@ -242,6 +242,7 @@ class CudaGraphRunner:
             site, location, cause = _failure_site(self.runner, e)
             self.failed = f"{site}{type(cause).__name__}: {str(cause)[:300]}"
             _report_failed_capture(self.graph_id, self.failed, location)
+            self.release()  # never replayed again: its captures and warm-up pools (each reserved a graph's size) go
             return self.runner(inputs)
         return self._replay(self._remember(key), inputs, first=outs)
 
@@ -449,6 +450,7 @@ class CudaGraphRunner:
         if self.conflicts > CONFLICTS_BEFORE_PLAIN:
             self.failed = f"its replays kept finding tensors they would overwrite still held: {why}"
             _report_failed_capture(self.graph_id, self.failed)
+            self.release()
             return self.runner(inputs)
         return self._capture_and_replay(key, inputs)
 
