@@ -238,13 +238,17 @@ class CudaGraphRunner:
         try:
             outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
-            self.graphs.pop(key, None)
             site, location, cause = _failure_site(self.runner, e)
-            self.failed = f"{site}{type(cause).__name__}: {str(cause)[:300]}"
-            _report_failed_capture(self.graph_id, self.failed, location)
-            self.release()  # never replayed again: its captures and warm-up pools (each reserved a graph's size) go
-            return self.runner(inputs)
+            return self._plain_from_now(inputs, f"{site}{type(cause).__name__}: {str(cause)[:300]}", location)
         return self._replay(self._remember(key), inputs, first=outs)
+
+    def _plain_from_now(self, inputs: list, why: str, location: Any = None) -> Any:
+        """This call and every later one with plain launches, and a finding saying `why`; never
+        replayed again, the runner lets its captures and warm-up pools (sized for a graph) go."""
+        self.failed = why
+        _report_failed_capture(self.graph_id, why, location)
+        self.release()
+        return self.runner(inputs)
 
     def _remember(self, key: tuple) -> _Hit:
         """Make `key` the last replayed signature; returns what a replay of it needs."""
@@ -448,10 +452,7 @@ class CudaGraphRunner:
         self.conflicts += 1
         self.last_conflict = why
         if self.conflicts > CONFLICTS_BEFORE_PLAIN:
-            self.failed = f"its replays kept finding tensors they would overwrite still held: {why}"
-            _report_failed_capture(self.graph_id, self.failed)
-            self.release()
-            return self.runner(inputs)
+            return self._plain_from_now(inputs, "its replays kept finding tensors they would overwrite still held: " + why)
         return self._capture_and_replay(key, inputs)
 
     def _capture(self, key: tuple, inputs: list) -> list:
