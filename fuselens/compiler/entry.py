@@ -506,8 +506,11 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
 
 def _reset() -> None:
-    """Dynamo calls a backend's `reset` from `torch._dynamo.reset()`: what our compiled
-    graphs hold on the device goes with it (their CUDA graphs' pools and static inputs)."""
+    """What our compiled graphs hold on the device goes with `torch._dynamo.reset()` (their
+    CUDA graphs' pools and static inputs). Dynamo calls a backend's `reset` only for the
+    backends `torch.compile` registered since the last reset: a function compiled once and
+    called across resets compiled again unknown to the next. Every reset also clears
+    Dynamo's callbacks, and our `clear` releases too (`_install_dynamo_callbacks`)."""
     from fuselens.compiler.runtime.cuda_graphs import release_all
 
     release_all()
@@ -640,7 +643,8 @@ def _install_dynamo_callbacks() -> None:
     collector frozen while a frame of ours is traced. `torch._dynamo.reset()` clears
     every callback, to behave as a fresh process would; a fresh process that loaded
     this module has ours, so they are installed again after the handler's clear (the
-    suite's cold compile is the first step after a reset)."""
+    suite's cold compile is the first step after a reset), and our CUDA graphs are
+    released there, the one place every reset reaches."""
     global _worker_start
     handler = getattr(getattr(torch, "_dynamo", None), "callback_handler", None)
     register_start = getattr(handler, "register_start_callback", None)
@@ -657,6 +661,7 @@ def _install_dynamo_callbacks() -> None:
         def clear_keeping_ours() -> None:
             clear()
             _install_dynamo_callbacks()
+            _reset()  # reset() clears the callbacks: the one call every reset makes
 
         clear_keeping_ours.keeps_fuselens_callbacks = True  # type: ignore[attr-defined]
         handler.clear = clear_keeping_ours

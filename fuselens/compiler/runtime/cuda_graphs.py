@@ -754,8 +754,8 @@ def _copy_all(dsts: list, srcs: list) -> None:
 
 
 def release_all() -> None:
-    """Every live runner's graphs dropped: `torch._dynamo.reset()` (through the backend's
-    `reset`), as it resets Inductor's CUDA graph trees. Dynamo's reset leaves the
+    """Every live runner's graphs dropped: `torch._dynamo.reset()` (entry.py's `_reset`), as
+    it resets Inductor's CUDA graph trees. Dynamo's reset leaves the
     compiled functions it installed in user modules' globals, and a runner holds its
     static inputs: a model compiled with `cuda_graphs` kept its parameters and pools
     alive after it was gone (GPT-2 training: 2.5 GB)."""
