@@ -9,7 +9,9 @@ memory of each saved activation once it has read it, as Inductor's CUDA graph tr
 
 A signature's first call is its warm-up, a real run allocating from the family's pool (a
 throwaway run right before the capture would run a backward with every saved activation
-still alive, and the pool would keep room for both); its second call captures.
+still alive, and the pool would keep room for both); its second call captures. An
+inference graph's warm-up runs outside the pools: its output, which the caller keeps
+while the next call captures, would take pool memory the capture cannot reuse.
 
 What makes sharing safe:
 - A graph's outputs are not held by its runner. The call that captures hands out the
@@ -244,6 +246,10 @@ class GraphFamily:
                 return fam
         return None
 
+    def unused(self) -> bool:
+        """Whether nothing allocated in the pool yet: no warm-up, no capture."""
+        return not self._holds_pool and not self.members
+
     def hold_pool(self) -> None:
         """Make the pool and hold it until the family is gone (torch's pool calls; without
         them a capture makes the pool and warm-ups allocate from the general one)."""
@@ -268,7 +274,7 @@ class GraphFamily:
 
     def reserve(self, nbytes: int) -> None:
         """Reserve `nbytes` of the pool as one free segment (pool_reserve.py says when and
-        why), on the current stream: the allocator hands a free block only to requests of
+        why; an inference graph's pool reserves at its capture), on the current stream: the allocator hands a free block only to requests of
         the stream it was freed on, and the warm-ups and captures allocate on theirs. Call
         inside `allocating()`, before anything else allocates in the pool."""
         if nbytes and self._holds_pool:

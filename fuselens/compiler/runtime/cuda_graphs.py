@@ -125,8 +125,10 @@ class CudaGraphRunner:
 
     def __init__(self, runner: Any, graph_id: str, timer: Optional[KernelTimer], static_inputs: Optional[set[int]] = None,
                  mutated_inputs: Sequence[int] = (), gradient_outputs: Sequence[int] = (),
-                 saved_from: Optional[int] = None) -> None:
+                 saved_from: Optional[int] = None, inference: bool = False) -> None:
         self.runner = runner
+        # a graph compiled for inference (no autograd): its warm-up runs outside the pools
+        self.inference = inference
         # a forward's outputs from this one on are saved for its backward (AOTAutograd's order)
         self.saved_from = saved_from
         # outputs that are parameters' gradients (a backward's): never overwritten while held
@@ -146,7 +148,8 @@ class CudaGraphRunner:
         self.timer = timer
         self.graphs: dict[tuple, Captured] = {}  # signature -> the capture its calls replay first
         self.spares: dict[tuple, list[Captured]] = {}  # signature -> its other captures (CAPTURES_PER_SIGNATURE)
-        self.warm: dict[tuple, GraphFamily] = {}  # signatures whose first call ran, with the family it allocated in
+        # signatures whose first call ran, with the family it allocated in (None: outside the pools)
+        self.warm: dict[tuple, Optional[GraphFamily]] = {}
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
         self.borrow = True  # may read other graphs' replayed outputs in place
@@ -209,7 +212,10 @@ class CudaGraphRunner:
         stream captures use, allocating from the pool of the family whose outputs it reads
         (else a new one), as reduce-overhead's warm-ups do. A throwaway warm-up right before
         each capture instead ran a backward with every saved activation still alive: its
-        pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory)."""
+        pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory).
+        An inference graph's warm-up runs outside the pools (`_warm_up_outside_pools`)."""
+        if self.inference:
+            return self._warm_up_outside_pools(key, args)
         device = torch.cuda.current_device()
         ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         family = GraphFamily.of(ptrs, device, warm_up=True)
@@ -225,6 +231,19 @@ class CudaGraphRunner:
         torch.cuda.current_stream().wait_stream(side)
         family.out_ptrs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
         self.warm[key] = family
+        return outs
+
+    def _warm_up_outside_pools(self, key: tuple, args: list) -> Any:
+        """An inference graph's first call: a plain run, allocating as eager would. What it
+        returns the caller keeps until its next call has returned, and that call captures:
+        allocated in the graph's pool, the capture could not reuse it, and the pool held the
+        output twice (H200, GPT-2 inference, the language-model head's 393 MB of logits: 1120
+        MB against reduce-overhead's 720; BERT 820 against 522). The capture makes the pool
+        (`_capture`). A training graph's warm-up must allocate in its family's pool: a
+        backward's warm-up reads its forward's outputs there, and a step's outputs die
+        before the next step captures."""
+        outs = self.runner(args)
+        self.warm[key] = None
         return outs
 
     def _capture_and_replay(self, key: tuple, args: list) -> Any:
@@ -465,6 +484,9 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         params, borrowed = self._read_in_place(key, inputs)
         family = self._family_to_join(key, inputs, borrowed, device)
+        if self.inference and family.unused():  # no warm-up made this pool (`_warm_up_outside_pools`)
+            with torch.cuda.stream(side), family.allocating():
+                family.reserve(graph_reservation(self.runner))
         static, pooled, nbytes = self._static_copies(inputs, params, family, side)
         graph = torch.cuda.CUDAGraph()
         run_args = list(static)

@@ -91,8 +91,9 @@ def large_peak(requests: list[tuple[str, str, int]]) -> int:
 
 
 def reservation_bytes(plan: list[Any], facts: Any, takes: dict[str, str]) -> int:
-    """The bytes to reserve before a static graph's first warm-up in a new pool; 0 where
-    the model predicts no gain."""
+    """The bytes to reserve before a static graph's first warm-up in a new pool (an
+    inference graph's: its capture, its warm-up runs outside the pools); 0 where the model
+    predicts no gain."""
     requests = plan_requests(plan, facts, takes)
     peak = large_peak(requests)
     if peak < MIN_RESERVATION:

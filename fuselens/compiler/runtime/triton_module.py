@@ -97,5 +97,6 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
         grads = gradient_output_indices() if backward else set()
         # a training forward's outputs after the user's are saved for its backward
         saved_from = forward_user_outputs() if stage == "aot_forward" else None
-        return CudaGraphRunner(runner, graph_id, timer, static, mutated, grads, saved_from), []
+        return CudaGraphRunner(runner, graph_id, timer, static, mutated, grads, saved_from,
+                               inference=stage == "aot_inference"), []
     return runner, []
