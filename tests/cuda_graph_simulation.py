@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from fuselens.compiler.runtime import cuda_graph_pool, cuda_graphs
+from fuselens.compiler.runtime import capture_context, cuda_graph_pool, cuda_graphs
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
 
@@ -72,7 +72,7 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "set_stream", lambda s: current.__setitem__(0, s))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(cuda_graphs, "_warm_up_streams", {})
+    monkeypatch.setattr(capture_context, "_warm_up_streams", {})
     handles = iter(range(1, 1 << 20))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
     monkeypatch.setattr(cuda_graph_pool, "_POOL_CALLS", True)

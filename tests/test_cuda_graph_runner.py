@@ -17,7 +17,7 @@ import torch
 from cuda_graph_simulation import (InPlaceFn, Runner, _at_address, _capturing, _Graph, _graph, _in_pool, _pool_calls,
                                    simulated_cuda)
 
-from fuselens.compiler.runtime import cuda_graphs
+from fuselens.compiler.runtime import capture_context, cuda_graphs
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
 __all__ = ["simulated_cuda"]  # the fixture, imported for the tests here
@@ -50,7 +50,7 @@ def test_warm_ups_and_captures_run_between_two_drops_of_cublas_workspaces(
     allocates its own in its pool, not one that someone frees later (its replays would
     write there); dropped after, it is not held among the activations (32-65 MB)."""
     events: list[str] = []
-    monkeypatch.setattr(cuda_graphs, "_clear_library_workspaces", lambda: events.append("clear"))
+    monkeypatch.setattr(capture_context, "_clear_library_workspaces", lambda: events.append("clear"))
 
     class Recording(Runner):
         def __call__(self, args: list) -> list:
@@ -109,7 +109,7 @@ def test_an_inference_graphs_warm_up_allocates_outside_the_pools_and_its_capture
     pool = cap.family.handle
     if inference:
         assert warm_up_calls == [] and r.warm == {next(iter(r.graphs)): None}
-        assert ("begin", pool) in _pool_calls and ("capture", pool, cuda_graphs._warm_up_stream(0)) in _pool_calls
+        assert ("begin", pool) in _pool_calls and ("capture", pool, capture_context.warm_up_stream(0)) in _pool_calls
     else:
         assert ("begin", pool) in warm_up_calls and r.warm[next(iter(r.graphs))] is cap.family
     assert torch.equal(first, torch.full((4,), 3.0)) and torch.equal(third, torch.full((4,), 7.0))
@@ -168,7 +168,7 @@ def test_the_warm_up_is_the_first_call_run_in_the_pool_the_capture_then_uses_on_
     again = torch.nn.Parameter(torch.full((4,), 3.0))
     assert torch.equal(r([torch.ones(4), again, 1.0])[0], torch.full((4,), 4.0))
     first, second = (0, 1), (0, 2)
-    stream = cuda_graphs._warm_up_streams[0]
+    stream = capture_context._warm_up_streams[0]
     copy_in = [("begin", first), ("end", first), ("release", first)]
     assert _pool_calls == [("begin", first), ("end", first),  # the family takes its pool
                            ("begin", first), ("run",), ("end", first), ("release", first),  # the warm-up in it

@@ -31,6 +31,7 @@ The package reads top to bottom as the pipeline:
         triton_autotune.py  autotuning, its choices cached on disk
         cuda_graphs.py      capture and replay of a compiled graph as a CUDA graph
         cuda_graph_pool.py  one memory pool for graphs that feed each other; what a replay may overwrite
+        capture_context.py  how one capture runs: its stream, the collector, workspaces, a refusal put right
         capture_check.py    what keeps a graph from capture (CPU tensors, host reads): said, not captured
         triton_precompile.py, compile_pool.py, compile_worker.py  compiles before the first launch
         atomic_file.py      cache files written whole (readers never see part of one)

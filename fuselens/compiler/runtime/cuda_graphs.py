@@ -19,20 +19,22 @@ copies a step in the models of benchmarks.models, 0.25-0.5 ms). A `.grad` still 
 one when a graph that writes there replays (gradient accumulation) is first moved out of
 the pool: its storage gets a copy of the values, the graph keeps the pool memory.
 
-`torch._dynamo.reset()` drops every captured graph (through the backend's `reset`), with
-the parameters and pools it held, as it resets Inductor's CUDA graph trees.
+`torch._dynamo.reset()` drops every captured graph (entry.py's `_reset`, from every reset),
+with the parameters and pools it held, as it resets Inductor's CUDA graph trees. How one
+capture runs (its stream, the collector, cuBLAS's workspaces, a refused capture put
+right): capture_context.py.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import weakref
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from fuselens.compiler.runtime.capture_context import (capturing, library_workspaces_in_pool, no_collection,
+                                                       warm_up_stream)
 from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily, PoolBuffer
 from fuselens.compiler.runtime.pool_reserve import graph_reservation
 from fuselens.kernel_timing import KernelTimer
@@ -222,9 +224,9 @@ class CudaGraphRunner:
         new_pool = family is None
         if new_pool:
             family = GraphFamily(device, torch.cuda.graph_pool_handle())
-        side = _warm_up_stream(device)
+        side = warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), family.allocating(), _library_workspaces_in_pool():
+        with torch.cuda.stream(side), family.allocating(), library_workspaces_in_pool():
             if new_pool:
                 family.reserve(graph_reservation(self.runner))
             outs = self.runner(args)
@@ -480,7 +482,7 @@ class CudaGraphRunner:
         copied ones are copied into the family's pool and dropped too, so that the capture
         may reuse the memory of those it reads for the last time."""
         device = torch.cuda.current_device()
-        side = _warm_up_stream(device)
+        side = warm_up_stream(device)
         side.wait_stream(torch.cuda.current_stream())
         params, borrowed = self._read_in_place(key, inputs)
         family = self._family_to_join(key, inputs, borrowed, device)
@@ -495,7 +497,7 @@ class CudaGraphRunner:
         for i in pooled:
             static[i] = _alias(static[i])
         family.hold_pool()
-        with _library_workspaces_in_pool(), _no_collection(), _capturing(graph, family.handle, side):
+        with library_workspaces_in_pool(), no_collection(), capturing(graph, family.handle, side):
             outs = list(self.runner(run_args))
         del run_args
         lent = set(borrowed)
@@ -682,86 +684,6 @@ def _report_failed_capture(graph_id: str, error: str, location: Any = None) -> N
 
     sink.emit(ErrorEntry(kind="fallback", message=f"graph {graph_id} runs without CUDA graphs: its capture failed "
                          f"({error})", location=location))
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
-    """Python's cycle collector held off during a capture: a dropped graph that waits in a
-    reference cycle (a family and its parked captures) would be destroyed in the middle of
-    it, a CUDA call capture forbids (two forwards before their backwards on an H200: an
-    illegal memory access two steps in, when the collector ran during the backward's capture)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@contextlib.contextmanager
-def _capturing(graph: Any, pool: Any, stream: Any) -> Iterator[None]:
-    """`torch.cuda.graph`, and after a capture CUDA refused, the process left as it was.
-    When the capture's end raises (a capture a step invalidated), torch.cuda.graph never
-    leaves its stream, so the user's next kernels would run on our side stream; and the
-    device's default generator never ran its capture epilogue, so on torch 2.11 its next
-    draw outside a capture fails ("Offset increment outside graph capture encountered
-    unexpectedly"): one refused capture would break every later torch.randn."""
-    before = torch.cuda.current_stream()
-    try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            yield
-    except BaseException:
-        if torch.cuda.current_stream() != before:
-            torch.cuda.set_stream(before)
-        with contextlib.suppress(Exception):  # the capture's own error is the one to report
-            _mend_default_generator(before.device_index)
-        raise
-
-
-def _mend_default_generator(device: int) -> None:
-    """Give the device's default generator a fresh state (same seed and offset) if a refused
-    capture left it expecting one. Only then: graphs captured before hold the old state and
-    advance it at each replay, so a replaced state would draw numbers they also draw."""
-    gen = torch.cuda.default_generators[device]
-    try:
-        torch.empty(1, device=f"cuda:{device}").uniform_(generator=gen)
-    except RuntimeError:
-        gen.graphsafe_set_state(gen.clone_state())
-
-
-_warm_up_streams: dict[int, Any] = {}
-
-
-def _warm_up_stream(device: int) -> Any:
-    """The one stream per device that warm-ups and captures run on. cuBLAS keeps a workspace
-    per stream for the life of the process: a new stream per capture held 33 MB more each
-    time (GPT-2 training: three graphs, 97 MB after the model was gone)."""
-    stream = _warm_up_streams.get(device)
-    if stream is None:
-        stream = _warm_up_streams[device] = torch.cuda.Stream(device)
-    return stream
-
-
-@contextlib.contextmanager
-def _library_workspaces_in_pool() -> Iterator[None]:
-    """cuBLAS's workspaces dropped before and after a warm-up or a capture, as Inductor's
-    CUDA graph trees do. Before: a capture that used a workspace allocated outside its pool
-    would write there on every replay, after whoever frees it (Inductor's recordings drop
-    them all). After: the one it allocated in the pool, held by cuBLAS for good, was 32-65 MB
-    of the graphs' pool among the activations (the suite's four models in training); freed,
-    it is memory the graph uses while it runs, like its temporaries."""
-    _clear_library_workspaces()
-    try:
-        yield
-    finally:
-        _clear_library_workspaces()
-
-
-def _clear_library_workspaces() -> None:
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
 
 
 def _copy_all(dsts: list, srcs: list) -> None:
