@@ -274,9 +274,10 @@ class GraphFamily:
 
     def reserve(self, nbytes: int) -> None:
         """Reserve `nbytes` of the pool as one free segment (pool_reserve.py says when and
-        why; an inference graph's pool reserves at its capture), on the current stream: the allocator hands a free block only to requests of
-        the stream it was freed on, and the warm-ups and captures allocate on theirs. Call
-        inside `allocating()`, before anything else allocates in the pool."""
+        why; an inference graph's pool reserves at its capture), on the current stream: the
+        allocator hands a free block only to requests of the stream it was freed on, and the
+        warm-ups and captures allocate on theirs. Call inside `allocating()`, before anything
+        else allocates in the pool."""
         if nbytes and self._holds_pool:
             # freed at once, back to the pool: one free segment the warm-up's allocations split
             torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", self.device))
