@@ -378,6 +378,29 @@ def test_dynamo_reset_frees_the_memory_cuda_graphs_held():
     assert left_after_reset() - before < 2**20
 
 
+def test_an_inference_graphs_first_output_lies_outside_the_cuda_graph_pools_and_keeps_its_values():
+    """The caller holds an inference graph's first output while its next call captures: in
+    the graph's pool, the capture could not reuse that memory, and the pool held the output
+    twice (GPT-2 inference: 1120 MB against reduce-overhead's 720). The warm-up allocates in
+    the general pool (the allocator's segment of the first output has pool id (0, 0))."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    w = torch.randn(1024, 8192, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda x: (x @ w).relu(), backend="fuselens",
+                      options={"cuda_graphs": True, "fallback_on_error": False})
+    xs = [torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    with torch.no_grad():
+        first = f(xs[0])  # the warm-up, held across the capture and a replay
+        expected = first.clone()
+        outs = [f(x) for x in xs[1:]]  # the capture, then a replay
+    torch.cuda.synchronize()
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(outs[-1], (xs[-1] @ w).relu())
+    ptr = first.untyped_storage().data_ptr()
+    (segment,) = [s for s in torch.cuda.memory_snapshot() if s["address"] <= ptr < s["address"] + s["total_size"]]
+    assert tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0), segment.get("segment_pool_id")
+
+
 def test_cuda_graphs_leave_a_graph_reading_a_cpu_tensor_uncaptured_and_say_why():
     """A step count kept on the CPU (a compiled Adam with `capturable=False`): captured, every
     replay would use the first call's count. The graph runs with plain launches, every
