@@ -19,7 +19,9 @@ has each of the three steps after the compile, where CUDA graphs capture), the m
 the backend added to the CUDA allocator's reservation by the end of the timed steps: reserved
 then, cached free segments released, less what was live before the compile
 (CUDA graphs' memory pools count here: the outputs of
-Inductor's CUDA graphs do not count as allocated), and the error against eager (relative norm error
+Inductor's CUDA graphs do not count as allocated), on the CUDA-graph rows the pools the
+backend's graphs made (reserved; not the general pool, nor pools another backend's
+graphs still hold), and the error against eager (relative norm error
 of the output, or in training of all gradients together).
 The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the part of
 every backend's cold compile that is not the backend's own; the JSON's `aot_eager_s`
@@ -216,6 +218,10 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 gc.collect()  # the backend before this one, once unreachable
                 torch.cuda.empty_cache()
                 live_before = torch.cuda.memory_allocated()
+                if label.endswith("_cg"):  # the pools alive now are not this backend's
+                    from benchmarks.cuda_graph_pools import pools
+
+                    pools_before = {p["pool"] for p in pools()}
             with sink.collect() as events:
                 t0 = time.perf_counter()
                 out = step()
@@ -271,6 +277,11 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                     from benchmarks.cuda_graph_pools import fuselens_graphs, pools
 
                     r["pools"] = pools()
+                    # the graphs' own memory: the pools this backend made, not the general one nor
+                    # those another backend's graphs still hold (a pool left alive by an earlier
+                    # model's turns was listed in both backends' rows of the next, thirty-fifth session)
+                    r["own_pools_mb"] = sum(p["reserved_mb"] for p in r["pools"]
+                                            if p["pool"] not in pools_before and p["pool"] != "(0, 0)")
                     if label == "fuselens_cg":
                         r["cg_graphs"] = fuselens_graphs()
                         if train:
@@ -429,9 +440,9 @@ def vs_inductor(rec: dict, backend: str, key: str) -> str:
 
 
 def table(results: list[dict], backends: list[str]) -> str:
-    cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "reserved_mb", "err"]
+    cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "reserved_mb", "own_pools_mb", "err"]
     heads = ["wall ms", "vs Inductor", "kernel ms", "launches", "host ms", "compile s", "peak MB", "reserved MB",
-             "max err"]
+             "graphs' pools MB", "max err"]
     if any("turn_wall_ms" in r for rec in results for r in rec.values() if isinstance(r, dict)):
         cols += ["turn_wall_ms", "turn_host_ms", "turn_pipelined_ms"]
         heads += ["wall ms in turns", "host ms in turns", "pipelined ms in turns"]
