@@ -507,16 +507,14 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
 def _reset() -> None:
     """What our compiled graphs hold on the device goes with `torch._dynamo.reset()` (their
-    CUDA graphs' pools and static inputs). Dynamo calls a backend's `reset` only for the
-    backends `torch.compile` registered since the last reset: a function compiled once and
-    called across resets compiled again unknown to the next. Every reset also clears
-    Dynamo's callbacks, and our `clear` releases too (`_install_dynamo_callbacks`)."""
+    CUDA graphs' pools and static inputs), called from Dynamo's callback handler's `clear`,
+    which every reset calls (`_install_dynamo_callbacks`). Not as the backend's `reset`:
+    Dynamo calls that only for the backends `torch.compile` registered since the last
+    reset, so a function compiled once and called across resets, compiled again unknown
+    to the next, kept its graphs."""
     from fuselens.compiler.runtime.cuda_graphs import release_all
 
     release_all()
-
-
-fuselens_backend.reset = _reset  # type: ignore[attr-defined]
 
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], make: Callable[[str], Callable],
