@@ -173,6 +173,20 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
 
     case("column_reduction_of_a_cat", cat_heads_bias_grad, tuple(torch.randn(2, 3, 40, 32) for _ in range(3)),
          rtol=1e-4, atol=1e-4)
+
+    def experts_combined(proj, perm, resid):  # Mixtral: expert rows back in token order, summed per token
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        t, h = resid.shape
+        return resid + proj[inv].view(t, -1, h).sum(1)
+
+    # a gather at indices loaded one element each (the sum over two rows unrolled to one
+    # element): the pointer is 0-d, so the load takes no block mask
+    case("gather_of_one_element_loads", lambda x, t: x.gather(1, t[:, None]).sum(0) * 2,
+         (torch.randn(2, 7), torch.tensor([3, 5])))
+    for k in (2, 16):
+        case(f"experts_combined_{k}", experts_combined, (torch.randn(32 * k, 64), torch.randperm(32 * k),
+                                                          torch.randn(32, 64)), rtol=1e-4, atol=1e-4)
     # each part of a cat, a select's backward and a padding is read only where it is taken (masked loads)
     case("cat_parts_masked", lambda a, b, c: torch.cat([a, b * 2, c], 1) + 1,
          (torch.randn(5, 3), torch.randn(5, 4), torch.randn(5, 2)))
@@ -388,7 +402,7 @@ def _ok(records: dict, name: str) -> dict:
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
     "lgamma", "dynamic_shapes", "softmax_masked_by_ones", "index_put_kv_cache",
-    "bucketize_both_sides",
+    "bucketize_both_sides", "gather_of_one_element_loads",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:
     rec = _ok(records, name)
@@ -665,6 +679,18 @@ def test_a_column_sum_of_a_cat_is_planned_as_a_column_reduction(records: dict) -
     rec = _ok(records, "column_reduction_of_a_cat")
     red = [s for s in rec["sources"] if "reduction" in s.split('"""')[1]]
     assert red and all("(columns: contiguous along x)" in s.split('"""')[1] for s in red), rec["sources"]
+
+
+def test_a_sum_of_two_gathered_rows_is_pointwise_and_of_sixteen_a_column_reduction_over_them(records: dict) -> None:
+    # the rows' tokens pick the row through the loaded index: as dims of the row's stride they
+    # are outer, and the hidden dim, contiguous in every read and write, is innermost
+    two = _ok(records, "experts_combined_2")
+    assert two["kinds"] and set(two["kinds"]) == {"pointwise"}, two["sources"]
+    sixteen = _ok(records, "experts_combined_16")
+    red = [s for s in sixteen["sources"] if "reduction" in s.split('"""')[1]]
+    assert len(red) == 1 and "x=32x64 r=16 (columns: contiguous along x)" in red[0], sixteen["sources"]
+    stores = [ln for ln in red[0].splitlines() if "tl.store(" in ln]
+    assert stores and all("(xindex)" in ln for ln in stores), red[0]
 
 
 @pytest.mark.parametrize("name,masked_loads", [("cat_parts_masked", 3), ("select_scatters_masked", 3),

@@ -65,6 +65,8 @@ MAX_XBLOCK_POINTWISE = 4096  # largest XBLOCK the launcher may pick (mask elisio
 ONE_PROGRAM = 1024  # a pointwise kernel this small is one program under the launch heuristics
 MAX_BLOCK_2D = 64
 MAX_XBLOCK_REDUCTION = 64
+# the key of an access's {dim: stride} that holds the stride of the row a gathered read picks
+GATHERED = sympy.Symbol("gathered_row")
 MAX_RBLOCK_LOOPED = 2048
 # A looped Welford kernel instead of a persistent row when the kernel's only reductions
 # are a row's sum and its sum of squared deviations (layernorm, var), only where it was
@@ -155,6 +157,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         self.store_offsets: dict[str, set[str]] = {}
         self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
         self.from_data: set[str] = set()  # values computed from a load or a reduction (emit)
+        self.zero_d: set[str] = set()  # loads of one element (no block): `is_scalar`
         self.exprs: dict[str, str] = {}  # each printed value's expression (emit)
         # a part of a combo kernel: the name of the program's index within its part
         self.pid_name: Optional[str] = None
@@ -306,7 +309,10 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             mask = parts[0] if len(parts) == 1 else self.emit(" & ".join(parts), torch.bool).name
             # the conditions live in the current scope: not hoisted
             return self.emit(self._load_source(name, idx, mask, axes, spec.dtype), spec.dtype)
-        return self.emit(src, spec.dtype, scope)
+        v = self.emit(src, spec.dtype, scope)
+        if not axes:
+            self.zero_d.add(v.name)
+        return v
 
     def _load_source(self, name: str, idx: str, mask: Optional[str], axes: set[str], dtype: torch.dtype) -> str:
         # eviction hints only in Welford kernels (below): measured on the H200 (benchmarks/RESULTS.md),
@@ -368,7 +374,11 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
                 if buf in self.members or buf not in self.graph.buffers:
                     continue
                 e = self.simplify(ir.substitute(index, sub))
-                out.append((buf, self.linear(e)[0], False))
+                lin, rest = self.linear(e)
+                gathered = [rest.coeff(v) for v in rest.free_symbols if isinstance(v, ir.Indirect)]
+                if gathered:  # the dims that pick the row live inside the read index
+                    lin[GATHERED] = max(self._hint(c) for c in gathered)
+                out.append((buf, lin, False))
             if c.name in g.stores:
                 e = self.simplify(ir.offset_of(g.own_index(c), c.stride))
                 out.append((c.name, self.linear(e)[0], True))
@@ -378,8 +388,14 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         return self.graph.hint(e)
 
     def _order(self, dims: list[int], coefs: dict) -> list[int]:
-        """Dims outer to inner by descending stride of a reference access."""
-        return sorted(dims, key=lambda d: -self._hint(coefs.get(self.gv[d], 0)) if self.gv[d] in coefs else 0)
+        """Dims outer to inner by descending stride of a reference access. A dim the
+        access does not step along linearly is innermost (a broadcast: any order reads it
+        alike), but in a gather, where it is a dim that picks the row read (the index
+        loaded from it), its stride is the row's: Mixtral's sum over each token's experts
+        of rows gathered back into token order ran the tokens innermost, every load and
+        store 128 elements from the last."""
+        gathered = -self._hint(coefs[GATHERED]) if GATHERED in coefs else 0
+        return sorted(dims, key=lambda d: -self._hint(coefs.get(self.gv[d], 0)) if self.gv[d] in coefs else gathered)
 
     def plan(self) -> None:
         """Choose the kernel's kind, its block axes and its index width from the accesses."""

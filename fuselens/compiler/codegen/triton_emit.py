@@ -53,12 +53,13 @@ class Scope:
 class Emission:
     """TritonKernel's printing of values. The kernel sets `scope` (where values go now),
     `counter`, `from_data` (names of values computed from a load or a reduction),
-    `exprs` (each printed value's expression) and `load_conds` (the conditions the
-    loads being printed are masked by)."""
+    `exprs` (each printed value's expression), `zero_d` (loads of one element, the same
+    for every lane) and `load_conds` (the conditions the loads being printed are masked by)."""
 
     scope: Scope
     counter: int
     from_data: set[str]
+    zero_d: set[str]
     exprs: dict[str, str]
     load_conds: list[str]
 
@@ -77,17 +78,18 @@ class Emission:
         return v
 
     def is_scalar(self, name: str) -> bool:
-        """Whether value `name` is computed from constants alone (0-d: no block). Asked
+        """Whether value `name` is computed from constants and one-element loads alone
+        (0-d: no block; a cross entropy's target of a batch of two, unrolled). Asked
         only of gathers' indices, so derived when asked, not for every value printed;
         walked without recursion (a fused kernel's chain of values can be long)."""
         todo, seen = [name], set()
         while todo:
             n = todo.pop()
-            if n in seen or n in _LITERALS:
+            if n in seen or n in _LITERALS or n in self.zero_d:
                 continue
             seen.add(n)
             expr = self.exprs.get(n)
-            if expr is None or n in self.from_data:  # a load, a reduction, an index variable, an argument
+            if expr is None or "tl.load(" in expr or "acc" in expr:  # a block's load, a reduction, an index, an argument
                 return False
             todo.extend(_NAME.findall(_NOT_NAMES.sub(" ", expr)))
         return True
