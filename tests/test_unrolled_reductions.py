@@ -28,7 +28,7 @@ def test_a_sum_over_two_experts_runs_inside_the_normalization_kernel_that_reads_
     events = run(_experts_combined_then_rms_normalized, weighted, resid, g)
     assert len(cpp_kernels(events)) == 1, [k.name for k in cpp_kernels(events)]
     said = " ".join(e.reason for e in events if isinstance(e, FusionDecision))
-    assert "sum_1 (aten.sum.dim_IntList): pointwise 64x128" in said, said
+    assert "sum_1 (aten.sum.dim_IntList): sum over 2, unrolled: pointwise 64x128" in said, said
 
 
 def test_a_sum_over_more_than_eight_elements_stays_a_reduction():

@@ -312,6 +312,7 @@ class ComputeNode:
     # (permute_loops); None: as lowered. A reader that recomputes this node passes an
     # index in the lowered dims (inline_pointwise.py), which the body no longer takes.
     loop_order: Optional[list[int]] = None
+    unrolled: str = ""  # a reduction over few elements computed pointwise: what it reduces ("sum over 2")
 
     @property
     def is_reduction(self) -> bool:
@@ -327,6 +328,8 @@ class ComputeNode:
     def describe(self) -> str:
         if self.is_reduction:
             return f"{self.reduction} over {format_sizes(self.reduced_size())} of {format_sizes(self.full_size)}"
+        if self.unrolled:
+            return f"{self.unrolled}, unrolled: pointwise {format_sizes(self.size)}"
         return f"pointwise {format_sizes(self.size)}"
 
 

@@ -100,6 +100,7 @@ class Lowerer:
         full_size: Sequence[Expr] = (),
         rdims: Sequence[int] = (),
         acc_dtype: Optional[torch.dtype] = None,
+        unrolled: str = "",
     ) -> TensorValue:
         """Register a compute node for the current FX node; returns a value that loads it."""
         node = self.current
@@ -121,6 +122,7 @@ class Lowerer:
             acc_dtype=acc_dtype,
             stack_trace=node.meta.get("stack_trace") or "",
             list_element=hasattr(node, "fx_name"),
+            unrolled=unrolled,
         )
         loads = ir.record_loads(cn)
         cn.reads = {b for b, _ in loads}

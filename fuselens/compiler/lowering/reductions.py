@@ -77,7 +77,8 @@ def reduce(
 
     unrolled = _unrolled(x.size, rdims, osize, kind, body, acc, out_dtype, cast=map_fn is not None)
     if unrolled is not None:
-        return ctx.add_compute(unrolled, osize, out_dtype, name=name,
+        reduced = ir.format_sizes([x.size[d] for d in rdims])
+        return ctx.add_compute(unrolled, osize, out_dtype, name=name, unrolled=f"{kind} over {reduced}",
                                stride=ctx.out_stride(osize) if size is None else None)
     return ctx.add_compute(
         body, osize, out_dtype, name=name, reduction=kind, full_size=list(x.size), rdims=rdims, acc_dtype=acc,
