@@ -329,3 +329,23 @@ def test_a_residual_sum_read_at_one_token_is_recomputed_there_not_stored_whole()
     assert not [p for p in written if p.endswith(" b_add")], params  # the residual sum, 4x50x32
     assert any(d.rule == "inline" and "part of its elements" in d.reason for d in events
                if isinstance(d, FusionDecision))
+
+
+def test_a_producer_too_costly_to_recompute_in_another_space_says_why_in_the_refusal():
+    """Mixtral's expert rows gathered back into token order (a gather and a multiply by
+    the routing weight) are read twice by the sum over each token's two experts: the
+    scheduler keeps them apart for their spaces, and says why the gather is not
+    recomputed in the sum instead."""
+    def combine(proj, w, perm, resid):
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        t, h = resid.shape
+        return resid + (proj * w[:, None])[inv].view(t, 2, h).sum(1)
+
+    args = (torch.randn(64, 32), torch.rand(64), torch.randperm(64), torch.randn(32, 32))
+    out, events = compiled_events(combine, *args)
+    torch.testing.assert_close(out, combine(*args))
+    (refusal,) = [e for e in events if isinstance(e, FusionDecision) and e.decision == "not_fused"
+                  and e.rule == "iteration-space" and e.nodes == ["index", "sum_1"]]
+    assert refusal.reason.endswith("; index is not recomputed inside sum_1 instead: its 7 ops, loaded 2 times "
+                                   "by a reader, would be 14 operations an element there (at most 12)"), refusal.reason

@@ -337,7 +337,8 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         graph, outputs = lower(gm, opts)
     with phases.timed("scheduling"):
         out_sources = _output_sources(graph, outputs)
-        inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math)
+        declined: dict[str, str] = {}
+        inlined = inline_pointwise(graph, out_sources, costly_math=target.costly_math, declined=declined)
         element_major(graph)
         outputs_early(graph, out_sources)
         sched = schedule(graph, opts, out_sources, target.kernel_prefix)
@@ -345,6 +346,8 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
                       if opts.fusion else [])  # a producer recomputed in its reader is fused into it
         if recomputed:  # their readers changed: schedule them again
             inlined += recomputed
+            for r in recomputed:
+                declined.pop(r.node, None)
             sched = schedule(graph, opts, out_sources, target.kernel_prefix)
         if opts.combo_kernels:
             join_list_kernels(graph, sched, lambda grp: target.combo_part(grp, graph, opts), target.kernel_prefix)
@@ -357,6 +360,7 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     events = build_events(gm, graph, sched, library.kernels, ident.graph_id, ident.compile_id, ident.stage,
                           ident.function, ident.location)
     events += _rewrite_decisions(rewrites, inlined, sched, ident.graph_id)
+    _say_why_not_recomputed(events, declined)
     opts, blocked = _cuda_graphs_for(gm, example_inputs, opts, ident)
     runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, devices, timer)
     return runner, events + blocked + extra_events
@@ -411,6 +415,19 @@ def _rewrite_decisions(rewrites: list, inlined: list, sched: Any, graph_id: str)
                                  kernel=kernel_of.get(i.readers[0]), graph_id=graph_id, rule="inline")
                   for i in inlined)
     return events
+
+
+def _say_why_not_recomputed(events: list, declined: dict[str, str]) -> None:
+    """A producer and its reader kept apart because their iteration spaces differ: the
+    refusal also says why the producer was not recomputed in the reader instead."""
+    for i, e in enumerate(events):
+        if not (isinstance(e, FusionDecision) and e.decision == "not_fused" and e.rule == "iteration-space"
+                and len(e.nodes) == 2):
+            continue
+        producer, reader = e.nodes if e.nodes[0] in declined else reversed(e.nodes)
+        if producer in declined:
+            why = f"; {producer} is not recomputed inside {reader} instead: {declined[producer]}"
+            events[i] = dataclasses.replace(e, reason=e.reason + why)
 
 
 def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequence[Any], stage: str,

@@ -231,10 +231,14 @@ def _mutates(step: ExternNode) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
-def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: bool = False) -> list[Inlined]:
+def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: bool = False,
+                     declined: Optional[dict[str, str]] = None) -> list[Inlined]:
     """Recompute cheap pointwise producers in their readers (see the module docstring).
     `costly_math`: a transcendental function costs more than a load (the C++ target).
-    Mutates `graph`; returns what it inlined, in graph order."""
+    Mutates `graph`; returns what it inlined, in graph order. `declined`, when given,
+    gets why each producer read in another iteration space stays a kernel of its own
+    (the scheduler's refusal to fuse them says only that their spaces differ)."""
+    why_not = declined if declined is not None else {}
     if any(isinstance(s, ExternNode) and _mutates(s) for s in graph.steps):
         return []  # an in-place library call could change what a moved computation reads
     drop_unread(graph, output_sources)
@@ -254,20 +258,31 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
         if after_reduction[p.name] and not (len(compute_users) == 1 and _moves_data(p)
                                             and not _amplified(graph, p, compute_users)
                                             or _evaluated_on_part(graph, p, compute_users)):
-            continue  # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
+            # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
+            why_not[p.name] = "it is computed from a reduction's result, once per row in the row's kernel"
+            continue
         counted = _counted(p)
         ops = counted.count
         if costly_math and counted.math and _amplified(graph, p, compute_users):
-            continue  # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
+            # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
+            why_not[p.name] = ("its readers would evaluate its transcendental functions more often than it "
+                               "has elements")
+            continue
         if kept:
             # stored anyway: only readers in another iteration space gain (no kernel to wait for)
             compute_users = [u for u in compute_users if not _in_space_of(p, u)]
             if ops > TRIVIAL_OPS:
+                why_not[p.name] = (f"it is stored anyway (a graph output or a library call reads it), and at "
+                                   f"{ops} ops more than a copy to recompute")
                 continue
         elif any(ops * _loads_of(graph, p, u) > MAX_OPS for u in compute_users):
+            worst = max(ops * _loads_of(graph, p, u) for u in compute_users)
+            why_not[p.name] = (f"its {ops} ops, loaded {worst // ops} times by a reader, would be {worst} "
+                               f"operations an element there (at most {MAX_OPS})")
             continue
         elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
-            continue  # each reader would load all of its inputs instead of one buffer: more memory traffic
+            why_not[p.name] = "each of its readers would load all of its inputs instead of one buffer"
+            continue
         for u in compute_users:
             _inline_into(u, p, readers)
         if not kept:
