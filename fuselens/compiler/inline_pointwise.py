@@ -255,34 +255,14 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
             continue
         if all(_in_space_of(p, u) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
-        if after_reduction[p.name] and not (len(compute_users) == 1 and _moves_data(p)
-                                            and not _amplified(graph, p, compute_users)
-                                            or _evaluated_on_part(graph, p, compute_users)):
-            # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
-            why_not[p.name] = "it is computed from a reduction's result, once per row in the row's kernel"
-            continue
         counted = _counted(p)
+        why = _why_not_inlined(graph, p, compute_users, counted, kept, after_reduction[p.name], costly_math)
+        if why:
+            why_not[p.name] = why
+            continue
         ops = counted.count
-        if costly_math and counted.math and _amplified(graph, p, compute_users):
-            # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
-            why_not[p.name] = ("its readers would evaluate its transcendental functions more often than it "
-                               "has elements")
-            continue
-        if kept:
-            # stored anyway: only readers in another iteration space gain (no kernel to wait for)
+        if kept:  # stored anyway: only readers in another iteration space gain (no kernel to wait for)
             compute_users = [u for u in compute_users if not _in_space_of(p, u)]
-            if ops > TRIVIAL_OPS:
-                why_not[p.name] = (f"it is stored anyway (a graph output or a library call reads it), and at "
-                                   f"{ops} ops more than a copy to recompute")
-                continue
-        elif any(ops * _loads_of(graph, p, u) > MAX_OPS for u in compute_users):
-            worst = max(ops * _loads_of(graph, p, u) for u in compute_users)
-            why_not[p.name] = (f"its {ops} ops, loaded {worst // ops} times by a reader, would be {worst} "
-                               f"operations an element there (at most {MAX_OPS})")
-            continue
-        elif len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
-            why_not[p.name] = "each of its readers would load all of its inputs instead of one buffer"
-            continue
         for u in compute_users:
             _inline_into(u, p, readers)
         if not kept:
@@ -294,6 +274,32 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
                             kept))
     done.reverse()
     return done
+
+
+def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], counted: _CountingOps,
+                     kept: bool, after_reduction: bool, costly_math: bool) -> str:
+    """Why `p` stays stored instead of recomputed in `compute_users` (some in another
+    iteration space), in a user's words; "" when it is recomputed there. `counted`: its
+    body's operations."""
+    if after_reduction and not (len(compute_users) == 1 and _moves_data(p) and not _amplified(graph, p, compute_users)
+                                or _evaluated_on_part(graph, p, compute_users)):
+        # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
+        return "it is computed from a reduction's result, once per row in the row's kernel"
+    ops = counted.count
+    if costly_math and counted.math and _amplified(graph, p, compute_users):
+        # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
+        return "its readers would evaluate its transcendental functions more often than it has elements"
+    if kept:
+        if ops > TRIVIAL_OPS:
+            return f"it is stored anyway (a graph output or a library call reads it), and at {ops} ops more than a copy"
+        return ""
+    worst = max(ops * _loads_of(graph, p, u) for u in compute_users)
+    if worst > MAX_OPS:
+        return f"its {ops} ops, loaded {worst // ops} times by a reader, would be {worst} operations an element there " \
+               f"(at most {MAX_OPS})"
+    if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
+        return "each of its readers would load all of its inputs instead of one buffer"  # more memory traffic
+    return ""
 
 
 def _readers(graph: GraphIR) -> dict[str, list[Any]]:
