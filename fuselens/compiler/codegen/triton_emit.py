@@ -22,6 +22,12 @@ _NAME = re.compile(r"[A-Za-z_]\w*")
 _LITERALS = {"float", "inf", "nan", "True", "False"}  # float("inf"), booleans
 
 
+def _reads_data(expr: str) -> bool:
+    """Whether an expression itself reads memory or an accumulator (a load, a reduction's
+    running value): where values computed from data begin."""
+    return "tl.load(" in expr or "acc" in expr
+
+
 @dataclass
 class Scope:
     """Lines at one indent, the expressions already printed there (`cache`) and the
@@ -72,7 +78,7 @@ class Emission:
         v = TVal(f"tmp{self.counter}", dtype)
         sc.lines.append(f"{'    ' * sc.indent}{v.name} = {expr}")
         sc.cache[expr] = v
-        if "tl.load(" in expr or "acc" in expr or any(t in self.from_data for t in TMP.findall(expr)):
+        if _reads_data(expr) or any(t in self.from_data for t in TMP.findall(expr)):
             self.from_data.add(v.name)
         self.exprs[v.name] = expr
         return v
@@ -89,7 +95,7 @@ class Emission:
                 continue
             seen.add(n)
             expr = self.exprs.get(n)
-            if expr is None or "tl.load(" in expr or "acc" in expr:  # a block's load, a reduction, an index, an argument
+            if expr is None or _reads_data(expr):  # a block's load, a reduction, an index, an argument
                 return False
             todo.extend(_NAME.findall(_NOT_NAMES.sub(" ", expr)))
         return True

@@ -10,6 +10,7 @@ back into one row pass, and its events say so.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional, Sequence
 
 import sympy
@@ -109,18 +110,14 @@ def _unrolled(full: Sequence[Expr], rdims: Sequence[int], osize: Sequence[Expr],
     if not rdims or len(full) - 1 in rdims or kind not in _COMBINE \
             or not all(sympy.sympify(s).is_Integer for s in reduced):
         return None
-    count = 1
-    for s in reduced:
-        count *= int(s)
-    if not 1 <= count <= UNROLL_AT_MOST:
+    if not 1 <= int(ir.numel(reduced)) <= UNROLL_AT_MOST:
         return None
     keepdim = len(osize) == len(full)
     if not keepdim and len(osize) != len(full) - len(rdims):
         return None
     kept = [d for d in range(len(full)) if d not in rdims]
-    points = [[]]
-    for s in reduced:  # the reduced index, last dim fastest: the order a reduction loop takes
-        points = [p + [sympy.Integer(i)] for p in points for i in range(int(s))]
+    # the reduced index, last dim fastest: the order a reduction loop takes
+    points = list(itertools.product(*(map(sympy.Integer, range(int(s))) for s in reduced)))
     combine = _COMBINE[kind]
 
     def unrolled_body(ops: Any, idx: Sequence[Expr]) -> Any:
