@@ -255,12 +255,10 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
             continue
         if all(_in_space_of(p, u) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
-        counted = _counted(p)
-        why = _why_not_inlined(graph, p, compute_users, counted, kept, after_reduction[p.name], costly_math)
+        why, ops = _why_not_inlined(graph, p, compute_users, kept, after_reduction[p.name], costly_math)
         if why:
             why_not[p.name] = why
             continue
-        ops = counted.count
         if kept:  # stored anyway: only readers in another iteration space gain (no kernel to wait for)
             compute_users = [u for u in compute_users if not _in_space_of(p, u)]
         for u in compute_users:
@@ -276,30 +274,31 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     return done
 
 
-def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], counted: _CountingOps,
-                     kept: bool, after_reduction: bool, costly_math: bool) -> str:
-    """Why `p` stays stored instead of recomputed in `compute_users` (some in another
-    iteration space), in a user's words; "" when it is recomputed there. `counted`: its
-    body's operations."""
+def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], kept: bool,
+                     after_reduction: bool, costly_math: bool) -> tuple[str, int]:
+    """(why `p` stays stored instead of recomputed in `compute_users`, some in another
+    iteration space, in a user's words, "" when it is recomputed there; its operations)."""
     if after_reduction and not (len(compute_users) == 1 and _moves_data(p) and not _amplified(graph, p, compute_users)
                                 or _evaluated_on_part(graph, p, compute_users)):
         # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
-        return "it is computed from a reduction's result, once per row in the row's kernel"
+        return "it is computed from a reduction's result, once per row in the row's kernel", 0
+    counted = _counted(p)
     ops = counted.count
     if costly_math and counted.math and _amplified(graph, p, compute_users):
         # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
-        return "its readers would evaluate its transcendental functions more often than it has elements"
+        return "its readers would evaluate its transcendental functions more often than it has elements", ops
     if kept:
         if ops > TRIVIAL_OPS:
-            return f"it is stored anyway (a graph output or a library call reads it), and at {ops} ops more than a copy"
-        return ""
+            return (f"it is stored anyway (a graph output or a library call reads it), and at {ops} ops more "
+                    f"than a copy", ops)
+        return "", ops
     worst = max(ops * _loads_of(graph, p, u) for u in compute_users)
     if worst > MAX_OPS:
-        return f"its {ops} ops, loaded {worst // ops} times by a reader, would be {worst} operations an element there " \
-               f"(at most {MAX_OPS})"
+        return (f"its {ops} ops, loaded {worst // ops} times by a reader, would be {worst} operations an element "
+                f"there (at most {MAX_OPS})", ops)
     if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
-        return "each of its readers would load all of its inputs instead of one buffer"  # more memory traffic
-    return ""
+        return "each of its readers would load all of its inputs instead of one buffer", ops  # more memory traffic
+    return "", ops
 
 
 def _readers(graph: GraphIR) -> dict[str, list[Any]]:
