@@ -39,7 +39,7 @@ import torch
 import torch.fx
 
 from fuselens import sink
-from fuselens.compiler import aot_printouts, compile_gc, layout_passes, options as options_mod
+from fuselens.compiler import aot_printouts, compile_gc, layout_passes, options as options_mod, untraceable_split
 from fuselens.compiler.autograd_consistency import ForwardBackwardMismatch, OpPairing, checked_partition
 from fuselens.compiler.joint_cse import partition_without_its_cse
 from fuselens.compiler.runtime.cpp_build import KernelCompileError
@@ -516,10 +516,21 @@ def fuselens_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     # the first real call: a FakeTensor reached user code under DDP.
     from torch._dynamo.utils import counters
 
-    counters["aot_autograd"]["total"] += 1
-    with compile_gc.old_objects_frozen():
-        return _aot_compile(gm, example_inputs, make, partition, compile_id, opts.fallback_random,
+    def aot(g: torch.fx.GraphModule, ins: Sequence[Any]) -> Callable:
+        counters["aot_autograd"]["total"] += 1
+        return _aot_compile(g, ins, make, partition, compile_id, opts.fallback_random,
                             backward_with_forward=triton and opts.backward_with_forward and runs_on_cuda(devices))
+
+    with compile_gc.old_objects_frozen():
+        try:
+            return aot(gm, example_inputs)
+        except RESTARTS:
+            raise
+        except Exception as e:
+            found = untraceable_split.untraceable_backward(e)
+            if found is None or not untraceable_split.can_split(gm, found):
+                raise
+            return untraceable_split.compile_around(gm, example_inputs, found, aot, compile_id)
 
 
 def _reset() -> None:
