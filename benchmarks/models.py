@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -303,8 +303,23 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             print(tb, flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
-    for label, (wall, host, pipelined) in interleaved_times(steps, reps if device != "cuda" else turns,
-                                                            device).items():
+    rounds = reps if device != "cuda" else turns
+    warmed: dict[str, int] = {}
+    timed = interleaved_times(steps, rounds, device, warmed)
+    for label in [k for k in steps if k != "eager" and warmed.get(k) != rec[k].get("graphs")]:
+        # Dynamo runs a frame eagerly, under every backend, once a backend's compile of it
+        # failed ("skipping the function"): warmed after such a backend, this one compiled
+        # other graphs than its own compile did (Mixtral training, transformers 5.17:
+        # fuselens' one graph became Inductor's fragments). Its turns are then timed again
+        # with eager's alone, after a reset, as its own compile ran.
+        rec[label]["turns_note"] = (f"warmed for the turns after the other backends it compiled {warmed.get(label)} "
+                                    f"graphs, against {rec[label].get('graphs')} at its own compile: timed in "
+                                    "turns with eager only")
+        again = interleaved_times({k: steps[k] for k in ("eager", label) if k in steps}, rounds, device)
+        timed[label] = again[label]
+        if "eager" in again:
+            rec[label]["turns_eager_ms"] = again["eager"]  # (wall, host, pipelined) of eager in those turns
+    for label, (wall, host, pipelined) in timed.items():
         if device != "cuda":
             rec[label]["ms"] = wall
         else:
@@ -356,7 +371,8 @@ def dynamo_tracing_s(case: ModelCase, module: torch.nn.Module, inputs: dict, tra
 PIPELINED_STEPS = 5
 
 
-def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, tuple[float, ...]]:
+def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: str,
+                      warmed_graphs: Optional[dict[str, int]] = None) -> dict[str, tuple[float, ...]]:
     """(wall ms, host ms, pipelined ms) per step, medians, of each backend timed in turns. A
     shared machine's speed drifts over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25
     minutes apart on the CPU; on the GPU machines eager's host time a step moved 2-4x between
@@ -367,13 +383,18 @@ def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: 
     loop that does not read the loss each step, where one step's host work overlaps the
     last one's kernels. do_bench cannot stand in for it on a host-bound step: the median of
     its per-step intervals between CUDA events read T5's Inductor step at 23.2 ms while the
-    same step ran 30.8 ms a step back to back (H200, thirty-second session)."""
+    same step ran 30.8 ms a step back to back (H200, thirty-second session).
+    `warmed_graphs` gets the graphs each backend compiled when warmed for the turns."""
     if not steps:
         return {}
     torch._dynamo.reset()  # each backend's compiled code was dropped when the next compiled: back, warm
-    for step in steps.values():
+    graphs = torch._dynamo.utils.counters["stats"]
+    for k, step in steps.items():
+        before = graphs["unique_graphs"]
         for _ in range(3):  # CUDA graphs capture in the first steps
             step()
+        if warmed_graphs is not None:
+            warmed_graphs[k] = graphs["unique_graphs"] - before
     _sync(device)
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in steps}
     for _ in range(rounds):
@@ -464,6 +485,9 @@ def table(results: list[dict], backends: list[str]) -> str:
                 vals.append("-" if v is None else (f"{v:.1e}" if c == "err" else f"{v:.3g}" if c != "launches"
                                                    else f"{v:.0f}"))
             rows.append(f"| {rec['model']} | {rec['mode']} | {b} | {vals[0]} | {ratio} | " + " | ".join(vals[1:]) + " |")
+    notes = [f"- {rec['model']} {rec['mode']} {b}: {rec[b]['turns_note']}" for rec in results for b in backends
+             if "turns_note" in rec.get(b, {})]
+    rows += ["", *notes] if notes else []
     if ratios:
         rows.append(f"\ngeomean fuselens vs Inductor: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x "
                     f"(above 1: fuselens faster), over {len(ratios)} runs")
