@@ -67,8 +67,8 @@ class FixAdvice:
     cause: str  # catalogue key, e.g. "input-size", "global-mutated", "item"
     title: str  # one line, imperative
     detail: str = ""  # why it works, in the user's terms
-    edit: str = ""  # "mark_dynamic" | "dynamic_true" | "config" | "ignore_logging" | "" (advice only)
-    args: list[str] = field(default_factory=list)  # mark_dynamic: [name, dim]; config: [name, value]
+    edit: str = ""  # "mark_dynamic" | "dynamic_true" | "config" | "ignore_logging" | "backend" | "" (advice only)
+    args: list[str] = field(default_factory=list)  # mark_dynamic: [name, dim]; config: [name, value]; backend: [name]
     verified: Optional[bool] = None  # None: not tried
     preferred: bool = False
     verify_note: str = ""  # what the verification run showed, one line

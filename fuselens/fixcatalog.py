@@ -12,9 +12,12 @@ value computed inside the compiled function).
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from fuselens.events import ORIGIN_OPTIMIZER_STEP, FixAdvice, GraphBreak
+
+if TYPE_CHECKING:
+    from fuselens.capture.backend_failure import BackendFailure
 
 def _dynamic_true(cause: str = "input-size") -> FixAdvice:
     """A new object each time: the report marks fixes verified in place."""
@@ -175,3 +178,43 @@ def graph_break_fixes(gb: GraphBreak, debug_context: str = "") -> tuple[str, lis
         return (explained, [_config("capture_scalar_outputs", "True", "item",
                                     "keeps the scalar read inside the graph as a symbolic value")])
     return ("", [])
+
+
+def _short(path: str) -> str:
+    """An installed library's file from its package down (transformers/integrations/moe.py),
+    the user's by its name."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def backend_failure_fixes(backend: str, failure: Optional["BackendFailure"]) -> tuple[str, list[FixAdvice]]:
+    """(the explanation, the fixes) of a graph break Dynamo made because the backend raised
+    (GB0219). `failure` is what the backend's traceback showed, None when torch logged none.
+    Dynamo's own hint ("report an issue to the backend compiler repo") is wrong when the
+    cause is the program's: a custom op whose registered backward reads a tensor's value
+    cannot be traced by any backend that compiles the backward (Inductor, aot_eager)."""
+    if failure is None:
+        return (f"the {backend or 'backend'} compiler raised while compiling this graph; Dynamo broke the "
+                "graph at the failing code, in this frame and every frame around it, and ran the rest of "
+                "them eagerly", [])
+    where = f"{_short(failure.site.file)}:{failure.site.line} ({failure.site.function})" if failure.site else "its code"
+    if not failure.custom_op_backward:
+        return (f"the {backend or 'backend'} compiler raised {failure.exception} at {where} while compiling "
+                "this graph; Dynamo broke the graph there, in this frame and every frame around it, and ran "
+                "the rest of them eagerly", [])
+    explained = (f"the {backend or 'backend'} compiler could not trace the backward of a custom op: its registered "
+                 f"backward, {where}, reads a tensor's value in Python ({failure.exception}). Dynamo broke "
+                 "the graph at the op, in this frame and every frame around it, and ran the rest of them eagerly")
+    fixes = [FixAdvice(
+        "custom-op-backward", "register the loop that reads the tensor as a custom op of its own "
+        "(torch.library.custom_op) and call that op from the backward",
+        "the backward then traces as one opaque call and the graph stays whole (transformers 5.24 did this for "
+        "its grouped-matmul fallback)")]
+    if backend != "fuselens":
+        fixes.insert(0, FixAdvice(
+            "custom-op-backward", 'compile with backend="fuselens"',
+            "fuselens compiles the graph around a custom op whose backward cannot be traced: the op runs "
+            "as in eager, between the compiled parts, and Dynamo keeps one graph", edit="backend", args=["fuselens"]))
+    return explained, fixes

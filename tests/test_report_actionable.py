@@ -374,3 +374,25 @@ def test_compile_only_explanation_fits_200_chars_so_the_backend_eager_advice_is_
 
     _, explained = compilecrash.labelled("RuntimeError: x", "torch._inductor (lowering.py:1 in f)")
     assert len(explained) <= guardtext.MAX_TEXT and "--backend eager" in explained
+
+
+@pytest.mark.slow
+def test_a_custom_op_whose_backward_cannot_be_traced_is_one_finding_and_its_backend_fix_removes_it():
+    """The backend's failure (AOTAutograd cannot trace the op's backward) makes Dynamo break
+    the graph in every frame around the op: one finding, at the user's call, naming the
+    backward's line, with no capture_scalar_outputs (which cannot help); fuselens, which
+    compiles around the op, applied, runs the program in one graph."""
+    program = "custom_op_backward.py"
+    report = analyze(Target.from_cli([program], cwd=REAL), RunOptions(timeout_s=120))
+    assert report.run.exit_code == 0
+    (gb,) = report.graph_breaks
+    assert gb.reason == "the aot_eager compiler failed with aten._local_scalar_dense.default"
+    assert "custom_op_backward.py:32 (_backward)" in gb.explained
+    (fix, _) = gb.fixes
+    assert fix.edit == "backend" and fix.args == ["fuselens"]
+    verify.verify_report(report, os.path.join(REAL, program),
+                         lambda path: analyze(Target.from_cli([path], cwd=REAL), RunOptions(timeout_s=120)))
+    assert fix.verified and fix.preferred
+    after = _run_edited(program, lambda source: edited_source(source, gb, fix))
+    assert after.run.exit_code == 0 and after.graph_breaks == [] and len(after.graphs) >= 1
+    assert any("corpus::grouped_mm runs eagerly between compiled parts" in e.message for e in after.errors)

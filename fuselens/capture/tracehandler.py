@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from fuselens import fixcatalog
-from fuselens.capture import callsite, fsdp, guardtext
+from fuselens.capture import backend_failure, callsite, fsdp, guardtext
 from fuselens.capture import frames as fr
 from fuselens.capture import tracetext
 from fuselens.capture.break_origin import break_origin
@@ -105,6 +105,11 @@ class TraceHandler(TorchLogReader):
         self._pending: dict[str, _Pending] = {}
         self._seen_breaks: set[tuple] = set()
         self._break_compiles: set[str] = set()  # compile ids that logged a graph break
+        # a backend's failures by the message Dynamo's records quote, read from their tracebacks;
+        # where the first record of each was, and the (compile id, message) pairs reported
+        self._backend_failures: dict[str, backend_failure.BackendFailure] = {}
+        self._failure_at: dict[str, SourceLocation] = {}
+        self._seen_failures: set[tuple[str, str]] = set()
         # (file, def line) -> [(input, dim)] of its last size recompile: the
         # input an intermediate's size comes from.
         self._last_sizes: dict[tuple[str, int], list[tuple[str, int]]] = {}
@@ -118,6 +123,9 @@ class TraceHandler(TorchLogReader):
             self._pending.clear()
             self._seen_breaks.clear()
             self._break_compiles.clear()
+            self._backend_failures.clear()
+            self._failure_at.clear()
+            self._seen_failures.clear()
             self._last_sizes.clear()
             self.frames_by_compile.clear()
             self._frame_code.clear()
@@ -177,7 +185,15 @@ class TraceHandler(TorchLogReader):
                 pending.call_site = _call_site(frame)
 
     def _on_graph_break(self, cid: str, text: str) -> None:
+        failure = backend_failure.read_failure(text)
+        if failure is not None:
+            self._backend_failures[failure.message] = failure
+        if text.startswith("WON'T CONVERT"):
+            return  # the backend's traceback alone; its graph-break record follows
         parsed = tracetext.parse_graph_break(text)
+        if parsed.gb_type == backend_failure.GB_TYPE:
+            self._on_backend_failure(cid, parsed)
+            return
         stack = fr.user_stack(parsed.frames)
         location = stack[-1] if stack else None
         if location is None and parsed.at is not None:
@@ -201,6 +217,31 @@ class TraceHandler(TorchLogReader):
             return
         self._seen_breaks.add(key)
         gb.explained, gb.fixes = fsdp.hook_break(parsed.frames) or fixcatalog.graph_break_fixes(gb, parsed.debug_context)
+        self._emit(gb)
+
+    def _on_backend_failure(self, cid: str, parsed: tracetext.ParsedGraphBreak) -> None:
+        """One finding per backend failure: Dynamo's break repeats in every frame around
+        the failing code (each frame's record reads "cannot resume" and then "skipping the
+        function"), all at the user's line into the compiled code."""
+        backend, message = backend_failure.failed_with(parsed.explanation)
+        if (cid, message) in self._seen_failures:
+            return
+        self._seen_failures.add((cid, message))
+        stack = fr.user_stack(parsed.frames)
+        at = self._failure_at.setdefault(message, stack[-1] if stack else SourceLocation(file="<unknown>", line=0))
+        failure = self._backend_failures.get(message)
+        gb = GraphBreak(
+            location=at,
+            reason=f"the {backend or 'backend'} compiler failed with {message}",
+            explanation=parsed.explanation,
+            hints=[h for h in parsed.hints if h],
+            gb_type=parsed.gb_type,
+            registry_id=parsed.registry_id,
+            compile_id=cid,
+            user_stack=stack,
+        )
+        self._break_compiles.add(cid)
+        gb.explained, gb.fixes = fixcatalog.backend_failure_fixes(backend, failure)
         self._emit(gb)
 
     def _on_chromium(self, cid: str, payload: Optional[str]) -> None:

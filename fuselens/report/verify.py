@@ -23,7 +23,7 @@ from fuselens.events import FixAdvice, GraphBreak, Recompile, Report
 from fuselens.report import common
 from fuselens.report.verdicts import RunContext, Verdict, VerdictStore, verdict_key
 
-EDITABLE = ("mark_dynamic", "dynamic_true", "config", "ignore_logging")
+EDITABLE = ("mark_dynamic", "dynamic_true", "config", "ignore_logging", "backend")
 Finding = Union[GraphBreak, Recompile]
 
 
@@ -66,6 +66,9 @@ def edited_source(source: str, finding: Finding, fix: FixAdvice) -> Optional[str
     elif fix.edit == "dynamic_true":
         site = index.site_for(function)
         edit = fx.dynamic_true_fix(index, site) if site is not None else None
+    elif fix.edit == "backend" and len(fix.args) == 1:
+        site = index.site_for(function)
+        edit = fx.backend_fix(index, site, fix.args[0]) if site is not None else None
     elif fix.edit == "mark_dynamic" and len(fix.args) == 2:
         site = index.site_for(function)
         calls = index.call_sites(site) if site is not None else []

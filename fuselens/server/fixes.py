@@ -183,6 +183,24 @@ def dynamic_true_fix(index: SourceIndex, site: CompileSite) -> Optional[Fix]:
     return Fix(title, [_add_keyword(index, call, "dynamic=True")])
 
 
+def backend_fix(index: SourceIndex, site: CompileSite, backend: str) -> Optional[Fix]:
+    """`backend=...` on the torch.compile call, replacing the one it names."""
+    title = f'Compile {site.function} with backend="{backend}"'
+    if site.bare_decorator is not None:
+        (l0, c0), (l1, c1) = index.start(site.bare_decorator), index.end(site.bare_decorator)
+        return Fix(title, [Edit(l0, c0, l1, c1, f'{index.text(site.bare_decorator)}(backend="{backend}")')])
+    call = site.call
+    if call is None:
+        return None
+    for kw in call.keywords:
+        if kw.arg == "backend":
+            if isinstance(kw.value, ast.Constant) and kw.value.value == backend:
+                return None
+            (l0, c0), (l1, c1) = index.start(kw.value), index.end(kw.value)
+            return Fix(title, [Edit(l0, c0, l1, c1, f'"{backend}"')])
+    return Fix(title, [_add_keyword(index, call, f'backend="{backend}"')])
+
+
 def _add_keyword(index: SourceIndex, call: ast.Call, text: str) -> Edit:
     items = list(call.args) + list(call.keywords)
     if items:
@@ -211,6 +229,9 @@ def graph_break_fixes(index: SourceIndex, gb: GraphBreak, line: int) -> list[Opt
     for name, value in _CONFIG_IN_HINT.findall(hints.replace("`", "")):
         out.append(config_fix(index, name, value))
     out += [ignore_logging_fix(index, f.args[0]) for f in gb.fixes if f.edit == "ignore_logging" and f.args]
+    site = index.site_for(gb.location.function)
+    if site is not None:
+        out += [backend_fix(index, site, f.args[0]) for f in gb.fixes if f.edit == "backend" and f.args]
     return out
 
 
