@@ -60,11 +60,11 @@ def _optimizer_hyperparameter(name: str) -> Optional[FixAdvice]:
 
 
 def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: bool = False,
-                    input_name: str = "") -> list[FixAdvice]:
+                    input_name: str = "", value: str = "") -> list[FixAdvice]:
     """Fixes for one failed guard. `kind` is tracetext.GuardFailure.kind;
     `intermediate` says `name` was computed inside the compiled function
     (a value carried over a graph break), `input_name` the input it comes
-    from when known."""
+    from when known, `value` the value the code was specialized to."""
     if kind == "size" and intermediate and not input_name and name.startswith("the intermediate"):
         return [FixAdvice(
             "intermediate-size", "remove the graph break before it, or compile with dynamic=True",
@@ -92,6 +92,14 @@ def recompile_fixes(kind: str, name: str, dim: Optional[int], *, intermediate: b
                           "each rank is a separate compile")]
     if kind == "value" and (hyper := _optimizer_hyperparameter(name)) is not None:
         return [hyper]
+    if kind == "value" and value in ("True", "False"):
+        # torch.tensor(flag) would not be read where the flag is (often a library's object:
+        # transformers' cache layers' is_initialized), and dynamic=True leaves bools constant
+        return [FixAdvice(
+            "bool-flag", f"nothing to change if {name} only switches between True and False",
+            "Dynamo compiles once for each value of a Python bool and keeps both; dynamic=True does not "
+            "change that. It costs more only if the flag flips on every call, or each call compiles a new "
+            "object's flag (a graph break that makes a frame compile apart is the usual cause: remove it)")]
     if kind == "value":
         return [FixAdvice("python-scalar", f"pass {name} as a tensor (torch.tensor({name}))",
                           "a Python number is baked into the code: each new value compiles again; a tensor "

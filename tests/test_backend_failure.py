@@ -110,3 +110,14 @@ def test_the_backend_fix_replaces_the_backend_a_compile_call_names_or_adds_one()
     assert '@torch.compile(backend="fuselens")' in edited_source(bare, gb, fix)
     plain = "import torch\nm = torch.nn.Linear(2, 2)\nstep = torch.compile(m)\nstep(torch.ones(2))\n"
     assert 'torch.compile(m, backend="fuselens")' in edited_source(plain, gb, fix)
+
+
+def test_a_library_under_a_directory_named_torch_is_not_taken_for_torch():
+    """The GPU machine's environment lives in /opt/torch/.venv: a test of the text "/torch/"
+    took transformers' frames there for torch's, and the failure lost its site."""
+    from fuselens.capture.frames import is_torch_or_fuselens_file
+
+    venv = "/opt/torch/.venv/lib/python3.12/site-packages"
+    assert not is_torch_or_fuselens_file(f"{venv}/transformers/integrations/moe.py")
+    assert is_torch_or_fuselens_file(f"{venv}/torch/_subclasses/fake_impls.py")
+    assert not is_torch_or_fuselens_file("/home/u/torch/train.py")

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from fuselens.capture import RunOptions, Target, analyze
-from fuselens.capture import callsite, guardtext
+from fuselens.capture import callsite, guardtext, tracetext
 from fuselens.capture.assemble import assemble
 from fuselens.capture.break_origin import break_origin
 from fuselens.events import ORIGIN_OPTIMIZER_STEP, ErrorEntry, FixAdvice, GraphBreak, Report, RunInfo, SourceLocation
@@ -72,6 +72,20 @@ def test_a_recompile_on_an_optimizers_learning_rate_offers_a_tensor_learning_rat
     (fix,) = fixcatalog.recompile_fixes("value", "self.param_groups[0].lr", None)
     assert "torch.optim.AdamW(params, lr=torch.tensor(1e-3))" in fix.title
     assert fixcatalog.recompile_fixes("value", "scale", None)[0].title == "pass scale as a tensor (torch.tensor(scale))"
+
+
+
+def test_a_recompile_on_a_bool_flag_is_offered_neither_a_tensor_nor_dynamic_true():
+    """Mixtral's cache layers (transformers 5.17) mark themselves initialized: the guard
+    `past_key_values.layers[1].is_initialized == False` failed, and "pass it as a tensor"
+    (not the user's variable) and dynamic=True (bools stay constant; tried, did not work)
+    were offered."""
+    g = tracetext.translate_guard("11/7: L['past_key_values'].layers[1].is_initialized == False"
+                                  "        # if not self.is_initialized:  # transformers/cache_utils.py:143 in update",
+                                  "forward")
+    (fix,) = fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, value=g.old)
+    assert fix.cause == "bool-flag" and fix.edit == ""
+    assert "dynamic=True does not change that" in fix.detail
 
 
 LOGGER_BREAK = """Graph break in user code at /venv/lib/transformers/modeling_utils.py:5120

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from fuselens.capture.frames import make_location, traceback_frame
+from fuselens.capture.frames import is_torch_or_fuselens_file, make_location, traceback_frame
 from fuselens.events import SourceLocation
 
 GB_TYPE = "Backend compiler exception"
@@ -32,11 +32,6 @@ class BackendFailure:
     message: str  # what Dynamo's record quotes of it: "aten._local_scalar_dense.default"
     site: Optional[SourceLocation]  # the innermost frame outside torch, where it was raised
     custom_op_backward: bool  # raised inside a custom op's registered backward (torch/_library/autograd.py)
-
-
-def _is_torch_frame(filename: str) -> bool:
-    name = filename.replace("\\", "/")
-    return "/torch/" in name or "/fuselens/compiler/" in name or name.startswith("<")
 
 
 def read_failure(text: str) -> Optional[BackendFailure]:
@@ -55,7 +50,7 @@ def read_failure(text: str) -> Optional[BackendFailure]:
             filename, _, function = frame
             if filename.replace("\\", "/").endswith("_library/autograd.py") and function == "backward":
                 in_custom_backward = True
-            elif not _is_torch_frame(filename):
+            elif not is_torch_or_fuselens_file(filename):
                 site, through_backward = frame, in_custom_backward
             continue
         m = _EXCEPTION_LINE.match(line.strip())

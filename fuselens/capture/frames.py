@@ -24,13 +24,10 @@ _RESUME_RE = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
 _TRACEBACK_FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<fn>.+?)\s*$')
 
 
-def _library_dirs() -> list[str]:
+def _own_dirs() -> list[str]:
+    """torch's directory (found without importing torch in the parent) and fuselens'."""
     dirs = []
-    for key in ("stdlib", "platstdlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            dirs.append(os.path.realpath(path) + os.sep)
-    try:  # torch's own directory, without importing torch in the parent
+    try:
         import importlib.util
 
         spec = importlib.util.find_spec("torch")
@@ -42,7 +39,30 @@ def _library_dirs() -> list[str]:
     return dirs
 
 
+def _library_dirs() -> list[str]:
+    dirs = [os.path.realpath(path) + os.sep for key in ("stdlib", "platstdlib")
+            if (path := sysconfig.get_paths().get(key))]
+    return dirs + _own_dirs()
+
+
 _LIBRARY_DIRS: Optional[list[str]] = None
+_OWN_DIRS: Optional[list[str]] = None
+_INSTALLED_TORCH_RE = re.compile(r"/(?:site|dist)-packages/torch/")
+
+
+def is_torch_or_fuselens_file(filename: str) -> bool:
+    """A frame of torch or of fuselens itself. By directory, or by an installed torch's
+    package path (a trace read elsewhere); never by the text "torch" alone, which a path
+    can hold elsewhere (the GPU machine's environment lives in /opt/torch/.venv)."""
+    global _OWN_DIRS
+    if not filename or filename.startswith("<"):
+        return True
+    if _INSTALLED_TORCH_RE.search(filename.replace("\\", "/")):
+        return True
+    if _OWN_DIRS is None:
+        _OWN_DIRS = _own_dirs()
+    real = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
+    return any(real.startswith(d) for d in _OWN_DIRS)
 
 
 def is_user_file(filename: str) -> bool:

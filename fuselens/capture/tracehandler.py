@@ -399,7 +399,8 @@ class TraceHandler(TorchLogReader):
             root = next((n for n, d in self._last_sizes.get(identity, []) if d == g.dim), "")
         elif g.kind == "size" and g.dim is not None:
             read.sizes.append((g.input_name, g.dim))
-        for advice in fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, intermediate=intermediate, input_name=root):
+        for advice in fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, intermediate=intermediate, input_name=root,
+                                                 value=g.old):
             if all(advice.title != f.title for f in read.fixes):
                 read.fixes.append(advice)
         read.causes.append(read.fixes[0].cause if read.fixes else g.kind)

@@ -17,6 +17,7 @@ Dynamo keeps one graph. An ErrorEntry (kind "fallback") at the op's line says so
 
 from __future__ import annotations
 
+import os
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -26,6 +27,10 @@ import torch.fx
 
 from fuselens import sink
 from fuselens.events import ErrorEntry
+
+# the frames of torch itself, by directory: a path's text can hold "torch" elsewhere (the GPU
+# machine's environment is /opt/torch/.venv)
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ def untraceable_backward(exc: BaseException) -> Optional[UntraceableBackward]:
             name = _qualified_name(op)
             if name:
                 ops.add(name)
-        elif ops and "/torch/" not in code.co_filename.replace("\\", "/"):
+        elif ops and not os.path.realpath(code.co_filename).startswith(_TORCH_DIR):
             where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line} in {code.co_name}"
     if not ops:
         return None

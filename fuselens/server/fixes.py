@@ -110,12 +110,15 @@ def recompile_fixes(index: SourceIndex, rc: Recompile) -> list[Optional[Fix]]:
     # (fuselens/fixcatalog.py, report/verify.py): a mark_dynamic that looks
     # right can crash with ConstraintViolationError.
     verified = {f.edit for f in rc.fixes if f.preferred}
-    for fix in marks + [dynamic_true_fix(index, site)]:
+    # dynamic=True only where the catalogue lists it: it cannot help a bool, a bytes value or a
+    # global, and a quick-fix that changes nothing is a wrong fix
+    dynamic = [dynamic_true_fix(index, site)] if any(f.edit == "dynamic_true" for f in rc.fixes) else []
+    for fix in marks + dynamic:
         if fix is not None and (("mark_dynamic" in fix.title and "mark_dynamic" in verified)
                                 or ("dynamic=True" in fix.title and "dynamic_true" in verified)):
             fix.preferred = True
             break
-    return marks + [dynamic_true_fix(index, site)]
+    return marks + dynamic
 
 
 def _argument(site: CompileSite, call: ast.Call, name: str) -> Optional[ast.expr]:
