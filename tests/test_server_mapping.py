@@ -149,6 +149,19 @@ def test_fix_that_would_not_parse_is_never_offered():
     assert fixes_for("def broken(:\n", recompile, 0) == []
 
 
+def test_a_recompile_whose_catalogue_fixes_leave_out_dynamic_true_gets_no_dynamic_true_quick_fix():
+    """A bool flag (transformers' cache layers' is_initialized) stays constant under
+    dynamic=True: offered, the quick-fix changed nothing."""
+    from fuselens import fixcatalog
+
+    source = "import torch\n@torch.compile\ndef f(x, flag):\n    return x + 1 if flag else x\nf(torch.ones(2), True)\n"
+    fixes = fixcatalog.recompile_fixes("value", "flag", None, value="True")
+    recompile = Recompile("f", SourceLocation("prog.py", 3), "0/1", fixes=fixes)
+    assert not [f for f in fixes_for(source, recompile, 2) if "dynamic=True" in f.title]
+    sized = Recompile("f", SourceLocation("prog.py", 3), "0/1", fixes=fixcatalog.recompile_fixes("size", "x", 0))
+    assert [f for f in fixes_for(source, sized, 2) if "dynamic=True" in f.title]
+
+
 def test_inductor_kernel_ops_are_read_from_its_name():
     assert kernel_ops(Kernel("triton_poi_fused_add_cos_mul_sin_0", "triton", backend="inductor")) == ["add", "cos", "mul", "sin"]
 

@@ -110,9 +110,11 @@ def recompile_fixes(index: SourceIndex, rc: Recompile) -> list[Optional[Fix]]:
     # (fuselens/fixcatalog.py, report/verify.py): a mark_dynamic that looks
     # right can crash with ConstraintViolationError.
     verified = {f.edit for f in rc.fixes if f.preferred}
-    # dynamic=True only where the catalogue lists it: it cannot help a bool, a bytes value or a
-    # global, and a quick-fix that changes nothing is a wrong fix
-    dynamic = [dynamic_true_fix(index, site)] if any(f.edit == "dynamic_true" for f in rc.fixes) else []
+    # dynamic=True where the catalogue lists it, or where no catalogue fix came with the recompile
+    # (a report from before the catalogue): it cannot help a bool, a bytes value or a global, and
+    # a quick-fix that changes nothing is a wrong fix
+    listed = not rc.fixes or any(f.edit == "dynamic_true" for f in rc.fixes)
+    dynamic = [dynamic_true_fix(index, site)] if listed else []
     for fix in marks + dynamic:
         if fix is not None and (("mark_dynamic" in fix.title and "mark_dynamic" in verified)
                                 or ("dynamic=True" in fix.title and "dynamic_true" in verified)):
