@@ -54,6 +54,7 @@ _pool_calls: list[tuple] = []
 @contextlib.contextmanager
 def _graph(g: _Graph, pool: Any = None, stream: Any = None, **_: Any):
     _pool_calls.append(("capture", pool, stream))
+    _use_count[pool] = _use_count.get(pool, 0) + 1
     _capturing.append(g)
     try:
         yield
@@ -84,6 +85,7 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     _pool_memory.clear()
     gc.collect()  # earlier tests' families release their pools when they go: not among this test's calls
     _pool_calls.clear()
+    _use_count.clear()
 
 
 _allocating: list[Any] = []  # the pools this thread allocates from now (begin ... end)
@@ -95,12 +97,24 @@ _pool_memory: list[torch.Tensor] = []  # what the pools allocated: a real pool k
 _real_empty_strided = torch.empty_strided
 
 
+# each pool's use count, as CUDA's caching allocator keeps it: a begin or a capture into the
+# pool adds one, a release takes one, and a release below zero is its `uc >= 0` assertion
+# (which aborted a process running two backends' CUDA graphs, thirty-seventh session). A
+# captured graph's own release at its destruction is not simulated: counts here are at least
+# CUDA's, so a release that fails here fails there too.
+_use_count: dict[Any, int] = {}
+
+
 def _pool_call(what: str, pool: Any) -> None:
     _pool_calls.append((what, pool))
     if what == "begin":
+        _use_count[pool] = _use_count.get(pool, 0) + 1
         _allocating.append(pool)
     elif what == "end":
         _allocating.pop()
+    elif what == "release":
+        _use_count[pool] = _use_count.get(pool, 0) - 1
+        assert _use_count[pool] >= 0, f"pool {pool} released once more than it was used"
 
 
 def _empty_strided(size: Any, stride: Any, **kw: Any) -> torch.Tensor:
