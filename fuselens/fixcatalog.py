@@ -19,6 +19,7 @@ from fuselens.events import ORIGIN_OPTIMIZER_STEP, FixAdvice, GraphBreak
 if TYPE_CHECKING:
     from fuselens.capture.backend_failure import BackendFailure
 
+
 def _dynamic_true(cause: str = "input-size") -> FixAdvice:
     """A new object each time: the report marks fixes verified in place."""
     why = ("Python ints become symbols instead of constants" if cause == "python-scalar"
