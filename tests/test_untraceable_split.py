@@ -116,3 +116,19 @@ def test_without_gradients_the_op_is_traced_whole_and_nothing_is_split():
         got = torch.compile(_two_expert_layers, backend="fuselens")(x, w1, w2, offs)
     torch.testing.assert_close(got, _two_expert_layers(x, w1, w2, offs))
     assert not [e for e in events if isinstance(e, ErrorEntry) and "runs eagerly between" in e.message]
+
+
+def test_with_dynamic_sizes_the_split_graph_serves_a_new_batch_size_without_compiling_again():
+    f = torch.compile(_two_expert_layers, backend="fuselens", dynamic=True)
+    torch._dynamo.utils.counters.clear()
+    for n in (12, 16):
+        torch.manual_seed(0)
+        x = torch.randn(n, 8, requires_grad=True)
+        w1, w2 = torch.randn(3, 8, 16, requires_grad=True), torch.randn(3, 16, 8, requires_grad=True)
+        offs = torch.tensor([4, 9, n])
+        want_loss, want = _grads(_two_expert_layers, x, w1, w2, offs)
+        got_loss, got = _grads(f, x, w1, w2, offs)
+        torch.testing.assert_close(got_loss, want_loss)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
