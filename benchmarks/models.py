@@ -29,7 +29,10 @@ adds AOTAutograd's trace and partition (`backend="aot_eager"`), which Inductor a
 fuselens both run before their own work.
 `--turns N` times the compiled backends again in turns after all compiled: wall, host
 and pipelined ms a step (`interleaved_times`); pipelined is what a training loop that
-does not wait for each step sees, the figure to read on a host-bound step.
+does not wait for each step sees, the figure to read on a host-bound step. A backend that
+compiles other graphs when warmed for the turns than at its own compile (Dynamo runs a frame
+eagerly under every backend once one backend's compile of it failed) is timed in turns again
+with eager only, after a reset; its row's `turns_note` says so.
 `--cuda-graphs` adds Inductor `mode="reduce-overhead"` against fuselens'
 `cuda_graphs` option. `--dropout 0.1` trains with dropout on (Hugging Face's default;
 the error column is then empty: each backend draws its own numbers). `--profile` writes the top kernels of each backend and the Python functions its host time
