@@ -162,6 +162,25 @@ def test_a_recompile_whose_catalogue_fixes_leave_out_dynamic_true_gets_no_dynami
     assert [f for f in fixes_for(source, sized, 2) if "dynamic=True" in f.title]
 
 
+def test_a_backend_failure_diagnostic_says_the_cause_and_its_verified_fix_not_torchs_hint(tmp_path):
+    from fuselens.events import FixAdvice
+
+    resolver, path = _resolver(tmp_path)
+    fix = FixAdvice("custom-op-backward", 'compile with backend="fuselens"', edit="backend", args=["fuselens"],
+                    verified=True, preferred=True)
+    gb = GraphBreak(SourceLocation(path, 11, "<module>"), reason="the inductor compiler failed with "
+                    "aten._local_scalar_dense.default", hints=["Report an issue to the backend compiler repo."],
+                    explained="the inductor compiler could not trace the backward of a custom op", fixes=[fix])
+    (finding,) = report_findings(Report(run=RunInfo(target=path), graph_breaks=[gb]), resolver)["file:///prog.py"]
+    message = finding.diagnostic.message
+    assert "could not trace the backward of a custom op" in message
+    assert 'Fix: compile with backend="fuselens" (verified)' in message
+    assert "Report an issue" not in message
+    source = SOURCE.replace('@torch.compile(backend="fuselens")', '@torch.compile(backend="inductor")')
+    (quick,) = [q for q in fixes_for(source, gb, 10) if "backend" in q.title]
+    assert quick.preferred and '@torch.compile(backend="fuselens")' in apply_edits(source, quick.edits)
+
+
 def test_inductor_kernel_ops_are_read_from_its_name():
     assert kernel_ops(Kernel("triton_poi_fused_add_cos_mul_sin_0", "triton", backend="inductor")) == ["add", "cos", "mul", "sin"]
 

@@ -115,9 +115,18 @@ def _graph_breaks(breaks: list[GraphBreak], resolver: Resolver) -> list[Finding]
             continue
         uri, line = where
         lines = [f"Graph break: {gb.reason}" + (f" (x{gb.count})" if gb.count > 1 else "")]
-        if gb.explanation and gb.explanation not in gb.reason:
-            lines.append(gb.explanation)
-        lines += [h if h.lower().startswith("hint") else f"Hint: {h}" for h in gb.hints]
+        if gb.explained:
+            # the catalogue's reading in the user's terms, and its best fix; torch's own hint is
+            # left out then (a backend's failure: "report an issue to the backend compiler repo",
+            # where the cause is the program's custom op)
+            lines.append(gb.explained)
+            best = next((f for f in gb.fixes if f.preferred), gb.fixes[0] if gb.fixes else None)
+            if best is not None:
+                lines.append(f"Fix: {best.title}" + (" (verified)" if best.verified else ""))
+        else:
+            if gb.explanation and gb.explanation not in gb.reason:
+                lines.append(gb.explanation)
+            lines += [h if h.lower().startswith("hint") else f"Hint: {h}" for h in gb.hints]
         if is_data_dependent(gb) and not gb.hints:
             lines.append(DATA_DEPENDENT_HINT)
         lines += _on_ranks(gb.ranks)

@@ -236,7 +236,11 @@ def graph_break_fixes(index: SourceIndex, gb: GraphBreak, line: int) -> list[Opt
     out += [ignore_logging_fix(index, f.args[0]) for f in gb.fixes if f.edit == "ignore_logging" and f.args]
     site = index.site_for(gb.location.function)
     if site is not None:
-        out += [backend_fix(index, site, f.args[0]) for f in gb.fixes if f.edit == "backend" and f.args]
+        for f in (f for f in gb.fixes if f.edit == "backend" and f.args):
+            fix = backend_fix(index, site, f.args[0])
+            if fix is not None:
+                fix.preferred = f.preferred  # `fuselens report` applied it to a copy and re-ran it
+            out.append(fix)
     return out
 
 
