@@ -121,3 +121,27 @@ def test_a_library_under_a_directory_named_torch_is_not_taken_for_torch():
     assert not is_torch_or_fuselens_file(f"{venv}/transformers/integrations/moe.py")
     assert is_torch_or_fuselens_file(f"{venv}/torch/_subclasses/fake_impls.py")
     assert not is_torch_or_fuselens_file("/home/u/torch/train.py")
+
+
+def _size_recompile(co_file: str, call_code: str):
+    from fuselens.capture.tracehandler import _Pending
+    from fuselens.events import Recompile
+
+    events: list = []
+    handler = TraceHandler(events.append)
+    pending = _Pending(raw_reasons=["19/0: tensor 'weight' size mismatch at index 1. expected 256, actual 344"],
+                       call_site=SourceLocation("/home/u/train.py", 12, "<module>", code=call_code))
+    handler._emit_recompile("19/1", "_can_use_grouped_mm", co_file, 260, pending, False)
+    (rc,) = [e for e in events if isinstance(e, Recompile)]
+    return rc
+
+
+def test_a_library_frames_input_the_users_call_does_not_pass_is_not_offered_mark_dynamic():
+    """transformers' `_can_use_grouped_mm(input, weight, offs)`, compiled apart after a graph
+    break, recompiles for each expert weight's shape: "mark weight dynamic before the call"
+    named no variable of the user's."""
+    rc = _size_recompile("/venv/lib/python3.11/site-packages/transformers/integrations/moe.py",
+                         "out = step(input_ids=ids, labels=ids)")
+    assert [f.edit for f in rc.fixes] == ["dynamic_true"]
+    mine = _size_recompile("/home/u/model.py", "out = step(weight)")
+    assert "mark_dynamic" in [f.edit for f in mine.fixes]

@@ -335,8 +335,9 @@ class TraceHandler(TorchLogReader):
         identity = (location.file, location.line)
         raws = guardtext.latest_entry(p.raw_reasons)
         read = _GuardReading()
+        library_frame = bool(co_file) and not fr.is_user_file(co_file)
         for raw in raws:
-            self._read_guard(read, tracetext.translate_guard(raw, co_name), co_name, p, call, identity)
+            self._read_guard(read, tracetext.translate_guard(raw, co_name), co_name, p, call, identity, library_frame)
         if read.sizes:
             self._last_sizes[identity] = read.sizes
         reasons, fixes = read.reasons, read.fixes
@@ -373,8 +374,12 @@ class TraceHandler(TorchLogReader):
         p: _Pending,
         call: Optional[callsite.CallText],
         identity: tuple[str, int],
+        library_frame: bool = False,
     ) -> None:
-        """Add what one failed guard says to `read`, in the user's names."""
+        """Add what one failed guard says to `read`, in the user's names. In a library's frame
+        (`library_frame`), an input the user's call does not pass is no name the user can mark
+        dynamic (transformers' `_can_use_grouped_mm(input, weight, offs)`, compiled apart
+        after a graph break, recompiled for each expert weight's shape)."""
         dynamic = self._became_dynamic(p, g)
         shown = callsite.user_argument(g.input_name, call) if g.input_name else None
         if shown:
@@ -401,6 +406,8 @@ class TraceHandler(TorchLogReader):
             read.sizes.append((g.input_name, g.dim))
         for advice in fixcatalog.recompile_fixes(g.kind, g.input_name, g.dim, intermediate=intermediate, input_name=root,
                                                  value=g.old):
+            if advice.edit == "mark_dynamic" and library_frame and not shown:
+                continue
             if all(advice.title != f.title for f in read.fixes):
                 read.fixes.append(advice)
         read.causes.append(read.fixes[0].cause if read.fixes else g.kind)
