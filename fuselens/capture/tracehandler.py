@@ -224,6 +224,7 @@ class TraceHandler(TorchLogReader):
         the failing code (each frame's record reads "cannot resume" and then "skipping the
         function"), all at the user's line into the compiled code."""
         backend, message = backend_failure.failed_with(parsed.explanation)
+        message = message or (parsed.explanation or parsed.reason).strip()[:200]  # another torch's wording
         if (cid, message) in self._seen_failures:
             return
         self._seen_failures.add((cid, message))
