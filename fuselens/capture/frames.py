@@ -8,6 +8,7 @@ Notebook cells (`<nb>.ipynb#cellN`) become (file=nb, cell=N). No torch.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -24,7 +25,8 @@ _RESUME_RE = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
 _TRACEBACK_FRAME_RE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<fn>.+?)\s*$')
 
 
-def _own_dirs() -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _own_dirs() -> tuple[str, ...]:
     """torch's directory (found without importing torch in the parent) and fuselens'."""
     dirs = []
     try:
@@ -36,48 +38,44 @@ def _own_dirs() -> list[str]:
     except (ImportError, ValueError):
         pass
     dirs.append(os.path.realpath(_FUSELENS_DIR) + os.sep)
-    return dirs
+    return tuple(dirs)
 
 
-def _library_dirs() -> list[str]:
-    dirs = [os.path.realpath(path) + os.sep for key in ("stdlib", "platstdlib")
-            if (path := sysconfig.get_paths().get(key))]
-    return dirs + _own_dirs()
+@functools.lru_cache(maxsize=None)
+def _library_dirs() -> tuple[str, ...]:
+    stdlib = (os.path.realpath(path) + os.sep for key in ("stdlib", "platstdlib")
+              if (path := sysconfig.get_paths().get(key)))
+    return (*stdlib, *_own_dirs())
 
 
-_LIBRARY_DIRS: Optional[list[str]] = None
-_OWN_DIRS: Optional[list[str]] = None
 _INSTALLED_TORCH_RE = re.compile(r"/(?:site|dist)-packages/torch/")
+
+
+def _real(filename: str) -> str:
+    return os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
 
 
 def is_torch_or_fuselens_file(filename: str) -> bool:
     """A frame of torch or of fuselens itself. By directory, or by an installed torch's
     package path (a trace read elsewhere); never by the text "torch" alone, which a path
     can hold elsewhere (the GPU machine's environment lives in /opt/torch/.venv)."""
-    global _OWN_DIRS
     if not filename or filename.startswith("<"):
         return True
     if _INSTALLED_TORCH_RE.search(filename.replace("\\", "/")):
         return True
-    if _OWN_DIRS is None:
-        _OWN_DIRS = _own_dirs()
-    real = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
-    return any(real.startswith(d) for d in _OWN_DIRS)
+    return _real(filename).startswith(_own_dirs())
 
 
 def is_user_file(filename: str) -> bool:
     """True for the user's code (scripts, their packages, notebook cells)."""
-    global _LIBRARY_DIRS
     if not filename:
         return False
     if split_cell_filename(filename):
         return True
     if filename.startswith("<"):
         return False
-    if _LIBRARY_DIRS is None:
-        _LIBRARY_DIRS = _library_dirs()
-    real = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
-    if any(real.startswith(d) for d in _LIBRARY_DIRS):
+    real = _real(filename)
+    if real.startswith(_library_dirs()):
         # A user script under site-packages/torch? No: everything there is torch.
         return False
     if "site-packages" in real or "dist-packages" in real:

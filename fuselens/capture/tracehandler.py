@@ -49,6 +49,14 @@ class _Pending:
     call_site: Optional[SourceLocation] = None  # the user line calling the compiled code
 
 
+def _graph_break(parsed: tracetext.ParsedGraphBreak, cid: str, location: SourceLocation, reason: str,
+                 stack: list[SourceLocation], origin: str = "") -> GraphBreak:
+    """A finding from one `dynamo_graph_break_reason` record, at `location`."""
+    return GraphBreak(location=location, reason=reason, explanation=parsed.explanation,
+                      hints=[h for h in parsed.hints if h], gb_type=parsed.gb_type,
+                      registry_id=parsed.registry_id, compile_id=cid, user_stack=stack, origin=origin)
+
+
 def _compile_id(meta: dict) -> str:
     fid, cid = meta.get("frame_id"), meta.get("frame_compile_id")
     if fid is None or cid is None:
@@ -200,17 +208,8 @@ class TraceHandler(TorchLogReader):
             location = fr.make_location(parsed.at[0], parsed.at[1])
         if location is None:
             location = SourceLocation(file="<unknown>", line=0)
-        gb = GraphBreak(
-            location=location,
-            reason=parsed.reason or "graph break",
-            explanation=parsed.explanation,
-            hints=[h for h in parsed.hints if h],
-            gb_type=parsed.gb_type,
-            registry_id=parsed.registry_id,
-            compile_id=cid,
-            user_stack=stack,
-            origin=break_origin(parsed.frames, parsed.explanation),
-        )
+        gb = _graph_break(parsed, cid, location, parsed.reason or "graph break", stack,
+                          origin=break_origin(parsed.frames, parsed.explanation))
         key = (cid,) + gb.key()
         self._break_compiles.add(cid)
         if key in self._seen_breaks:  # a restarted attempt logs the same break again
@@ -231,16 +230,7 @@ class TraceHandler(TorchLogReader):
         stack = fr.user_stack(parsed.frames)
         at = self._failure_at.setdefault(message, stack[-1] if stack else SourceLocation(file="<unknown>", line=0))
         failure = self._backend_failures.get(message)
-        gb = GraphBreak(
-            location=at,
-            reason=f"the {backend or 'backend'} compiler failed with {message}",
-            explanation=parsed.explanation,
-            hints=[h for h in parsed.hints if h],
-            gb_type=parsed.gb_type,
-            registry_id=parsed.registry_id,
-            compile_id=cid,
-            user_stack=stack,
-        )
+        gb = _graph_break(parsed, cid, at, f"the {backend or 'backend'} compiler failed with {message}", stack)
         self._break_compiles.add(cid)
         gb.explained, gb.fixes = fixcatalog.backend_failure_fixes(backend, failure)
         self._emit(gb)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from fuselens.events import FusionDecision, GraphBreak, Recompile
 from fuselens.server.diagnostics import FindingEvent, is_data_dependent
@@ -172,38 +172,32 @@ def mark_dynamic_fix(index: SourceIndex, site: CompileSite, call: ast.Call, stmt
 
 def dynamic_true_fix(index: SourceIndex, site: CompileSite) -> Optional[Fix]:
     """`dynamic=True` on the torch.compile call (all sizes dynamic)."""
-    title = f"Compile {site.function} with dynamic=True"
-    if site.bare_decorator is not None:
-        (l0, c0), (l1, c1) = index.start(site.bare_decorator), index.end(site.bare_decorator)
-        return Fix(title, [Edit(l0, c0, l1, c1, f"{index.text(site.bare_decorator)}(dynamic=True)")])
-    call = site.call
-    if call is None:
-        return None
-    for kw in call.keywords:
-        if kw.arg == "dynamic":
-            if isinstance(kw.value, ast.Constant) and kw.value.value is True:
-                return None
-            (l0, c0), (l1, c1) = index.start(kw.value), index.end(kw.value)
-            return Fix(title, [Edit(l0, c0, l1, c1, "True")])
-    return Fix(title, [_add_keyword(index, call, "dynamic=True")])
+    return _compile_keyword_fix(index, site, "dynamic", True)
 
 
 def backend_fix(index: SourceIndex, site: CompileSite, backend: str) -> Optional[Fix]:
     """`backend=...` on the torch.compile call, replacing the one it names."""
-    title = f'Compile {site.function} with backend="{backend}"'
+    return _compile_keyword_fix(index, site, "backend", backend)
+
+
+def _compile_keyword_fix(index: SourceIndex, site: CompileSite, name: str, value: Any) -> Optional[Fix]:
+    """`name=value` on the torch.compile call: added, or replacing the value it has; None
+    where it has that value already (of that type: `dynamic=1` is not `dynamic=True`)."""
+    text = f'"{value}"' if isinstance(value, str) else repr(value)
+    title = f"Compile {site.function} with {name}={text}"
     if site.bare_decorator is not None:
         (l0, c0), (l1, c1) = index.start(site.bare_decorator), index.end(site.bare_decorator)
-        return Fix(title, [Edit(l0, c0, l1, c1, f'{index.text(site.bare_decorator)}(backend="{backend}")')])
+        return Fix(title, [Edit(l0, c0, l1, c1, f"{index.text(site.bare_decorator)}({name}={text})")])
     call = site.call
     if call is None:
         return None
     for kw in call.keywords:
-        if kw.arg == "backend":
-            if isinstance(kw.value, ast.Constant) and kw.value.value == backend:
+        if kw.arg == name:
+            if isinstance(kw.value, ast.Constant) and type(kw.value.value) is type(value) and kw.value.value == value:
                 return None
             (l0, c0), (l1, c1) = index.start(kw.value), index.end(kw.value)
-            return Fix(title, [Edit(l0, c0, l1, c1, f'"{backend}"')])
-    return Fix(title, [_add_keyword(index, call, f'backend="{backend}"')])
+            return Fix(title, [Edit(l0, c0, l1, c1, text)])
+    return Fix(title, [_add_keyword(index, call, f"{name}={text}")])
 
 
 def _add_keyword(index: SourceIndex, call: ast.Call, text: str) -> Edit:
