@@ -132,3 +132,17 @@ def test_with_dynamic_sizes_the_split_graph_serves_a_new_batch_size_without_comp
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_library_frame_under_a_directory_named_torch_is_the_users_location_not_torchs():
+    """The GPU machine's environment lives in /opt/torch/.venv: the text "/torch/" made every
+    frame there torch's, so a finding in transformers' code lost its location."""
+    from fuselens.compiler.explain import location_from_stack
+
+    venv = "/opt/torch/.venv/lib/python3.12/site-packages"
+    stack = (f'  File "{venv}/transformers/integrations/moe.py", line 336, in _grouped_mm\n'
+             "    return torch.ops.transformers.grouped_mm_fallback(x, w, offs=offs)\n"
+             f'  File "{venv}/torch/_ops.py", line 1257, in __call__\n'
+             "    return self._op(*args, **kwargs)\n")
+    loc = location_from_stack(stack)
+    assert loc is not None and (loc.file, loc.line) == (f"{venv}/transformers/integrations/moe.py", 336)

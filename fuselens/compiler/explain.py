@@ -8,6 +8,7 @@ unit's kind."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Optional
 
@@ -33,13 +34,26 @@ _CONV_RELU = torch.ops.fuselens.conv2d_bias_relu.default
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 
+# torch's own files, by where this torch was imported from or an installed torch's package
+# path; never by the text "/torch/" alone, which held the GPU machine's whole environment
+# (/opt/torch/.venv) and so dropped every library frame there
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_INSTALLED_TORCH = re.compile(r"[/\\](?:site|dist)-packages[/\\]torch[/\\]")
+
+
+def is_torch_or_compiler_file(file: str) -> bool:
+    """A frame of torch or of our compiler, which no finding points at. By text (no
+    filesystem call): it runs for every node of every graph."""
+    return file.startswith(_TORCH_DIR) or bool(_INSTALLED_TORCH.search(file)) or "fuselens/compiler" in file
+
+
 def location_from_stack(stack: str) -> Optional[SourceLocation]:
     """The innermost user frame of a node's `stack_trace`."""
     if not stack:
         return None
     frames = _FRAME.findall(stack)
     for file, line, fn, code in reversed(frames):
-        if "/torch/" in file or "fuselens/compiler" in file:
+        if is_torch_or_compiler_file(file):
             continue
         return SourceLocation(file=file, line=int(line), function=fn, code=code.strip())
     return None

@@ -17,7 +17,6 @@ Dynamo keeps one graph. An ErrorEntry (kind "fallback") at the op's line says so
 
 from __future__ import annotations
 
-import os
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -26,11 +25,8 @@ import torch
 import torch.fx
 
 from fuselens import sink
+from fuselens.compiler.explain import is_torch_or_compiler_file, location_from_stack
 from fuselens.events import ErrorEntry
-
-# the frames of torch itself, by directory: a path's text can hold "torch" elsewhere (the GPU
-# machine's environment is /opt/torch/.venv)
-_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ def untraceable_backward(exc: BaseException) -> Optional[UntraceableBackward]:
             name = _qualified_name(op)
             if name:
                 ops.add(name)
-        elif ops and not os.path.realpath(code.co_filename).startswith(_TORCH_DIR):
+        elif ops and not is_torch_or_compiler_file(code.co_filename):
             where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line} in {code.co_name}"
     if not ops:
         return None
@@ -94,8 +90,6 @@ def compile_around(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], foun
     from torch._dynamo.backends.distributed import SubmodCompiler, propagate_dynamo_source, propagate_metadata
     from torch._guards import detect_fake_mode
     from torch.fx.passes.split_module import split_module
-
-    from fuselens.compiler.explain import location_from_stack
 
     calls = calls_of(gm, found.ops)
     part_of: dict[torch.fx.Node, int] = {}
