@@ -354,3 +354,37 @@ def test_repeat_is_a_generated_copy_with_eager_values_layout_and_gradients(shape
     assert torch.equal(out, ref) and out.stride() == ref.stride()
     torch.testing.assert_close(mine, theirs)
     assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+
+
+def test_an_inference_graph_computes_a_mask_each_layer_builds_from_one_input_once():
+    """Every layer of an HF decoder turns the one boolean causal mask into the float mask
+    SDPA takes (SDPA's `where`, with constants of its own); merged, the mask is one
+    kernel for all layers, and the merge is reported."""
+    def layers(q, k, v, keep):
+        out = q
+        for _ in range(3):
+            out = F.scaled_dot_product_attention(out, k, v, attn_mask=keep)
+        return out
+
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    keep = torch.ones(16, 16, dtype=torch.bool).tril()
+    torch._dynamo.reset()
+    with torch.no_grad(), sink.collect() as events:
+        got = torch.compile(layers, backend="fuselens")(q, k, v, keep)
+    torch.testing.assert_close(got, layers(q, k, v, keep))
+    merged = [e for e in events if isinstance(e, FusionDecision) and e.rule == "common-subexpression"]
+    assert {e.nodes[0] for e in merged} >= {"where_1", "where_2"}, merged
+    generated = [e for e in events if type(e).__name__ == "Kernel" and e.kind != "extern"]
+    assert sum("aten.where.self" in k.ops for k in generated) == 1, [k.ops for k in generated]
+
+
+def test_a_training_graph_is_not_merged_again_after_its_joint_graph():
+    """The joint graph is merged before its partition (joint_cse.py); the forward and
+    backward graphs are not walked a second time."""
+    x = torch.randn(8, 8, requires_grad=True)
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        y = torch.compile(lambda t: (t.sin() + t.sin()).sum(), backend="fuselens")(x)
+        y.backward()
+    assert not [e for e in events if isinstance(e, FusionDecision) and e.rule == "common-subexpression"]
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())

@@ -3,6 +3,8 @@ their readers (compiler/inline_pointwise.py): fewer kernels, same results."""
 
 from __future__ import annotations
 
+import re
+
 from typing import Any, Callable
 
 import pytest
@@ -331,11 +333,11 @@ def test_a_residual_sum_read_at_one_token_is_recomputed_there_not_stored_whole()
                if isinstance(d, FusionDecision))
 
 
-def test_a_producer_too_costly_to_recompute_in_another_space_says_why_in_the_refusal():
-    """Mixtral's expert rows gathered back into token order (a gather and a multiply by
-    the routing weight) are read twice by the sum over each token's two experts: the
-    scheduler keeps them apart for their spaces, and says why the gather is not
-    recomputed in the sum instead."""
+def test_a_gather_read_twice_in_another_space_is_recomputed_there():
+    """Mixtral's expert rows gathered back into token order are read twice by the sum
+    over each token's two experts: the gather only moves values, so its last load
+    replaces the sum's load of it, and the sum gathers the rows itself (Inductor's
+    kernel too), where the rows were written once and read back."""
     def combine(proj, w, perm, resid):
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.numel())
@@ -345,7 +347,42 @@ def test_a_producer_too_costly_to_recompute_in_another_space_says_why_in_the_ref
     args = (torch.randn(64, 32), torch.rand(64), torch.randperm(64), torch.randn(32, 32))
     out, events = compiled_events(combine, *args)
     torch.testing.assert_close(out, combine(*args))
+    assert any(isinstance(e, FusionDecision) and e.rule == "inline" and e.nodes[0] == "index" and "sum_1" in e.nodes
+               for e in events), [e for e in events if isinstance(e, FusionDecision)]
+    assert not any("index" in k.ops[0] and len(k.ops) == 1 for k in generated(events))
+
+
+def test_a_producer_too_costly_to_recompute_in_another_space_says_why_in_the_refusal():
+    """The same gather read by a sum over four experts a token: recomputed there, its
+    index arithmetic would be more operations an element than MAX_OPS, so it stays a
+    kernel of its own and the scheduler's refusal says why."""
+    def combine(proj, w, perm, resid):
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        t, h = resid.shape
+        return resid + (proj * w[:, None])[inv].view(t, 4, h).sum(1)
+
+    args = (torch.randn(64, 32), torch.rand(64), torch.randperm(64), torch.randn(16, 32))
+    out, events = compiled_events(combine, *args)
+    torch.testing.assert_close(out, combine(*args))
     (refusal,) = [e for e in events if isinstance(e, FusionDecision) and e.decision == "not_fused"
                   and e.rule == "iteration-space" and e.nodes == ["index", "sum_1"]]
-    assert refusal.reason.endswith("; index is not recomputed inside sum_1 instead: its 7 ops, loaded 2 times "
-                                   "by a reader, would be 14 operations an element there (at most 12)"), refusal.reason
+    assert refusal.reason.endswith("; index is not recomputed inside sum_1 instead: its 7 ops (6 besides the load it "
+                                   "replaces), loaded 4 times by a reader, would be 24 operations an element there (at most 12)"), refusal.reason
+
+
+def test_a_key_cached_by_a_cat_onto_an_empty_tensor_is_stored_by_the_kernel_computing_it():
+    """An HF cache's first update is `cat([empty, k], -2)` of the rotated key, which the
+    model returns: the cat reads the key where it stores it, so the rotary kernel stores
+    the cache too (Mixtral, Llama and Qwen2 inference: a kernel a layer fewer)."""
+    def keys(x, cos, sin):
+        k = rotary(x.transpose(1, 2), cos, sin)  # [b, h, s, d] over [b, s, h, d] memory
+        cache = torch.cat([torch.tensor([]), k], dim=-2)
+        return cache, cache.sum(-1)
+
+    x, cos, sin = torch.randn(2, 16, 4, 32), torch.randn(16, 32), torch.randn(16, 32)
+    out, events = compiled_events(keys, x, cos, sin)
+    for got, want in zip(out, keys(x, cos, sin)):
+        torch.testing.assert_close(got, want)
+    (kernel,) = generated(events)  # rotate, store the cache, sum it: one loop
+    assert kernel.ops.count("aten.cat.default") == 2, kernel.ops  # the rotation's cat and the cache's

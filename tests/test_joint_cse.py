@@ -55,6 +55,21 @@ def test_values_on_either_side_of_a_mutation_do_not_merge() -> None:
     assert mine.python_code("self").src == theirs.python_code("self").src
 
 
+def test_uninitialised_allocations_stay_separate_buffers() -> None:
+    """Two layers' inverse permutations each fill an `empty_like` buffer: merged, the
+    first could no longer be filled in place (runtime/plan.py `_externs_in_place`)."""
+    def f(p, q):
+        a, b = torch.empty_like(p), torch.empty_like(p)
+        a[p] = torch.arange(p.numel())
+        b[q] = torch.arange(q.numel())
+        return a + b
+
+    g = make_fx(f, tracing_mode="fake")(torch.randperm(16), torch.randperm(16)).graph
+    allocations = {n.target for n in g.nodes if "empty" in str(n.target)}
+    merged = cse(g)
+    assert sum(1 for n in merged.nodes if n.target in allocations) == 2, merged
+
+
 def test_outputs_that_eager_returns_as_separate_tensors_stay_separate() -> None:
     def f(x):
         return x.clone(), x.clone(), x.exp() * x.exp()

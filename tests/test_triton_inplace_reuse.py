@@ -95,6 +95,36 @@ def _embedding_gradient(opts: dict) -> dict:
     return {"equal": torch.equal(mine, emb.weight.grad), "taken": [sorted(t) for t in taken]}
 
 
+def _inverse_permutation(opts: dict) -> dict:
+    """A mixture-of-experts layer's inverse routing permutation: index_put of more
+    positions than the generated code compares (an ATen call) into an uninitialised
+    buffer, which ATen's out-of-place form would copy first."""
+    from fuselens.compiler.runtime import plan
+
+    def invert(scores: torch.Tensor) -> torch.Tensor:
+        perm = torch.argsort(scores)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        return inv * 3
+
+    calls: list[str] = []
+    planner_run = plan.Planner._externs_in_place
+
+    def record(self: plan.Planner) -> set:
+        taken = planner_run(self)
+        calls.extend(str(st.target) for st in self.plan if isinstance(st, plan.ExternCall))
+        return taken
+
+    plan.Planner._externs_in_place = record
+    try:
+        torch._dynamo.reset()
+        scores = torch.randn(64)
+        got = torch.compile(invert, backend="fuselens", options=opts)(scores)
+    finally:
+        plan.Planner._externs_in_place = planner_run
+    return {"equal": torch.equal(got, invert(scores)), "calls": calls}
+
+
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return interpreted_worker_records(__file__, tmp_path_factory.mktemp("inplace") / "records.json", 600,
@@ -104,6 +134,11 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_an_embedding_gradient_accumulates_into_its_zero_table_in_place(records: dict) -> None:
     r = records["embedding"]
     assert r["equal"] and any(len(t) == 2 for t in r["taken"]), r  # the table and index_add's result
+
+
+def test_an_inverse_permutation_is_written_into_its_uninitialised_buffer_in_place(records: dict) -> None:
+    r = records["inverse_permutation"]
+    assert r["equal"] and "aten.index_put_.default" in r["calls"], r
 
 
 def test_a_pointwise_kernel_writes_over_a_dying_input_viewed_with_other_sizes(records: dict) -> None:
@@ -127,4 +162,5 @@ def test_a_one_pass_reduction_kernel_writes_its_values_over_a_dying_input(record
 
 
 if __name__ == "__main__":  # pragma: no cover
-    worker_main(lambda opts: {**_records(opts), "embedding": _embedding_gradient(opts)}, "fl_inplace_")
+    worker_main(lambda opts: {**_records(opts), "inverse_permutation": _inverse_permutation(opts),
+                                      "embedding": _embedding_gradient(opts)}, "fl_inplace_")

@@ -440,7 +440,8 @@ def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequenc
 
     with _python_regenerated_once(gm):
         layout_passes.adopt_input_layouts(gm, example_inputs)
-        done = fold_constants(gm)
+        done = graph_passes.merge_common_subexpressions(gm) if stage == "aot_inference" else []
+        done += fold_constants(gm)
         if opts.lower and not opts.fallback_random:
             done += random_in_kernels(gm)
         done += graph_passes.gather_through_pointwise(gm)

@@ -23,6 +23,11 @@ it did as `GraphRewrite` records, which the backend reports as fusion decisions.
   before its row reductions: with the view after the conversion the two have
   different iteration spaces and the float copy is written in full (0.4 ms of
   GPT-2's step); with the view first the conversion fuses into the reductions.
+* `merge_common_subexpressions` (inference graphs): a node that computes what an
+  earlier one computes is dropped for it (joint_cse.py's rule; a training graph's
+  joint graph has it before its partition). Every layer of an HF decoder turns the
+  one boolean causal mask into the float mask SDPA takes, a kernel a layer; merged,
+  the mask is computed once.
 * Channels-last convolutions: in layout_passes.py, which also tells AOTAutograd
   the strides of a forward's saved activations.
 * `index_put_accumulate_as_index_add`: an embedding's backward accumulates rows
@@ -414,6 +419,19 @@ def reshapes_before_pointwise(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return done
+
+
+def merge_common_subexpressions(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
+    """The graph with each node that computes what an earlier node computes dropped for it."""
+    from fuselens.compiler.joint_cse import cse
+
+    merged: list[tuple[str, str]] = []
+    graph = cse(gm.graph, merged)
+    if not merged:
+        return []
+    gm.graph = graph
+    return [GraphRewrite("common-subexpression", dropped, f"{dropped} computes what {kept} computes: merged into it")
+            for dropped, kept in merged]
 
 
 def index_put_accumulate_as_index_add(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:

@@ -292,9 +292,14 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
             return (f"it is stored anyway (a graph output or a library call reads it), and at {ops} ops more "
                     f"than a copy", ops)
         return "", ops
-    worst = max(ops * _loads_of(graph, p, u) for u in compute_users)
+    # a producer that only moves values (a gather into routing order) ends in the load that
+    # replaces its reader's load of it: that load is not recomputation
+    extra = ops - 1 if _moves_data(p) else ops
+    loads = max(_loads_of(graph, p, u) for u in compute_users)
+    worst = extra * loads
     if worst > MAX_OPS:
-        return (f"its {ops} ops, loaded {worst // ops} times by a reader, would be {worst} operations an element "
+        besides = f" ({extra} besides the load it replaces)" if extra != ops else ""
+        return (f"its {ops} ops{besides}, loaded {loads} times by a reader, would be {worst} operations an element "
                 f"there (at most {MAX_OPS})", ops)
     if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
         return "each of its readers would load all of its inputs instead of one buffer", ops  # more memory traffic

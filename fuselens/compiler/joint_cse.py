@@ -16,7 +16,7 @@ returns separate tensors there) or defines an unbacked symbol.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import sympy
 import torch
@@ -32,6 +32,11 @@ except ImportError:  # pragma: no cover - a torch without it has no such nodes e
     AutoFunctionalized = ()
 
 aten = torch.ops.aten
+
+# uninitialised memory: each is a buffer of its own, which a later op may fill in place
+# (a mixture-of-experts layer's inverse permutation, runtime/plan.py `_externs_in_place`)
+_ALLOCATIONS = {getattr(aten, name) for name in ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                                                  "new_empty_strided") if hasattr(aten, name)}
 
 # the names of in-place and stateful callables (pattern_matcher's `_mutation_op_re`)
 _MUTATING_NAME = re.compile(r"(?<!_)(_$|_[.]|(\b|_)(set|enter|exit|seed)(\b|_))(?!_)")
@@ -65,8 +70,9 @@ def _defines_unbacked(node: torch.fx.Node) -> bool:
     return isinstance(val, sympy.Symbol) and bool(free_unbacked_symbols(val))
 
 
-def cse(graph: torch.fx.Graph) -> torch.fx.Graph:
-    """A copy of `graph` with its common subexpressions merged (the rule above)."""
+def cse(graph: torch.fx.Graph, merged: Optional[list[tuple[str, str]]] = None) -> torch.fx.Graph:
+    """A copy of `graph` with its common subexpressions merged (the rule above);
+    `merged`, when given, gets (dropped node, the node that computes it) pairs."""
     output = list(graph.nodes)[-1]
     out_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
     new = torch.fx.Graph()
@@ -77,7 +83,7 @@ def cse(graph: torch.fx.Graph) -> torch.fx.Graph:
         if _mutates(n):
             region += 1
         target = get_aten_target(n)
-        if (n.op in ("placeholder", "output", "get_attr") or target in rand_ops or target is aten.empty
+        if (n.op in ("placeholder", "output", "get_attr") or target in rand_ops or target in _ALLOCATIONS
                 or _defines_unbacked(n) or (out_storages and _storage(n) in out_storages)):
             env[n] = new.node_copy(n, lambda x: env[x])
             continue
@@ -92,6 +98,8 @@ def cse(graph: torch.fx.Graph) -> torch.fx.Graph:
             continue
         if hit is not None and hit[0] == (args_spec, kwargs_spec):  # specs do not hash
             env[n] = hit[1]
+            if merged is not None:
+                merged.append((n.name, hit[1].name))
             continue
         env[n] = new.node_copy(n, lambda x: env[x])
         seen[key] = ((args_spec, kwargs_spec), env[n])

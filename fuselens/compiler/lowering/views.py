@@ -403,7 +403,10 @@ def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> Ten
 
         def part(i: int) -> Any:
             inner = list(idx)
-            inner[dim] = _clamp_index(pos - offsets[i], parts[i].size[dim])
+            # one part (a cache's first update: a cat onto an empty tensor) is read where
+            # the cat's element is, no clamp: the same positions, so its producer's loop
+            # can store the cat too
+            inner[dim] = pos if len(parts) == 1 else _clamp_index(pos - offsets[i], parts[i].size[dim])
             return load_as(ops, parts[i], inner, dt, size)
 
         ends = {i: ops.lt(at, ops.index_expr(offsets[i] + parts[i].size[dim], torch.int64))

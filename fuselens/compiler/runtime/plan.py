@@ -31,7 +31,20 @@ def _fresh_outputs(target: Any) -> bool:
 
 # Out-of-place library calls whose result is their first argument, copied and then updated,
 # and the in-place form that updates the argument itself (runtime/plan.py _externs_in_place).
-_IN_PLACE_FORMS = {torch.ops.aten.index_add.default: torch.ops.aten.index_add_.default}
+_aten = torch.ops.aten
+_IN_PLACE_FORMS = {_aten.index_add.default: _aten.index_add_.default,
+                   _aten.index_put.default: _aten.index_put_.default,
+                   _aten.index_copy.default: _aten.index_copy_.default,
+                   _aten.scatter.src: _aten.scatter_.src,
+                   _aten.scatter.value: _aten.scatter_.value,
+                   _aten.scatter_add.default: _aten.scatter_add_.default}
+
+def _same_tensor_layout(g: GraphIR, a: str, b: str) -> bool:
+    """Whether buffers `a` and `b` have one dtype, sizes and strides: the in-place form's
+    result is its argument, where the out-of-place one's is a copy laid out by its meta."""
+    x, y = g.buffers[a], g.buffers[b]
+    return x.dtype == y.dtype and ir.same_layout(x, y)
+
 
 # Library calls whose result is a fresh contiguous tensor, as their meta functions say.
 _CONTIGUOUS_RESULTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
@@ -327,11 +340,18 @@ class Planner:
         """A library call that copies its first argument and updates the copy
         (`_IN_PLACE_FORMS`) updates that argument itself when it is a buffer of ours dying
         at the call: an embedding's gradient is index_add over a zero-filled table made
-        for it alone, and index_add first copies the zeros (Llama: 131 MB a training step).
-        Done here, not in the FX graph: an in-place op there changed how the backward was
-        scheduled. Returns the buffers taken (they must not go back to the free pool)."""
+        for it alone, and index_add first copies the zeros (Llama: 131 MB a training step);
+        a mixture-of-experts layer inverts its routing permutation with index_put into an
+        uninitialised buffer, which index_put copied first (a launch a layer). Ours: a
+        kernel's output, or a library call's result that owns its storage (an allocation,
+        a matmul). Done here, not in the FX graph: an in-place op there changed how the
+        backward was scheduled. Returns the buffers taken (they must not go back to the
+        free pool)."""
         taken: set[str] = set()
         protected, aliased = self._not_takeable()
+        owned = set(self.kernel_allocated)
+        owned |= {st.outputs for st in self.plan if isinstance(st, ExternCall) and isinstance(st.outputs, str)
+                  and st.reinterpret is None and _fresh_outputs(st.target)}
         for i, step in enumerate(self.plan):
             in_place = _IN_PLACE_FORMS.get(step.target) if isinstance(step, ExternCall) else None
             if in_place is None or not isinstance(step.outputs, str) or step.outputs in aliased:
@@ -341,9 +361,9 @@ class Planner:
             if not (isinstance(first, tuple) and len(first) == 2 and first[0] == "buf"):
                 continue
             b = first[1]
-            if (isinstance(nxt, Free) and b in nxt.names and b in self.kernel_allocated and b not in protected
-                    and b not in aliased and b not in taken
-                    and step.outputs in self.g.buffers and self.g.buffers[b].dtype == self.g.buffers[step.outputs].dtype):
+            if (isinstance(nxt, Free) and b in nxt.names and b in owned and b not in protected
+                    and b not in aliased and b not in taken and b in self.g.buffers
+                    and step.outputs in self.g.buffers and _same_tensor_layout(self.g, b, step.outputs)):
                 step.target = in_place
                 step.out_layout = None
                 self._extern_took[step.outputs] = b
