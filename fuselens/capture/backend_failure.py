@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from fuselens.capture.frames import is_torch_or_fuselens_file, make_location, traceback_frame
+from fuselens.capture.frames import (is_custom_op_backward, is_torch_or_fuselens_file, make_location,
+                                     traceback_frame)
 from fuselens.events import SourceLocation
 
 GB_TYPE = "Backend compiler exception"
@@ -48,7 +49,7 @@ def read_failure(text: str) -> Optional[BackendFailure]:
         frame = traceback_frame(line)
         if frame is not None:
             filename, _, function = frame
-            if filename.replace("\\", "/").endswith("_library/autograd.py") and function == "backward":
+            if is_custom_op_backward(filename, function):
                 in_custom_backward = True
             elif not is_torch_or_fuselens_file(filename):
                 site, through_backward = frame, in_custom_backward

@@ -66,6 +66,12 @@ def is_torch_or_fuselens_file(filename: str) -> bool:
     return _real(filename).startswith(_own_dirs())
 
 
+def is_custom_op_backward(filename: str, function: str) -> bool:
+    """The frame in which a torch.library op's registered backward runs: the `backward`
+    of the autograd.Function that torch/_library/autograd.py generates for the op."""
+    return function == "backward" and filename.replace("\\", "/").endswith("_library/autograd.py")
+
+
 def is_user_file(filename: str) -> bool:
     """True for the user's code (scripts, their packages, notebook cells)."""
     if not filename:

@@ -25,6 +25,7 @@ import torch
 import torch.fx
 
 from fuselens import sink
+from fuselens.capture.frames import is_custom_op_backward
 from fuselens.compiler.explain import is_torch_or_compiler_file, location_from_stack
 from fuselens.events import ErrorEntry
 
@@ -48,7 +49,7 @@ def untraceable_backward(exc: BaseException) -> Optional[UntraceableBackward]:
     where = ""
     for frame, line in traceback.walk_tb(exc.__traceback__):
         code = frame.f_code
-        if code.co_name == "backward" and code.co_filename.replace("\\", "/").endswith("_library/autograd.py"):
+        if is_custom_op_backward(code.co_filename, code.co_name):
             op = frame.f_locals.get("op")
             name = _qualified_name(op)
             if name:
