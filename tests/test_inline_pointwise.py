@@ -386,3 +386,24 @@ def test_a_key_cached_by_a_cat_onto_an_empty_tensor_is_stored_by_the_kernel_comp
         torch.testing.assert_close(got, want)
     (kernel,) = generated(events)  # rotate, store the cache, sum it: one loop
     assert kernel.ops.count("aten.cat.default") == 2, kernel.ops  # the rotation's cat and the cache's
+
+
+def test_rows_scaled_by_normalized_routing_weights_are_scaled_in_the_sum_that_reads_them():
+    """Mixtral scales each expert's output rows by the token's routing weight, normalized
+    by the sum over its two experts (a reduction) and gathered into the experts' order:
+    through the gather it is no longer the sum's epilogue (no row kernel computes it), so
+    the scaling is computed in the sum over each token's experts that reads it rather
+    than stored and loaded (Inductor's kernel too)."""
+    def combine(proj, logits, perm, resid):
+        w = logits.topk(2, dim=-1).values
+        w = (w / w.sum(-1, keepdim=True)).reshape(-1)[perm]
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        t, h = resid.shape
+        return resid + (proj * w[:, None])[inv].view(t, 2, h).sum(1)
+
+    args = (torch.randn(64, 32), torch.randn(32, 8), torch.randperm(64), torch.randn(32, 32))
+    out, events = compiled_events(combine, *args)
+    torch.testing.assert_close(out, combine(*args))
+    assert not [k.ops for k in generated(events) if "aten.mul.Tensor" in k.ops and "aten.sum.dim_IntList" not in k.ops
+                and "aten.add.Tensor" not in k.ops], [k.ops for k in generated(events)]

@@ -94,9 +94,11 @@ class _CountingOps:
     def __init__(self) -> None:
         self.count = 0
         self.math = 0
+        self.gathers = 0  # indices read from a tensor
 
     def indirect(self, value: Any, size: Expr) -> Expr:
         self.count += 1
+        self.gathers += 1
         return ir.Indirect("indirect", integer=True)
 
     def __getattr__(self, name: str) -> Any:
@@ -317,11 +319,14 @@ def _readers(graph: GraphIR) -> dict[str, list[Any]]:
 
 def _after_reduction(graph: GraphIR) -> dict[str, bool]:
     """For each compute node: whether it is computed from a reduction's result through
-    pointwise nodes (a row statistic's epilogue, kept once per row in the row's kernel)."""
+    pointwise nodes (a row statistic's epilogue, kept once per row in the row's kernel).
+    A gather ends the chain: what it picks by an index tensor is no row's epilogue, no
+    row kernel computes it (Mixtral's routing weights, normalized by their sum, gathered
+    into the experts' order and multiplied into the experts' rows)."""
     out: dict[str, bool] = {}
     for s in graph.steps:
         if isinstance(s, ComputeNode):
-            out[s.name] = s.is_reduction or any(out.get(b, False) for b in s.reads)
+            out[s.name] = s.is_reduction or (any(out.get(b, False) for b in s.reads) and not _counted(s).gathers)
     return out
 
 

@@ -39,6 +39,7 @@ _IN_PLACE_FORMS = {_aten.index_add.default: _aten.index_add_.default,
                    _aten.scatter.value: _aten.scatter_.value,
                    _aten.scatter_add.default: _aten.scatter_add_.default}
 
+
 def _same_tensor_layout(g: GraphIR, a: str, b: str) -> bool:
     """Whether buffers `a` and `b` have one dtype, sizes and strides: the in-place form's
     result is its argument, where the out-of-place one's is a copy laid out by its meta."""
