@@ -121,3 +121,22 @@ def test_a_reader_recomputing_a_producer_whose_loops_were_reordered_reads_the_ri
     for got, want in zip(out, fn(x)):
         assert got.stride() == want.stride()
         assert torch.equal(got, want)
+
+
+def test_a_channels_last_residual_sum_loops_in_memory_order_inside_the_layer_norm_reading_it():
+    """A ConvNeXt stage's last residual sum is NCHW by its dims over NHWC memory, and the
+    downsampling's LayerNorm reads it permuted to NHWC. The sum derives from an earlier
+    LayerNorm (the stem's), so it is not recomputed inside the reader; in its logical
+    order its kernel would be read at other positions (three kernels: the first
+    LayerNorm, the sum, the second). Looped in memory order it is the second LayerNorm's
+    prologue, and all of it is one pass over the same rows."""
+    def fn(x, y, scale, w, b):
+        h = torch.nn.functional.layer_norm(y.permute(0, 2, 3, 1), (8,), w, b).permute(0, 3, 1, 2)
+        z = scale * x + h
+        return torch.nn.functional.layer_norm(z.permute(0, 2, 3, 1), (8,), w, b)
+
+    x, y = (torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last).bfloat16() for _ in range(2))
+    scale, w, b = (torch.randn(*shape).bfloat16() for shape in ((8, 1, 1), (8,), (8,)))
+    events = run(fn, x, y, scale, w, b)
+    assert len(cpp_kernels(events)) == 1, [k.name for k in cpp_kernels(events)]
+    torch.testing.assert_close(torch.compile(fn, backend="fuselens")(x, y, scale, w, b), fn(x, y, scale, w, b))

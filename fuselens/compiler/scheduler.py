@@ -454,8 +454,9 @@ class Scheduler:
             target = None
             for pg in producer_groups:
                 ref = self.check(pg, [step])
-                if ref is not None and ref.rule == "same-index" and \
-                        self._in_memory_order(step, lambda: self.check(pg, [step]) is None):
+                if ref is not None and ref.rule == "same-index" and (
+                        self._in_memory_order(step, lambda: self.check(pg, [step]) is None)
+                        or self._kernel_in_memory_order(pg, lambda: self.check(pg, [step]) is None)):
                     ref = None
                 if ref is None:
                     target = pg
@@ -596,6 +597,36 @@ class Scheduler:
         self._forget(node)
         if group is not None:
             group.full = full
+        return False
+
+    def _kernel_in_memory_order(self, group: KernelGroup, accept: Callable[[], bool]) -> bool:
+        """Whether `accept()` holds once every member of pointwise kernel `group` loops in
+        its output's memory order (all alike); the kernel keeps that order if so. A
+        ConvNeXt stage's last residual sum is NCHW by its dims over NHWC memory, and the
+        downsampling's LayerNorm reads it permuted to NHWC: in its logical order the sum's
+        kernel is read at other positions, in memory order the LayerNorm's kernel computes
+        it (as Inductor's does)."""
+        if group.rflags is not None or not group.nodes:
+            return False
+        first = group.nodes[0]
+        order = ir.memory_order(first)
+        if order is None or any(n.is_reduction or not ir.same_sizes(n.size, first.size) or ir.memory_order(n) != order
+                                for n in group.nodes):
+            return False
+        saved = [(n.size, n.stride, n.body, n.loop_order) for n in group.nodes]
+        full = group.full
+        for n in group.nodes:
+            ir.permute_loops(n, order)
+            self._forget(n)
+        group.full = loop_space(first)[0]
+        if accept():
+            group.reasons.append(f"the kernel loops over {fmt_sizes(group.full)}, its outputs' memory order, "
+                                 "where the next reads them")
+            return True
+        for n, (size, stride, body, loop_order) in zip(group.nodes, saved):
+            n.size, n.stride, n.body, n.loop_order = size, stride, body, loop_order
+            self._forget(n)
+        group.full = full
         return False
 
     def _forget(self, node: ComputeNode) -> None:
