@@ -3,8 +3,6 @@ their readers (compiler/inline_pointwise.py): fewer kernels, same results."""
 
 from __future__ import annotations
 
-import re
-
 from typing import Any, Callable
 
 import pytest
@@ -333,20 +331,28 @@ def test_a_residual_sum_read_at_one_token_is_recomputed_there_not_stored_whole()
                if isinstance(d, FusionDecision))
 
 
+def _combined_experts(k: int) -> tuple[Any, list]:
+    """64 rows of expert outputs scaled by their routing weights, gathered back into the
+    order of 64 / k tokens by the inverse of the routing permutation and summed over each
+    token's k experts, compiled: (output, events), the output checked against eager."""
+    def combine(proj, w, perm, resid):
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        t, h = resid.shape
+        return resid + (proj * w[:, None])[inv].view(t, k, h).sum(1)
+
+    args = (torch.randn(64, 32), torch.rand(64), torch.randperm(64), torch.randn(64 // k, 32))
+    out, events = compiled_events(combine, *args)
+    torch.testing.assert_close(out, combine(*args))
+    return out, events
+
+
 def test_a_gather_read_twice_in_another_space_is_recomputed_there():
     """Mixtral's expert rows gathered back into token order are read twice by the sum
     over each token's two experts: the gather only moves values, so its last load
     replaces the sum's load of it, and the sum gathers the rows itself (Inductor's
     kernel too), where the rows were written once and read back."""
-    def combine(proj, w, perm, resid):
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel())
-        t, h = resid.shape
-        return resid + (proj * w[:, None])[inv].view(t, 2, h).sum(1)
-
-    args = (torch.randn(64, 32), torch.rand(64), torch.randperm(64), torch.randn(32, 32))
-    out, events = compiled_events(combine, *args)
-    torch.testing.assert_close(out, combine(*args))
+    out, events = _combined_experts(2)
     assert any(isinstance(e, FusionDecision) and e.rule == "inline" and e.nodes[0] == "index" and "sum_1" in e.nodes
                for e in events), [e for e in events if isinstance(e, FusionDecision)]
     assert not any("index" in k.ops[0] and len(k.ops) == 1 for k in generated(events))
@@ -356,15 +362,7 @@ def test_a_producer_too_costly_to_recompute_in_another_space_says_why_in_the_ref
     """The same gather read by a sum over four experts a token: recomputed there, its
     index arithmetic would be more operations an element than MAX_OPS, so it stays a
     kernel of its own and the scheduler's refusal says why."""
-    def combine(proj, w, perm, resid):
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel())
-        t, h = resid.shape
-        return resid + (proj * w[:, None])[inv].view(t, 4, h).sum(1)
-
-    args = (torch.randn(64, 32), torch.rand(64), torch.randperm(64), torch.randn(16, 32))
-    out, events = compiled_events(combine, *args)
-    torch.testing.assert_close(out, combine(*args))
+    out, events = _combined_experts(4)
     (refusal,) = [e for e in events if isinstance(e, FusionDecision) and e.decision == "not_fused"
                   and e.rule == "iteration-space" and e.nodes == ["index", "sum_1"]]
     assert refusal.reason.endswith("; index is not recomputed inside sum_1 instead: its 7 ops (6 besides the load it "

@@ -454,9 +454,9 @@ class Scheduler:
             target = None
             for pg in producer_groups:
                 ref = self.check(pg, [step])
+                joins = lambda pg=pg: self.check(pg, [step]) is None  # noqa: E731
                 if ref is not None and ref.rule == "same-index" and (
-                        self._in_memory_order(step, lambda: self.check(pg, [step]) is None)
-                        or self._kernel_in_memory_order(pg, lambda: self.check(pg, [step]) is None)):
+                        self._in_memory_order([step], joins) or self._kernel_in_memory_order(pg, joins)):
                     ref = None
                 if ref is None:
                     target = pg
@@ -534,9 +534,9 @@ class Scheduler:
         def joins() -> bool:
             return self.check(g, new) is None and self._reads_alike(g, new, shared)
 
-        if len(new) == 1 and self._in_memory_order(new[0], joins):
+        if len(new) == 1 and self._in_memory_order(new, joins):
             return True
-        return len(g.nodes) == 1 and g.rflags is None and self._in_memory_order(g.nodes[0], joins, g)
+        return len(g.nodes) == 1 and g.rflags is None and self._in_memory_order(g.nodes, joins, g)
 
     def _pull_in_shared_reader(self, i: int, step: ComputeNode, target: KernelGroup,
                                groups: list[KernelGroup]) -> None:
@@ -573,28 +573,33 @@ class Scheduler:
                     out.append(g)
         return out
 
-    def _in_memory_order(self, node: ComputeNode, accept: Callable[[], bool],
+    def _in_memory_order(self, nodes: Sequence[ComputeNode], accept: Callable[[], bool],
                          group: Optional[KernelGroup] = None) -> bool:
-        """Whether `accept()` holds once pointwise `node` loops over its dims in its
-        output's memory order; it keeps that order if so (`group`: the kernel it is the
-        lone member of, whose loops are its). Eager's `_to_copy` keeps its input's layout:
-        the cast of attention's probabilities, transposed for a bmm, is the probabilities'
-        memory in the probabilities' order. Looped in its logical (transposed) order it
-        reads them at other positions than their softmax kernel computes them, or than
-        the softmax backward reads them; looped in memory order it joins that kernel."""
-        order = None if node.is_reduction else ir.memory_order(node)
-        if order is None:
+        """Whether `accept()` holds once pointwise `nodes`, laid out alike, loop over their
+        dims in their outputs' memory order; they keep that order if so (`group`: the
+        kernel they are all the members of, whose loops are theirs). Eager's `_to_copy`
+        keeps its input's layout: the cast of attention's probabilities, transposed for a
+        bmm, is the probabilities' memory in the probabilities' order. Looped in its
+        logical (transposed) order it reads them at other positions than their softmax
+        kernel computes them, or than the softmax backward reads them; looped in memory
+        order it joins that kernel."""
+        first = nodes[0]
+        order = None if first.is_reduction else ir.memory_order(first)
+        if order is None or any(n.is_reduction or not ir.same_sizes(n.size, first.size) or ir.memory_order(n) != order
+                                for n in nodes[1:]):
             return False
-        size, stride, body, loop_order = node.size, node.stride, node.body, node.loop_order
+        saved = [(n.size, n.stride, n.body, n.loop_order) for n in nodes]
         full = group.full if group is not None else None
-        ir.permute_loops(node, order)
-        self._forget(node)
+        for n in nodes:
+            ir.permute_loops(n, order)
+            self._forget(n)
         if group is not None:
-            group.full = loop_space(node)[0]
+            group.full = loop_space(first)[0]
         if accept():
             return True
-        node.size, node.stride, node.body, node.loop_order = size, stride, body, loop_order
-        self._forget(node)
+        for n, (size, stride, body, loop_order) in zip(nodes, saved):
+            n.size, n.stride, n.body, n.loop_order = size, stride, body, loop_order
+            self._forget(n)
         if group is not None:
             group.full = full
         return False
@@ -606,28 +611,11 @@ class Scheduler:
         downsampling's LayerNorm reads it permuted to NHWC: in its logical order the sum's
         kernel is read at other positions, in memory order the LayerNorm's kernel computes
         it (as Inductor's does)."""
-        if group.rflags is not None or not group.nodes:
+        if group.rflags is not None or not group.nodes or not self._in_memory_order(group.nodes, accept, group):
             return False
-        first = group.nodes[0]
-        order = ir.memory_order(first)
-        if order is None or any(n.is_reduction or not ir.same_sizes(n.size, first.size) or ir.memory_order(n) != order
-                                for n in group.nodes):
-            return False
-        saved = [(n.size, n.stride, n.body, n.loop_order) for n in group.nodes]
-        full = group.full
-        for n in group.nodes:
-            ir.permute_loops(n, order)
-            self._forget(n)
-        group.full = loop_space(first)[0]
-        if accept():
-            group.reasons.append(f"the kernel loops over {fmt_sizes(group.full)}, its outputs' memory order, "
-                                 "where the next reads them")
-            return True
-        for n, (size, stride, body, loop_order) in zip(group.nodes, saved):
-            n.size, n.stride, n.body, n.loop_order = size, stride, body, loop_order
-            self._forget(n)
-        group.full = full
-        return False
+        group.reasons.append(f"the kernel loops over {fmt_sizes(group.full)}, its outputs' memory order, "
+                             "where the next reads them")
+        return True
 
     def _forget(self, node: ComputeNode) -> None:
         """Drop what was traced of `node`'s body: its loops were just reordered."""
