@@ -62,7 +62,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.real_models import HELD_OUT, MODELS, VISION, ModelCase, build, with_dropout  # noqa: E402
+from benchmarks.real_models import HELD_OUT, HELD_OUT_2, MODELS, VISION, ModelCase, build, with_dropout  # noqa: E402
 
 
 def _sync(device: str) -> None:
@@ -501,8 +501,9 @@ def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--models", default=",".join(MODELS),
-                    help=f"comma-separated, of {','.join(MODELS)} (the suite) and {','.join(HELD_OUT)} (held out: "
-                         "models no change was tuned on); 'held-out' for all of those")
+                    help=f"comma-separated, of {','.join(MODELS)} (the suite), {','.join(HELD_OUT)} (held out: "
+                         f"models no change was tuned on; 'held-out' for all of those) and {','.join(HELD_OUT_2)} "
+                         "('held-out-2': held out from the thirty-ninth session on)")
     ap.add_argument("--modes", default="", help="infer,train (default: both on the GPU, infer on the CPU)")
     ap.add_argument("--backends", default="", help="subset of inductor,fuselens,inductor_cg,fuselens_cg,"
                     "fuselens_autotune (launch configurations measured per kernel), fuselens_fallback_random "
@@ -533,7 +534,8 @@ def main(argv: Any = None) -> int:
     except ImportError:  # pragma: no cover
         pass
     results = []
-    names = [m for m in args.models.replace("held-out", ",".join(HELD_OUT)).split(",") if m]
+    groups = {"held-out": HELD_OUT, "held-out-2": HELD_OUT_2}
+    names = [n for m in args.models.split(",") if m for n in groups.get(m, (m,))]
     for m in names:
         try:
             __import__("torchvision" if m in VISION else "transformers")

@@ -190,6 +190,8 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     # each part of a cat, a select's backward and a padding is read only where it is taken (masked loads)
     case("cat_parts_masked", lambda a, b, c: torch.cat([a, b * 2, c], 1) + 1,
          (torch.randn(5, 3), torch.randn(5, 4), torch.randn(5, 2)))
+    case("cat_eight_parts_masked", lambda *xs: torch.cat([x * 2 for x in xs], 1) + 1,
+         tuple(torch.randn(5, 2 + i) for i in range(8)))
 
     def stacked_grads(q, k, v):  # ViT's q, k, v gradients: select_backward of each into zeros, summed
         z = torch.zeros(3, *q.shape)
@@ -701,6 +703,14 @@ def test_each_branch_of_a_cat_scatter_or_pad_is_loaded_only_where_taken(records:
     src = "".join(_ok(records, name)["sources"])
     loads = [ln for ln in src.splitlines() if "tl.load(" in ln]
     assert len(loads) == masked_loads and all(", other=0" in ln for ln in loads), src
+
+
+def test_a_cat_branch_mask_is_one_and_with_the_enclosing_mask_not_one_per_enclosing_branch(records: dict) -> None:
+    # the last of eight parts is read under the conditions of the seven branches around it:
+    # and-ed at each load one by one with the block mask, the eight parts cost 35 ands,
+    # quadratic in the parts; once per branch, three a part
+    src = "".join(_ok(records, "cat_eight_parts_masked")["sources"])
+    assert src.count(" & ") <= 3 * 8, src
 
 
 def test_a_where_on_loaded_data_reads_its_branch_unmasked_keeping_vector_loads(records: dict) -> None:

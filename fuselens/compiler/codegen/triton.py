@@ -155,7 +155,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
         # element offsets of each buffer's loads and stores (in-place candidates, triton_inplace.py)
         self.load_offsets: dict[str, set[str]] = {}
         self.store_offsets: dict[str, set[str]] = {}
-        self.load_conds: list[str] = []  # conditions the loads being printed are masked by (masked)
+        self.load_conds: list[str] = []  # conjunctions of the conditions the loads being printed are masked by (masked)
         self.from_data: set[str] = set()  # values computed from a load or a reduction (emit)
         self.zero_d: set[str] = set()  # loads of one element (no block): `is_scalar`
         self.exprs: dict[str, str] = {}  # each printed value's expression (emit)
@@ -305,8 +305,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             loaded = scope.find_cache(src)  # read unmasked already: every lane has it
             if loaded is not None and loaded.dtype == spec.dtype:
                 return loaded
-            parts = ([mask] if mask else []) + self.load_conds
-            mask = parts[0] if len(parts) == 1 else self.emit(" & ".join(parts), torch.bool).name
+            mask = self.load_conds[-1] if not mask else self.emit(f"{mask} & {self.load_conds[-1]}", torch.bool).name
             # the conditions live in the current scope: not hoisted
             return self.emit(self._load_source(name, idx, mask, axes, spec.dtype), spec.dtype)
         v = self.emit(src, spec.dtype, scope)

@@ -60,7 +60,8 @@ class Emission:
     """TritonKernel's printing of values. The kernel sets `scope` (where values go now),
     `counter`, `from_data` (names of values computed from a load or a reduction),
     `exprs` (each printed value's expression), `zero_d` (loads of one element, the same
-    for every lane) and `load_conds` (the conditions the loads being printed are masked by)."""
+    for every lane) and `load_conds` (the conditions the loads being printed are masked by,
+    each entry the conjunction of those before it and its own)."""
 
     scope: Scope
     counter: int
@@ -115,7 +116,11 @@ class Emission:
         Members computed inside are forgotten after: their values are zero where it
         does not hold, and a reader outside must compute them again."""
         values = dict(self.scope.values)
-        self.load_conds.append(cond.name)
+        # the conjunction with the enclosing branches' condition, once here: a cat of k parts
+        # nests k branches, and each load and-ing every enclosing condition itself cost k^2/2
+        # ands an element (DenseNet-121's 24-part cats: 0.13 ms a kernel against 0.05 in Inductor)
+        self.load_conds.append(self.emit(f"{self.load_conds[-1]} & {cond.name}", torch.bool).name
+                               if self.load_conds else cond.name)
         try:
             yield
         finally:

@@ -19,7 +19,7 @@ import torch.fx
 
 from fuselens.compiler import ir
 from fuselens.compiler.ir import BufferSpec, ComputeNode, Expr, ExternNode, GraphIR, TensorValue
-from fuselens.compiler.lowering.registry import NotLowered, lowering_of
+from fuselens.compiler.lowering.registry import LibraryCall, NotLowered, lowering_of
 from fuselens.compiler.targets.base import runs_on_cuda, with_graph_device
 
 # dtypes the code generators handle; anything else runs through ATen.
@@ -194,6 +194,10 @@ class Lowerer:
                         args, kwargs = self.values(node.args), self.values(node.kwargs)
                         g.values[node.name] = fn(self, *args, **kwargs)
                         g.lowered[node.name] = True
+                        continue
+                    except LibraryCall as e:
+                        del g.steps[before:]
+                        self._extern(node, "extern", str(e))
                         continue
                     except NotLowered as e:
                         del g.steps[before:]

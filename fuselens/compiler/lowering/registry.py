@@ -4,7 +4,7 @@ A lowering gets the `Lowerer` (for the output's fake tensor and to register
 compute nodes) and the call's arguments with FX nodes replaced by lowered values
 (`TensorValue`, a sympy expression for SymInts, or plain Python values). It
 returns the lowered value(s) or raises `NotLowered(reason)`, in which case the
-op runs through ATen. The op tables (pointwise.py, reductions.py, views.py)
+op runs through ATen as a fallback (`LibraryCall(reason)`: as a library call, chosen). The op tables (pointwise.py, reductions.py, views.py)
 fill `LOWERINGS` with `@register`; the walk (lowerer.py) reads it.
 """
 
@@ -28,6 +28,12 @@ _BY_NAME: dict[str, Callable[..., Any]] = {}
 
 class NotLowered(Exception):
     """Raised by a lowering that cannot handle this call; the node falls back to ATen."""
+
+
+class LibraryCall(NotLowered):
+    """Raised by a lowering that could generate this call but should not: ATen's kernel is
+    the better one here. The node runs as a library call (kind "extern", as a matmul
+    does), not as a fallback: nothing is missing, and no finding reports it."""
 
 
 def register(*ops: Any) -> Callable:

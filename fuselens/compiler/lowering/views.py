@@ -14,9 +14,13 @@ from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, FloorDiv, ModularIndexing, TensorValue, masked_where
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
-from fuselens.compiler.lowering.registry import NotLowered, aten, out_size, overloads, register
+from fuselens.compiler.lowering.registry import LibraryCall, NotLowered, aten, out_size, overloads, register
 
 ZERO = sympy.Integer(0)
+# a cat computed in its readers' kernels selects its part at every element, at a cost that
+# grows with the parts: past 8 (Inductor's max_pointwise_cat_inputs too) ATen's one copy of
+# each part and a plain read cost less (DenseNet-121 inference's cats of up to 32 parts, H200)
+MAX_POINTWISE_CAT_PARTS = 8
 
 
 def view_of(x: TensorValue, size: Sequence[Expr], reindex: Callable[[Sequence[Expr]], Sequence[Expr]]) -> TensorValue:
@@ -391,6 +395,9 @@ def lower_cat(ctx: Lowerer, tensors: Sequence[TensorValue], dim: int = 0) -> Ten
     parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and t.size[dim] != 0]
     if not parts:
         raise NotLowered("cat of empty tensors")
+    if len(parts) > MAX_POINTWISE_CAT_PARTS:
+        raise LibraryCall(f"a cat of {len(parts)} parts: ATen copies each part once, where a kernel computing "
+                          f"the cat would select among all {len(parts)} at every element")
     offsets: list[Expr] = []
     acc: Expr = ZERO
     for t in parts:
