@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fuselens.compiler  # noqa: F401  (backend="fuselens" itself comes from the entry point)
 from fuselens import sink
 from fuselens.compiler.entry import decompositions
-from fuselens.compiler.graph_passes import (convolution_bias_as_add, gather_through_pointwise,
+from fuselens.compiler.graph_passes import (cats_extend_earlier_cats, convolution_bias_as_add, gather_through_pointwise,
                                             index_put_accumulate_as_index_add, pad_unaligned_matmuls)
 from fuselens.events import FusionDecision
 
@@ -388,3 +388,45 @@ def test_a_training_graph_is_not_merged_again_after_its_joint_graph():
         y.backward()
     assert not [e for e in events if isinstance(e, FusionDecision) and e.rule == "common-subexpression"]
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+
+
+def _dense_block(x, *features):
+    """A DenseNet block's shape: each layer concatenates every feature map before it."""
+    parts, outs = [x], []
+    for f in features:
+        parts.append(f)
+        outs.append(torch.relu(torch.cat(parts, 1)) * 2)
+    return outs
+
+
+def test_a_cat_of_an_earlier_cats_parts_and_more_reads_that_cat():
+    x, *fs = (torch.randn(2, 3 + i, 5) for i in range(5))
+    gm = traced(_dense_block, x, *fs)
+    done = cats_extend_earlier_cats(gm)
+    cats = [n for n in gm.graph.nodes if n.target is aten.cat.default]
+    assert [len(n.args[0]) for n in cats] == [2, 2, 2, 2]  # was 2, 3, 4, 5
+    assert [n.args[0][0] for n in cats[1:]] == cats[:-1]
+    assert [d.rule for d in done] == ["cat-extends-cat"] * 3
+    for got, want in zip(gm(x, *fs), _dense_block(x, *fs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_cat_on_another_dim_or_with_other_leading_parts_is_left():
+    a, b, c = (torch.randn(4, 4) for _ in range(3))
+    gm = traced(lambda a, b, c: (torch.cat([a, b], 0), torch.cat([a, b, c], 1), torch.cat([b, a, c], 0)), a, b, c)
+    assert cats_extend_earlier_cats(gm) == []
+
+
+def test_a_dense_block_trains_like_eager_with_each_cat_extending_the_last():
+    x, *fs = (torch.randn(2, 3 + i, 5, requires_grad=True) for i in range(4))
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        outs = torch.compile(_dense_block, backend="fuselens")(x, *fs)
+        sum(o.square().sum() for o in outs).backward()
+    grads = [t.grad.clone() for t in (x, *fs)]
+    for t in (x, *fs):
+        t.grad = None
+    sum(o.square().sum() for o in _dense_block(x, *fs)).backward()
+    for got, t in zip(grads, (x, *fs)):
+        torch.testing.assert_close(got, t.grad)
+    assert len([e for e in events if isinstance(e, FusionDecision) and e.rule == "cat-extends-cat"]) == 2

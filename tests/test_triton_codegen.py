@@ -705,6 +705,15 @@ def test_each_branch_of_a_cat_scatter_or_pad_is_loaded_only_where_taken(records:
     assert len(loads) == masked_loads and all(", other=0" in ln for ln in loads), src
 
 
+@pytest.mark.parametrize("name", ["cat_parts_masked", "cat_eight_parts_masked", "pad_masked"])
+def test_a_masked_branch_reads_its_index_unclamped_so_its_loads_stay_contiguous(records: dict, name: str) -> None:
+    # the mask keeps the index in range; a clamp (tl.minimum / tl.maximum) would hide its
+    # contiguity from Triton, which then loads element by element
+    src = "".join(_ok(records, name)["sources"])
+    loads = [ln for ln in src.splitlines() if "tl.load(" in ln]
+    assert loads and not [ln for ln in loads if "tl.minimum" in ln or "tl.maximum" in ln], src
+
+
 def test_a_cat_branch_mask_is_one_and_with_the_enclosing_mask_not_one_per_enclosing_branch(records: dict) -> None:
     # the last of eight parts is read under the conditions of the seven branches around it:
     # and-ed at each load one by one with the block mask, the eight parts cost 35 ands,

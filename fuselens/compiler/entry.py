@@ -446,6 +446,7 @@ def rewrite_graph(gm: torch.fx.GraphModule, target: Any, example_inputs: Sequenc
             done += random_in_kernels(gm)
         done += graph_passes.gather_through_pointwise(gm)
         done += graph_passes.reshapes_before_pointwise(gm)
+        done += graph_passes.cats_extend_earlier_cats(gm)
         return done + target.graph_rewrites(gm, example_inputs, stage)
 
 

@@ -28,6 +28,13 @@ it did as `GraphRewrite` records, which the backend reports as fusion decisions.
   joint graph has it before its partition). Every layer of an HF decoder turns the
   one boolean causal mask into the float mask SDPA takes, a kernel a layer; merged,
   the mask is computed once.
+* `cats_extend_earlier_cats`: `cat([a, b, ..., y, z])` after `p = cat([a, b, ..., y])`
+  on the same dim is `cat([p, z])`. A DenseNet layer concatenates every feature map
+  before it: layer k's cat of k parts selects its part at every element, and the
+  layers' cats together read k^2/2 parts (DenseNet-121: cats of up to 32 parts). As
+  the earlier cat and the new parts, each cat reads two, and an earlier cat that is
+  kept anyway (a training forward saves each for its batch norm's backward) is read
+  once instead of rebuilt.
 * Channels-last convolutions: in layout_passes.py, which also tells AOTAutograd
   the strides of a forward's saved activations.
 * `index_put_accumulate_as_index_add`: an embedding's backward accumulates rows
@@ -432,6 +439,41 @@ def merge_common_subexpressions(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
     gm.graph = graph
     return [GraphRewrite("common-subexpression", dropped, f"{dropped} computes what {kept} computes: merged into it")
             for dropped, kept in merged]
+
+
+def cats_extend_earlier_cats(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
+    """The rule of the module docstring, with the longest earlier cat of the same
+    leading parts (at least two) on the same dim; a cat whose result would take
+    other strides than eager's is left."""
+    mode = _fake_mode(gm)
+    done: list[GraphRewrite] = []
+    if mode is None:
+        return done
+    earlier: dict[tuple, torch.fx.Node] = {}  # (dim, its parts as written) -> that cat
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.cat.default:
+            continue
+        parts = list(node.args[0])
+        val = _val(node)
+        if not isinstance(val, torch.Tensor) or val.dim() == 0:
+            continue
+        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % val.dim()
+        earlier[(dim, tuple(parts))] = node
+        n_prefix = next((n for n in range(len(parts) - 1, 1, -1) if (dim, tuple(parts[:n])) in earlier), 0)
+        if not n_prefix:
+            continue
+        prefix, rest = earlier[(dim, tuple(parts[:n_prefix]))], parts[n_prefix:]
+        with mode:
+            new = aten.cat.default([_val(prefix)] + [_val(r) for r in rest], dim)
+        if tuple(new.stride()) != tuple(val.stride()):
+            continue
+        node.args = ([prefix] + rest, dim)
+        done.append(GraphRewrite("cat-extends-cat", node.name,
+                                 f"{node.name} concatenates {prefix.name} and {len(rest)} more part(s) instead of "
+                                 f"its {len(parts)} parts: {prefix.name} holds the first {n_prefix} already"))
+    if done:
+        gm.recompile()
+    return done
 
 
 def index_put_accumulate_as_index_add(gm: torch.fx.GraphModule, *, require_cuda: bool = True) -> list[GraphRewrite]:

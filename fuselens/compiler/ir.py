@@ -479,6 +479,17 @@ def masked_where(ops: Any, cond: Any, then: Callable[[], Any], otherwise: Callab
     return ops.where(cond, then(), otherwise())
 
 
+def masks_branch_loads(ops: Any, cond: Any) -> bool:
+    """Whether `ops` (or the handler it wraps, as `_ops`) reads the branches of
+    `masked_where(cond, ...)` only where each is taken: its class's
+    `masks_branch_loads(cond)` (Triton: for a condition computed from indices). Read
+    from the class, as `masked_where` is: a handler's `__getattr__` answers any name."""
+    while isinstance(getattr(ops, "__dict__", None), dict) and "_ops" in vars(ops):
+        ops = ops._ops
+    own = getattr(type(ops), "masks_branch_loads", None)
+    return bool(own(ops, cond)) if callable(own) else False
+
+
 def analysis_of(graph: "GraphIR", node: ComputeNode) -> list:
     """[body, reads, loads or None, per-loop-space values] traced from `node`'s body
     (`graph.node_analysis`), valid while its body and reads are the ones it was traced

@@ -220,6 +220,11 @@ class TritonOps(PrintingOps[TVal]):
     def randn(self, seed: TVal, offset: TVal) -> TVal:
         return self._emit(f"tl.randn({seed}, {offset})", torch.float32)
 
+    def masks_branch_loads(self, c: TVal) -> bool:
+        """ir.masks_branch_loads: whether `masked_where(c, ...)` below reads each branch
+        only where it is taken (one number takes one branch)."""
+        return c.const is not None or self.k.from_index(c)
+
     def masked_where(self, c: TVal, then: Callable[[], TVal], otherwise: Callable[[], TVal]) -> TVal:
         """ir.masked_where: each branch's loads masked by its condition (TritonKernel.masked)
         when the condition comes from indices (a cat's, a pad's, a select's). A mask read
