@@ -273,6 +273,20 @@ def test_a_sum_over_rows_vectorizes_along_the_contiguous_kept_dim(case):
     assert lines[lines.index("#pragma omp simd") + 1].startswith("for (int64_t g1 = kb;"), k.source
 
 
+def test_a_clamp_rebuilt_by_substitution_drops_only_what_non_negative_terms_bound():
+    """Index clamps are rebuilt at every substitution into a loop space; sympy's own
+    evaluation compares their arguments through the assumptions system (10 ms each)."""
+    from fuselens.compiler import ir
+
+    d0, d1 = ir.index_var("d", 0), ir.index_var("d", 1)
+    zero, hi = sympy.Integer(0), sympy.Integer(31)
+    assert ir.substitute(sympy.Max(zero, d0 - 5, evaluate=False), {d0: d1 + 5}) == d1
+    assert ir.substitute(sympy.Min(hi, d0, evaluate=False), {d0: d1 + 31}) == hi
+    kept = ir.substitute(sympy.Min(hi, sympy.Max(zero, d0, evaluate=False), evaluate=False), {d0: d1 - 384})
+    assert kept == sympy.Min(hi, sympy.Max(zero, d1 - 384))  # nothing bounds d1 - 384: both clamps stay
+    assert ir.substitute(sympy.Min(hi, d0, evaluate=False), {d0: sympy.Integer(40)}) == hi
+
+
 def test_negative_padding_crops_in_the_generated_kernel():
     # a padding's backward pads by minus the amount: a crop, fused rather than run in ATen
     events = run(lambda x: (F.pad(x, (-1, 2, 0, -3)) * 2, F.pad(x, (-1, -2)) + 1), torch.randn(3, 7, 9))

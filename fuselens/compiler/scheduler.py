@@ -197,18 +197,23 @@ class Scheduler:
     def _loads_in(self, m: KernelGroup, c: ComputeNode, ranges: dict, of: Any = None) -> list[tuple[str, Expr]]:
         """(buffer, offset) of each load of member `c` from a buffer in `of` (default: any),
         in kernel `m`'s loop variables."""
-        if not self._loads(c):
+        loads = self._loads(c)
+        if not loads:
             return []
 
-        def in_loop() -> list[tuple[str, Expr]]:
+        def in_loop() -> dict:
             body_size = c.full_size if c.is_reduction else c.size
             cidx = m.full_index(body_size) if m.level(c) in ("full", "reduction") else m.outer_index(c.size)
-            sub = {ir.index_var("d", i): v for i, v in enumerate(cidx)}
-            return [(buf, ir.simplify_index(ir.substitute(index, sub), ranges)) for buf, index in self._loads(c)]
+            return {ir.index_var("d", i): v for i, v in enumerate(cidx)}
 
-        return [(b, e) for b, e in self._cached(c, m, "loads", in_loop) if of is None or b in of]
+        sub = self._cached(c, m, "index", in_loop)
+        # each load simplified when asked for: a kernel's members mostly read buffers from
+        # outside it, which no caller here asks about (a DenseNet layer's cat reads the last
+        # cat through a clamped channels-last index: 3 ms of sympy each, 4 s of a compile)
+        return [(buf, self._cached(c, m, ("load", i), lambda: ir.simplify_index(ir.substitute(index, sub), ranges)))
+                for i, (buf, index) in enumerate(loads) if of is None or buf in of]
 
-    def _cached(self, node: ComputeNode, m: KernelGroup, what: str, make: Callable[[], Any]) -> Any:
+    def _cached(self, node: ComputeNode, m: KernelGroup, what: Any, make: Callable[[], Any]) -> Any:
         """`make()` for `node` in kernel `m`'s loop space, computed once per space."""
         per = ir.analysis_of(self.g, node)[3]
         key = (what, space_key(m))

@@ -371,7 +371,7 @@ def _clamp_index(e: Expr, n: Expr) -> Expr:
     hi = n - 1
     if e.is_Integer and hi.is_Integer:
         return sympy.Integer(min(max(int(e), 0), int(hi)))
-    lo = e if _nonnegative(e) else sympy.Max(ZERO, e, evaluate=False)
+    lo = e if ir.nonnegative(e) else sympy.Max(ZERO, e, evaluate=False)
     return sympy.Min(hi, lo, evaluate=False) if hi.is_Integer else sympy.Min(lo, hi)
 
 
@@ -383,18 +383,6 @@ def _branch_index(ops: Any, cond: Any, e: Expr, n: Expr) -> Expr:
     from Triton, which then loads element by element (DenseNet-121's channels-last
     cats, H200: 86 us a kernel for 13 us of traffic)."""
     return e if ir.masks_branch_loads(ops, cond) else _clamp_index(e, n)
-
-
-def _nonnegative(e: Expr) -> bool:
-    """Whether `e` is a sum of products of non-negative numbers and symbols (index
-    variables and sizes are declared non-negative), without asking the assumptions system."""
-    if e.is_Number:
-        return bool(e >= 0)
-    if e.is_Symbol:
-        return bool(e.is_nonnegative)
-    if isinstance(e, (sympy.Add, sympy.Mul)):
-        return all(_nonnegative(a) for a in e.args)
-    return isinstance(e, (FloorDiv, ModularIndexing)) and all(_nonnegative(a) for a in e.args)
 
 
 @register(aten.cat.default)
