@@ -267,8 +267,15 @@ class Scheduler:
                     grown = True
         if not reach & mmask:
             return None
-        through = next((j for j in range(len(self.steps)) if (reach >> j) & 1 and j not in members
-                        and self.anc[j] & mmask), None)
+        # the first step outside the members that needs one of them, found among the set bits
+        # of `reach` (every step scanned, at each refusal: 0.9 s of DenseNet's training compile)
+        through, rest = None, reach & ~mmask
+        while rest:
+            low = rest & -rest
+            if self.anc[low.bit_length() - 1] & mmask:
+                through = low.bit_length() - 1
+                break
+            rest ^= low
         where = label(self.steps[through]) if through is not None else "another kernel"
         return Refusal("cycle", f"fusing would create a cycle through {where}, which needs one of these results "
                        "and produces (or runs in one kernel with) an input of another")
