@@ -294,3 +294,15 @@ def test_the_peak_simulation_places_each_kernel_as_early_as_its_inputs_allow_and
     fake = SimpleNamespace(deps=[set(), {0}, {1}, {2}, {3}])
     members = {("s", 0): [0], ("s", 1): [1], ("k", 0): [2, 4], ("s", 3): [3]}
     assert Scheduler._unit_order(fake, 0, 4, {2: ("k", 0), 4: ("k", 0)}, members) is None
+
+
+def test_a_fusion_refused_as_a_cycle_names_the_step_that_closes_it():
+    # x * 2 feeds the matmul and, with the matmul's result, the sum: the sum in the
+    # product's kernel would need the matmul before that kernel and after it
+    def f(x, w):
+        a = (x * 2).sin()
+        return torch.tanh(a) + a @ w
+
+    events = compile_events(f, torch.randn(16, 16), torch.randn(16, 16), options={"epilogue_fusion": False})
+    cycles = [d for d in of(events, FusionDecision) if d.rule == "cycle"]
+    assert cycles and all("through mm" in d.reason for d in cycles), [d.reason for d in of(events, FusionDecision)]
