@@ -21,7 +21,9 @@ where it loaded it, when
   output twice before a copy partitions it into windows, and the copy now loads the
   normalized values where the rolls took them from (three kernels fewer a block);
 - it is cheap: each reader element recomputes at most MAX_OPS operations (the
-  producer's, times how often the reader loads it); on a target where a
+  producer's, times how often the reader loads it), and at most MAX_RECOMPUTED
+  with the producers inlined into that reader before (a chain such as DenseNet's
+  cats, each reading the last, is inlined link by link); on a target where a
   transcendental function costs more than a load (C++), a producer calling one
   is not evaluated more often in its readers than it has elements;
 - memory traffic does not grow: with several readers it reads at most one
@@ -61,6 +63,10 @@ from fuselens.compiler import ir
 from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
 
 MAX_OPS = 12
+# what a reader element recomputes for all the producers inlined into it: a tree of a few
+# (a select backward's where, eq and add into zeros: 17 in ViT's q, k, v gradient) but no
+# chain whose every link reads the last (DenseNet's cats: each link 6, up to 32 links)
+MAX_RECOMPUTED = 2 * MAX_OPS
 TRIVIAL_OPS = 2
 MATH = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh", "cosh",
         "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "sigmoid", "atan2", "rand", "randn"}
@@ -276,6 +282,20 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     return done
 
 
+def _extra_ops(p: ComputeNode, ops: int) -> int:
+    """What evaluating `p` in a reader adds to it: a producer that only moves values (a
+    gather into routing order) ends in the load that replaces its reader's load of it, and
+    that load is not recomputation."""
+    return ops - 1 if _moves_data(p) else ops
+
+
+def _recomputed_in(reader: ComputeNode) -> int:
+    """Operations each element of `reader` recomputes for the producers inlined into it
+    (each counted with those inlined into it in turn). A chain (DenseNet's cats, each
+    reading the last) is inlined link by link, each link cheap alone."""
+    return sum(_extra_ops(q, _counted(q).count) for q in getattr(reader.body, "producers", {}).values())
+
+
 def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], kept: bool,
                      after_reduction: bool, costly_math: bool) -> tuple[str, int]:
     """(why `p` stays stored instead of recomputed in `compute_users`, some in another
@@ -294,15 +314,17 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
             return (f"it is stored anyway (a graph output or a library call reads it), and at {ops} ops more "
                     f"than a copy", ops)
         return "", ops
-    # a producer that only moves values (a gather into routing order) ends in the load that
-    # replaces its reader's load of it: that load is not recomputation
-    extra = ops - 1 if _moves_data(p) else ops
+    extra = _extra_ops(p, ops)
     loads = max(_loads_of(graph, p, u) for u in compute_users)
     worst = extra * loads
+    besides = f" ({extra} besides the load it replaces)" if extra != ops else ""
     if worst > MAX_OPS:
-        besides = f" ({extra} besides the load it replaces)" if extra != ops else ""
         return (f"its {ops} ops{besides}, loaded {loads} times by a reader, would be {worst} operations an element "
                 f"there (at most {MAX_OPS})", ops)
+    before = max(_recomputed_in(u) for u in compute_users)
+    if before + worst > MAX_RECOMPUTED:
+        return (f"its {ops} ops{besides} would add {worst} to the {before} a reader recomputes already for the "
+                f"producers inlined into it (at most {MAX_RECOMPUTED} an element)", ops)
     if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
         return "each of its readers would load all of its inputs instead of one buffer", ops  # more memory traffic
     return "", ops
