@@ -455,8 +455,8 @@ def cats_extend_earlier_cats(gm: torch.fx.GraphModule) -> list[GraphRewrite]:
             continue
         parts = list(node.args[0])
         val = _val(node)
-        if not isinstance(val, torch.Tensor) or val.dim() == 0:
-            continue
+        if not isinstance(val, torch.Tensor) or val.dim() == 0 or not _static(*val.shape, *val.stride()):
+            continue  # symbolic strides: comparing them would guard on the sizes
         dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % val.dim()
         earlier[(dim, tuple(parts))] = node
         n_prefix = next((n for n in range(len(parts) - 1, 1, -1) if (dim, tuple(parts[:n])) in earlier), 0)

@@ -222,8 +222,10 @@ class TritonOps(PrintingOps[TVal]):
 
     def masks_branch_loads(self, c: TVal) -> bool:
         """ir.masks_branch_loads: whether `masked_where(c, ...)` below reads each branch
-        only where it is taken (one number takes one branch)."""
-        return c.const is not None or self.k.from_index(c)
+        only where it is taken (one number takes one branch). A condition the same for
+        every lane (a cat read at one position) would leave the branch's loads without a
+        block, and unmasked."""
+        return c.const is not None or (self.k.from_index(c) and not self.k.is_scalar(c.name))
 
     def masked_where(self, c: TVal, then: Callable[[], TVal], otherwise: Callable[[], TVal]) -> TVal:
         """ir.masked_where: each branch's loads masked by its condition (TritonKernel.masked)
