@@ -21,11 +21,12 @@ where it loaded it, when
   output twice before a copy partitions it into windows, and the copy now loads the
   normalized values where the rolls took them from (three kernels fewer a block);
 - it is cheap: each reader element recomputes at most MAX_OPS operations (the
-  producer's, times how often the reader loads it), and at most MAX_RECOMPUTED
-  with the producers inlined into that reader before (a chain such as DenseNet's
-  cats, each reading the last, is inlined link by link); on a target where a
+  producer's, times how often the reader loads it); on a target where a
   transcendental function costs more than a load (C++), a producer calling one
   is not evaluated more often in its readers than it has elements;
+- it is not a cat read by another cat (DenseNet's cats, each extending the last:
+  inlined link by link, each cheap alone, the last layer's kernel would recompute
+  every cat before it);
 - memory traffic does not grow: with several readers it reads at most one
   buffer not much smaller than itself (each reader then loads that buffer where it loaded the producer;
   otherwise a residual stream x + attention + MLP ... would be recomputed layer
@@ -63,11 +64,6 @@ from fuselens.compiler import ir
 from fuselens.compiler.ir import ComputeNode, Expr, ExternNode, GraphIR
 
 MAX_OPS = 12
-# what a reader element recomputes for all the producers inlined into it: a tree of a few
-# (ViT's q, k, v gradient, selects into zeros added: 17; Llama's rotary backward, slice
-# scatters, adds and a cast: 29) but no chain whose every link reads the last (DenseNet's
-# cats: 6 a link, up to 32 links)
-MAX_RECOMPUTED = 3 * MAX_OPS
 TRIVIAL_OPS = 2
 MATH = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sinh", "cosh",
         "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "erfc", "pow", "sigmoid", "atan2", "rand", "randn"}
@@ -290,11 +286,8 @@ def _extra_ops(p: ComputeNode, ops: int) -> int:
     return ops - 1 if _moves_data(p) else ops
 
 
-def _recomputed_in(reader: ComputeNode) -> int:
-    """Operations each element of `reader` recomputes for the producers inlined into it
-    (each counted with those inlined into it in turn). A chain (DenseNet's cats, each
-    reading the last) is inlined link by link, each link cheap alone."""
-    return sum(_extra_ops(q, _counted(q).count) for q in getattr(reader.body, "producers", {}).values())
+def _is_cat(n: ComputeNode) -> bool:
+    return bool(n.aten_ops) and n.aten_ops[0] == "aten.cat.default"
 
 
 def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], kept: bool,
@@ -307,6 +300,11 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
         return "it is computed from a reduction's result, once per row in the row's kernel", 0
     counted = _counted(p)
     ops = counted.count
+    if _is_cat(p) and any(_is_cat(u) for u in compute_users):
+        # DenseNet's cats, each the last and a new part (cat-extends-cat): recomputed link by
+        # link, the last layer's kernel selected among every cat before it (27 ms a kernel, CPU)
+        return "it is a cat that another cat extends: recomputed there, each cat would select among every cat " \
+               "before it", ops
     if costly_math and counted.math and _amplified(graph, p, compute_users):
         # Llama's rotary cos/sin, once per position, would be evaluated per head and layer
         return "its readers would evaluate its transcendental functions more often than it has elements", ops
@@ -322,10 +320,6 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
     if worst > MAX_OPS:
         return (f"its {ops} ops{besides}, loaded {loads} times by a reader, would be {worst} operations an element "
                 f"there (at most {MAX_OPS})", ops)
-    before = max(_recomputed_in(u) for u in compute_users)
-    if before + worst > MAX_RECOMPUTED:
-        return (f"its {ops} ops{besides} would add {worst} to the {before} a reader recomputes already for the "
-                f"producers inlined into it (at most {MAX_RECOMPUTED} an element)", ops)
     if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
         return "each of its readers would load all of its inputs instead of one buffer", ops  # more memory traffic
     return "", ops
@@ -424,7 +418,8 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
         home = kernel_of.get(p.name)
         outside = [u for u in users if kernel_of.get(u.name) is not home]
         if (not recomputable(p) or p.name in output_sources or not outside
-                or any(not isinstance(u, ComputeNode) for u in users)):
+                or any(not isinstance(u, ComputeNode) for u in users)
+                or _is_cat(p) and any(_is_cat(u) for u in outside)):  # as inline_pointwise refuses it
             continue
         chain = _unstored_chain(p, by_name, kernel_of, stored, recomputable)
         if chain is None:
