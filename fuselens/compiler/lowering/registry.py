@@ -4,8 +4,9 @@ A lowering gets the `Lowerer` (for the output's fake tensor and to register
 compute nodes) and the call's arguments with FX nodes replaced by lowered values
 (`TensorValue`, a sympy expression for SymInts, or plain Python values). It
 returns the lowered value(s) or raises `NotLowered(reason)`, in which case the
-op runs through ATen as a fallback (`LibraryCall(reason)`: as a library call, chosen). The op tables (pointwise.py, reductions.py, views.py)
-fill `LOWERINGS` with `@register`; the walk (lowerer.py) reads it.
+op runs through ATen as a fallback (`LibraryCall(reason)`: as a library call,
+chosen). The op tables (pointwise.py, reductions.py, views.py) fill `LOWERINGS`
+with `@register`; the walk (lowerer.py) reads it.
 """
 
 from __future__ import annotations
