@@ -105,13 +105,13 @@ def build(name: str, size: str = "gpu") -> ModelCase:
             num_hidden_layers=layers, hidden_size=1024 if big else 256, num_attention_heads=16 if big else 4,
             num_key_value_heads=4 if big else 2, intermediate_size=1408 if big else 344, num_local_experts=8,
             num_experts_per_tok=2, vocab_size=vocab, max_position_embeddings=2048))
-    elif name == "bert":
-        vocab = 30522 if big else 5003
-        cfg = transformers.BertConfig(num_hidden_layers=layers, vocab_size=vocab, hidden_dropout_prob=0.0,
-                                      attention_probs_dropout_prob=0.0,
-                                      **({} if big else dict(hidden_size=256, num_attention_heads=4,
-                                                             intermediate_size=1024)))
-        module = transformers.BertForMaskedLM(cfg)
+    elif name in ("bert", "deberta_v2"):  # one encoder shape: DeBERTa-v2 adds disentangled attention
+        vocab = (30522 if name == "bert" else 32000) if big else 5003
+        config, model = ((transformers.BertConfig, transformers.BertForMaskedLM) if name == "bert"
+                         else (transformers.DebertaV2Config, transformers.DebertaV2ForMaskedLM))
+        module = model(config(num_hidden_layers=layers, vocab_size=vocab, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0,
+                              **({} if big else dict(hidden_size=256, num_attention_heads=4, intermediate_size=1024))))
     elif name == "t5":
         vocab = 32128 if big else 5003
         cfg = transformers.T5Config(vocab_size=vocab, num_layers=layers, num_decoder_layers=layers, dropout_rate=0.0,
@@ -139,13 +139,6 @@ def build(name: str, size: str = "gpu") -> ModelCase:
             encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
             dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
             decoder_layerdrop=0.0, max_position_embeddings=1024))
-    elif name == "deberta_v2":
-        vocab = 32000 if big else 5003
-        cfg = transformers.DebertaV2Config(num_hidden_layers=layers, vocab_size=vocab, hidden_dropout_prob=0.0,
-                                           attention_probs_dropout_prob=0.0,
-                                           **({} if big else dict(hidden_size=256, num_attention_heads=4,
-                                                                  intermediate_size=1024)))
-        module = transformers.DebertaV2ForMaskedLM(cfg)
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS + HELD_OUT + HELD_OUT_2)}")
     return ModelCase(name, _no_dropout(module), _tokens(vocab, batch, seq), _hf_loss,

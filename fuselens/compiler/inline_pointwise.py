@@ -279,15 +279,14 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     return done
 
 
-def _extra_ops(p: ComputeNode, ops: int) -> int:
-    """What evaluating `p` in a reader adds to it: a producer that only moves values (a
-    gather into routing order) ends in the load that replaces its reader's load of it, and
-    that load is not recomputation."""
-    return ops - 1 if _moves_data(p) else ops
+def _cat_read_by_cat(p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
+    """Whether `p` is a cat that one of `readers`, a cat too, extends (DenseNet's cats after
+    cat-extends-cat: recomputed link by link, each link cheap alone, the last layer's kernel
+    selected among every cat before it: 27 ms a kernel on the CPU)."""
+    def is_cat(n: ComputeNode) -> bool:
+        return bool(n.aten_ops) and n.aten_ops[0] == "aten.cat.default"
 
-
-def _is_cat(n: ComputeNode) -> bool:
-    return bool(n.aten_ops) and n.aten_ops[0] == "aten.cat.default"
+    return is_cat(p) and any(is_cat(u) for u in readers)
 
 
 def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], kept: bool,
@@ -300,9 +299,7 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
         return "it is computed from a reduction's result, once per row in the row's kernel", 0
     counted = _counted(p)
     ops = counted.count
-    if _is_cat(p) and any(_is_cat(u) for u in compute_users):
-        # DenseNet's cats, each the last and a new part (cat-extends-cat): recomputed link by
-        # link, the last layer's kernel selected among every cat before it (27 ms a kernel, CPU)
+    if _cat_read_by_cat(p, compute_users):
         return "it is a cat that another cat extends: recomputed there, each cat would select among every cat " \
                "before it", ops
     if costly_math and counted.math and _amplified(graph, p, compute_users):
@@ -313,11 +310,13 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
             return (f"it is stored anyway (a graph output or a library call reads it), and at {ops} ops more "
                     f"than a copy", ops)
         return "", ops
-    extra = _extra_ops(p, ops)
+    # a producer that only moves values (a gather into routing order) ends in the load that
+    # replaces its reader's load of it: that load is not recomputation
+    extra = ops - 1 if _moves_data(p) else ops
     loads = max(_loads_of(graph, p, u) for u in compute_users)
     worst = extra * loads
-    besides = f" ({extra} besides the load it replaces)" if extra != ops else ""
     if worst > MAX_OPS:
+        besides = f" ({extra} besides the load it replaces)" if extra != ops else ""
         return (f"its {ops} ops{besides}, loaded {loads} times by a reader, would be {worst} operations an element "
                 f"there (at most {MAX_OPS})", ops)
     if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
@@ -419,7 +418,7 @@ def recompute_narrow_stores(graph: GraphIR, groups: Sequence[Any], output_source
         outside = [u for u in users if kernel_of.get(u.name) is not home]
         if (not recomputable(p) or p.name in output_sources or not outside
                 or any(not isinstance(u, ComputeNode) for u in users)
-                or _is_cat(p) and any(_is_cat(u) for u in outside)):  # as inline_pointwise refuses it
+                or _cat_read_by_cat(p, outside)):  # as inline_pointwise refuses it
             continue
         chain = _unstored_chain(p, by_name, kernel_of, stored, recomputable)
         if chain is None:
