@@ -10,17 +10,22 @@ its host time was 29.1 ms to Inductor's 25.7 (H200, thirtieth session).
 A buffer kept for a later allocation stays allocated from its death to that allocation,
 where the caching allocator could have given its block to something in between. So a
 hold is taken only where the graph's live bytes, with every hold taken before it, stay at
-or below the graph's own peak without any: reusing never raises the peak. Nor does a hold
-span a library call that may allocate scratch memory while it runs, which the plan cannot
-see: cuDNN's convolution workspace, an attention backward's temporaries (ViT-B/16's
-cuDNN attention backward allocated 17 MB beyond its outputs). A hold across one raised
-the real peak the live bytes stayed under: the step peaks of ViT, MobileNetV3 and
-EfficientNet training were 0.5-0.9% above Inductor's (H200, thirty-third session), each
-at such a call.
+or below the graph's own peak without any: reusing never raises the peak the plan sees.
+A library call may allocate scratch memory while it runs, which the plan cannot see:
+cuDNN's convolution workspace, an attention backward's temporaries (ViT-B/16's cuDNN
+attention backward allocated 17 MB beyond its outputs). Holds across such calls, once
+allowed wherever the live bytes stayed under the peak, raised the real step peaks of ViT,
+MobileNetV3 and EfficientNet training 0.5-0.9% above Inductor's (H200, thirty-third
+session), each at such a call; refused everywhere, they left DenseNet-121's training step
+(a convolution every fourth step) with 2,515 fresh tensors, 10.7 ms of its 58 ms on the
+H200's host (fortieth session). So a hold spans such a call only where the live bytes
+there, the hold and the graph's inputs included, stay an eighth of the graph's peak below
+it: only a call whose scratch exceeds that eighth of the memory can make the hold count.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,10 @@ from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall
 # hold's length, and a buffer dead that long has usually been outlived by its size's uses.
 WINDOW = 256
 
+# A hold spans a library call that may allocate scratch only where the live bytes there stay
+# this fraction of the graph's peak below the peak.
+SCRATCH_MARGIN = 8
+
 
 @dataclass
 class StorageFacts:
@@ -44,6 +53,7 @@ class StorageFacts:
     takers: set[str]  # allocations that may take a dead buffer's storage
     took: dict[str, str] = field(default_factory=dict)  # output -> the dying input whose storage it took
     layout: dict[str, tuple] = field(default_factory=dict)  # buffer -> (size, stride), those in nbytes
+    input_bytes: int = 0  # the graph's inputs, alive at its start (a backward's saved activations)
 
 
 def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:
@@ -55,9 +65,9 @@ def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:
     moved = set(facts.took.values())  # their storage lives on in the output that took it
     curve = _live_curve(plan, owner_bytes, facts.took, moved)
     peak = max([0, *curve])
-    scratch = [0]  # library calls that may allocate scratch, up to each step
-    for step in plan:
-        scratch.append(scratch[-1] + _may_allocate_scratch(step))
+    at_scratch = [i for i, step in enumerate(plan) if _may_allocate_scratch(step)]
+    # the most a scratch call may see live (the curve is relative to the inputs' bytes)
+    below_scratch = peak - (facts.input_bytes + peak) // SCRATCH_MARGIN
     total = list(curve)  # live bytes after each step, with the holds taken so far
     dead: dict[tuple, list[tuple[str, int]]] = {}  # (dtype, bytes) -> (buffer, where it died)
     taken: dict[str, str] = {}
@@ -76,7 +86,7 @@ def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:
                 continue
             for k in range(len(cands) - 1, -1, -1):  # the latest death first: the shortest hold
                 buf, died = cands[k]
-                if t - died > WINDOW or scratch[t] > scratch[died]:
+                if t - died > WINDOW or not _under(total, at_scratch, died, t, below_scratch - size):
                     break  # earlier deaths span the same steps and more
                 if max(total[died:t]) + size <= peak:
                     for i in range(died, t):
@@ -85,6 +95,13 @@ def reuse_map(plan: list[Any], facts: StorageFacts) -> dict[str, str]:
                     del cands[k]
                     break
     return taken
+
+
+def _under(total: list[int], at_scratch: list[int], start: int, stop: int, limit: int) -> bool:
+    """Whether the live bytes at every scratch-allocating call in [start, stop) are at most `limit`."""
+    lo = bisect.bisect_left(at_scratch, start)
+    hi = bisect.bisect_left(at_scratch, stop)
+    return all(total[at_scratch[i]] <= limit for i in range(lo, hi))
 
 
 # Library calls that allocate nothing beyond their results while they run: cuBLAS keeps

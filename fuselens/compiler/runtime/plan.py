@@ -219,8 +219,10 @@ class Planner:
         owned = (self.kernel_allocated | matmuls) - keep
         took = {out: src for st in self.plan if isinstance(st, KernelCall) for out, src in st.reuse.items()}
         took.update(self._extern_took)
+        inputs = {self._root(i.name) for i in self.g.inputs}
         return StorageFacts(nbytes, dtypes, {n for n in owned if n in nbytes},
-                            {n for n in self.kernel_allocated | matmuls if n in nbytes}, took, layouts)
+                            {n for n in self.kernel_allocated | matmuls if n in nbytes}, took, layouts,
+                            sum(nbytes.get(n, 0) for n in inputs))
 
     def _extern(self, e: ExternNode) -> None:
         node = e.fx_node
