@@ -18,6 +18,7 @@ The package reads top to bottom as the pipeline:
     aot_printouts.py  AOTAutograd's printouts of a training graph skipped when no logger reads them
     codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers: runtime/triton_prelude.py);
                    the interface in codegen/__init__.py
+    index_bounds.py  bounds of index expressions: the clamps and comparisons a loop's range decides
     runtime/       running a compiled graph:
         plan.py             order, allocations and frees of a compiled graph
         buffer_reuse.py     which dead buffer each allocation of a static GPU graph takes over

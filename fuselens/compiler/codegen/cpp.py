@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 import sympy
 import torch
 
-from fuselens.compiler import ir
+from fuselens.compiler import index_bounds, ir
 from fuselens.compiler.codegen import KernelBuilder, KernelSource, canonical_text, cname, reduction_phases
 from fuselens.compiler.codegen.cpp_ops import CTYPES, HALVES, CppOps, CVal, cconst, cexpr, storage_ctype
 from fuselens.compiler.ir import ComputeNode, Expr, GraphIR
@@ -91,10 +91,18 @@ class CppKernel(KernelBuilder):
         # float32 sin/cos arguments of the vectorized loop being emitted (None: not in one)
         self.trig_args: Optional[list[str]] = None
         self.trig_redo = False  # some loop redoes its block for large sin/cos arguments
+        self.index_of: dict[str, Expr] = {}  # integer value -> the index expression it holds
+        # the inclusive range of every loop variable while a piece of a split loop is printed
+        # (None: not in one), and the split points found for the inner loop's variable
+        self.pieces: Optional[dict] = None
+        self.split_var: Optional[sympy.Symbol] = None
+        self.split_points: set[int] = set()
 
     # -- helpers used by CppOps
     def simplify(self, e: Expr) -> Expr:
         e = ir.simplify_index(sympy.sympify(e), self.ranges)
+        if self.pieces is not None:
+            e = index_bounds.fold_clamps(e, self.pieces)
         self.symbols |= {s for s in e.free_symbols if s in self.graph.symbols or s in self.graph.size_hints}
         return e
 
@@ -121,6 +129,20 @@ class CppKernel(KernelBuilder):
         if hoist:
             self.hoisted.add(v.name)
         return v
+
+    def fold_compare(self, op: str, a: CVal, b: CVal) -> Optional[bool]:
+        """A comparison of two index values that the current piece of a split loop decides;
+        one that a split of the inner loop would decide is noted as its split point."""
+        ea, eb = self.index_of.get(a.name), self.index_of.get(b.name)
+        if ea is None or eb is None:
+            return None
+        if self.pieces is not None:
+            return index_bounds.decide(op, ea, eb, self.pieces)
+        if self.split_var is not None:
+            at = index_bounds.flip_point(op, ea, eb, self.split_var)
+            if at is not None:
+                self.split_points.add(at)
+        return None
 
     def _loop_invariant(self, expr: str) -> bool:
         """Whether `expr`, met in a row pass's inner loop, reads no loop variable, no value of
@@ -462,7 +484,11 @@ class CppKernel(KernelBuilder):
         gv = self.g.gvars()
         self.hoist_from, self.inner_vars = self.scope, {str(gv[d]) for d in inner_dims} | {"c0"}
         self.trig_args = [] if inner_dims else None
+        splittable = not reds and len(inner_dims) == 1 and not nest.chunked and nest.rn.is_Integer
+        self.split_var, self.split_points = (gv[inner_dims[0]] if splittable else None), set()
         self._compute_fulls(fulls)
+        self.split_var = None
+        pieces = self._split_pieces(fulls, int(nest.rn)) if splittable and not self.trig_args else None
         vals = []
         for r in reds:
             v = r.body(self.ops, self.g.full_index(r.full_size))
@@ -484,13 +510,45 @@ class CppKernel(KernelBuilder):
         self._declare_accs(decls, ind)
         if flag:
             nest.body.append(f"{'  ' * ind}float {flag} = 0.0f;")
-        self._simd_loop(nest, [(r, a) for r, a in zip(reds, accs) if a not in alias], flag, loop_lines)
+        if pieces:
+            for span, lines in pieces:
+                self._simd_loop(nest, [], "", lines, span)
+        else:
+            self._simd_loop(nest, [(r, a) for r, a in zip(reds, accs) if a not in alias], flag, loop_lines)
         if flag:
             self._trig_redo(flag, decls, redo_lines, inner_dims, nest.chunked, ind, nest.body)
         results: dict[str, str] = {}
         if moments is not None:
             results = self._moments_check(moments, reds, accs, inner_dims, int(nest.rn), ind, nest.body)
         self._reduction_results(reds, accs, alias, results)
+
+    def _split_pieces(self, fulls: list[ComputeNode], n: int) -> Optional[list[tuple[tuple[int, int], list[str]]]]:
+        """A pointwise loop printed again as one loop per range between the points where a
+        comparison of its variable with a constant changes answer (a cat's parts, a pad's
+        edges): in each, the comparisons and the clamps of the parts' indices fold, so each
+        part is loaded contiguously instead of every part gathered through a clamped index
+        and selected (DenseNet's channels-last cats). None where there is no such point."""
+        points = sorted(p for p in self.split_points if 0 < p < n)
+        if not points or len(points) > self.MAX_LOOP_PIECES - 1:
+            return None
+        var = self.g.gvars()[self._split_dims()[1][0]]
+        whole = {v: (0, int(size) - 1) for v, size in zip(self.g.gvars(), self.g.full) if size.is_Integer}
+        indent = self.scope.indent
+        out = []
+        for lo, hi in zip([0, *points], [*points, n]):
+            lines: list[str] = []
+            self.scope = _Scope(lines, indent=indent)
+            self.hoist_from, self.pieces = self.scope, {**whole, var: (lo, hi - 1)}
+            try:
+                self._compute_fulls(fulls)
+            finally:
+                self.pieces = None
+            out.append(((lo, hi), lines))
+        self.hoist_from = None
+        return out
+
+    # loops one pointwise loop may be split into (a cat of more parts is a library call)
+    MAX_LOOP_PIECES = 16
 
     def _compute_fulls(self, fulls: list[ComputeNode]) -> None:
         """Full-level values of this pass, into scratch and to memory as needed."""
@@ -523,15 +581,16 @@ class CppKernel(KernelBuilder):
         return decls
 
     def _simd_loop(self, nest: "_LoopNest", live: list[tuple[ComputeNode, str]], flag: str,
-                   loop_lines: list[str]) -> None:
-        """The inner loop with its `omp simd` reduction clauses around `loop_lines`."""
+                   loop_lines: list[str], span: Optional[tuple[int, int]] = None) -> None:
+        """The inner loop with its `omp simd` reduction clauses around `loop_lines` (over
+        `span` of the inner dim, a piece of a split loop, else all of it)."""
         ind, inner_dims = nest.ind, nest.inner_dims
         simdlen = f" simdlen({self.opt.vector_width})" if self.opt.vector_width else ""
         clauses = "".join(f" reduction({_RED_OMP[r.reduction]}:{a})" for r, a in live)
         clauses += "".join(f" reduction(|:{a}_nan)" for r, a in live
                            if r.reduction in ("max", "min") and r.acc_dtype.is_floating_point)
         clauses += f" reduction(max:{flag})" if flag else ""
-        nest.body.extend(self._loop_headers(inner_dims, nest.chunked, ind, f"#pragma omp simd{simdlen}{clauses}"))
+        nest.body.extend(self._loop_headers(inner_dims, nest.chunked, ind, f"#pragma omp simd{simdlen}{clauses}", span))
         brace = "  " * (ind + len(inner_dims) - 1 if inner_dims else ind)
         nest.body.append(f"{brace}{{")
         nest.body.extend(loop_lines)
@@ -563,15 +622,19 @@ class CppKernel(KernelBuilder):
         return (short_rows and r.reduction == "sum" and r.acc_dtype == torch.float64 and r.dtype == torch.float32
                 and v.name in self.widened)
 
-    def _loop_headers(self, inner_dims: Sequence[int], chunked: bool, ind: int, pragma: str) -> list[str]:
-        """The `for` lines of a row's inner loops (`pragma` above the innermost; "" for none)."""
+    def _loop_headers(self, inner_dims: Sequence[int], chunked: bool, ind: int, pragma: str,
+                      span: Optional[tuple[int, int]] = None) -> list[str]:
+        """The `for` lines of a row's inner loops (`pragma` above the innermost; "" for none;
+        the innermost over `span` where given)."""
         g, gv = self.g, self.g.gvars()
         out = []
         for k, d in enumerate(inner_dims):
             pad = "  " * (ind + k)
             if k == len(inner_dims) - 1 and pragma:
                 out.append(f"{pad}{pragma}")
-            if chunked:
+            if span is not None and k == len(inner_dims) - 1:
+                out.append(f"{pad}for (int64_t {gv[d]} = {span[0]}; {gv[d]} < {span[1]}; {gv[d]}++)")
+            elif chunked:
                 out.append(f"{pad}for (int64_t {gv[d]} = c0; {gv[d]} < std::min<int64_t>(c0 + {CHUNK}, "
                            f"{self.cx(g.full[d])}); {gv[d]}++)")
             else:

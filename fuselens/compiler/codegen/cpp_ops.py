@@ -128,6 +128,25 @@ _TO_BOOL = {
 }
 
 
+# Index-valued dtypes whose values codegen knows symbolically (CppKernel.index_of)
+_INDEX_DTYPES = (torch.int64, torch.int32)
+# The literal values of bool constants and folded conditions
+_KNOWN = {"true": True, "false": False}
+# The printed forms a known operand may decide: form -> op
+_FOLDED = {**{form: op for op, form in COMPARISONS.items()},
+           "({a} && {b})": "logical_and", "({a} || {b})": "logical_or"}
+
+
+def _fold_bool(op: str, a: CVal, b: CVal) -> Any:
+    """`a and b` / `a or b` where an operand is a known bool: the answer or the other operand."""
+    for x, y in ((a, b), (b, a)):
+        if x.name in _KNOWN:
+            if op == "logical_and":
+                return y if _KNOWN[x.name] else x
+            return x if _KNOWN[x.name] else y
+    return None
+
+
 class CppKernel(Protocol):
     """The scopes CppOps prints into (cpp.CppKernel) and what it knows of bfloat16 values."""
 
@@ -140,6 +159,10 @@ class CppKernel(Protocol):
     def load(self, name: str, index: Expr) -> CVal: ...
 
     def simplify(self, e: Expr) -> Expr: ...
+
+    index_of: dict[str, Expr]
+
+    def fold_compare(self, op: str, a: CVal, b: CVal) -> Optional[bool]: ...
 
 
 @ops_from_table(_FORMS)
@@ -154,10 +177,16 @@ class CppOps(PrintingOps[CVal]):
 
     # -- memory and constants
     def constant(self, value: Any, dtype: torch.dtype) -> CVal:
-        return CVal(cconst(value, dtype), dtype)
+        v = CVal(cconst(value, dtype), dtype)
+        if dtype in _INDEX_DTYPES:
+            self.k.index_of[v.name] = sympy.Integer(int(value))
+        return v
 
     def index_expr(self, expr: Expr, dtype: torch.dtype) -> CVal:
-        v = self._emit(f"static_cast<{CTYPES[dtype]}>({cexpr(self.k.simplify(expr))})", dtype)
+        e = self.k.simplify(expr)
+        v = self._emit(f"static_cast<{CTYPES[dtype]}>({cexpr(e)})", dtype)
+        if dtype in _INDEX_DTYPES:
+            self.k.index_of[v.name] = e
         return self.round_to(v, dtype)
 
     def to_dtype(self, x: CVal, dtype: torch.dtype) -> CVal:
@@ -185,7 +214,16 @@ class CppOps(PrintingOps[CVal]):
         return v
 
     def where(self, c: CVal, a: CVal, b: CVal) -> CVal:
+        if c.name in _KNOWN:  # the select's value has a's dtype, as the printed one does
+            return a if _KNOWN[c.name] else self.to_dtype(b, a.dtype)
         return self._emit(f"({c} ? {a} : {b})", a.dtype)
+
+    def masked_where(self, c: CVal, then: Any, otherwise: Any) -> CVal:
+        """ir.masked_where: both branches computed, as a select (C++ masks no loads), but
+        only the taken one where the condition is known (a piece of a split loop)."""
+        if c.name in _KNOWN:
+            return then() if _KNOWN[c.name] else otherwise()
+        return self.where(c, then(), otherwise())
 
     def rand(self, seed: CVal, offset: CVal) -> CVal:
         return self._emit(f"fl_rand({seed}, {offset})", torch.float32)
@@ -241,6 +279,13 @@ class CppOps(PrintingOps[CVal]):
     # -- binary
     def _bin(self, fmt: str, a: CVal, b: CVal, dtype: Optional[torch.dtype] = None) -> CVal:
         dt = dtype or a.dtype
+        if fmt in _FOLDED:
+            known = _fold_bool(_FOLDED[fmt], a, b) if _FOLDED[fmt].startswith("logical") \
+                else self.k.fold_compare(_FOLDED[fmt], a, b)
+            if isinstance(known, CVal):
+                return known
+            if known is not None:
+                return CVal("true" if known else "false", torch.bool)
         expr = fmt.format(a=a, b=b, T=CTYPES[a.dtype])
         if dt != torch.bool and not dt.is_floating_point and dt not in (torch.int64,):
             expr = f"static_cast<{CTYPES[dt]}>({expr})"  # C integer promotion
