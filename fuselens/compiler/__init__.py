@@ -16,8 +16,8 @@ The package reads top to bottom as the pipeline:
     phases.py      compile phases timed once: PhaseTime events and torch's compile metrics
     compile_gc.py  the objects older than a compile (and Dynamo's trace of our frames) frozen, only young GC passes during it
     aot_printouts.py  AOTAutograd's printouts of a training graph skipped when no logger reads them
-    codegen/       cpp.py (C++/OpenMP), triton.py (its prelude of helpers: runtime/triton_prelude.py);
-                   the interface in codegen/__init__.py
+    codegen/       cpp.py (C++/OpenMP; its row scratch in cpp_scratch.py), triton.py (its prelude of
+                   helpers: runtime/triton_prelude.py); the interface in codegen/__init__.py
     index_bounds.py  bounds of index expressions: the clamps and comparisons a loop's range decides
     runtime/       running a compiled graph:
         plan.py             order, allocations and frees of a compiled graph
