@@ -70,7 +70,7 @@ def test_a_hold_spans_a_library_call_where_the_live_bytes_with_the_inputs_stay_a
     # live bytes at the convolution: 0 + the hold's 100, under 1100 - 1100 / 8
     assert reuse_map(plan(conv), _facts(sizes, {"a", "big"})) == {"c": "a"}
     # the inputs count: with 8000 bytes of them alive, an eighth of the memory is 1137 bytes,
-    # and 100 live at the convolution is not that far below the peak
+    # so no more than 1100 - 1137 bytes of the graph's own may be live at the convolution
     facts = _facts(sizes, {"a", "big"})
     facts.input_bytes = 8000
     assert reuse_map(plan(conv), facts) == {}

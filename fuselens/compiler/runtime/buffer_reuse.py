@@ -39,7 +39,7 @@ from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall
 WINDOW = 256
 
 # A hold spans a library call that may allocate scratch only where the live bytes there stay
-# this fraction of the graph's peak below the peak.
+# 1/SCRATCH_MARGIN of the graph's peak (its inputs' bytes included) below that peak.
 SCRATCH_MARGIN = 8
 
 
