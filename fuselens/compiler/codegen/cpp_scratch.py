@@ -4,7 +4,7 @@ in the kernel's output row, instead of being recomputed."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 
@@ -16,7 +16,8 @@ from fuselens.compiler.ir import ComputeNode, Expr
 
 class RowScratch:
     """The row-scratch choices and references of a CppKernel (a mixin: it reads the
-    kernel's group `g`, members, phases and `scratch` / `scratch_home` tables)."""
+    kernel's group `g`, members, phases and `scratch` / `scratch_home` tables, and calls
+    its `simplify` and `ptr`)."""
 
     g: Any
     members: dict
@@ -24,10 +25,8 @@ class RowScratch:
     scratch: dict[str, int]
     scratch_home: dict[str, str]
     inner_dims: list[int]
-
-    def simplify(self, e: Expr) -> Expr: ...  # CppKernel's
-
-    def ptr(self, name: str, write: bool = False) -> str: ...  # CppKernel's
+    simplify: Callable[[Expr], Expr]
+    ptr: Callable[..., str]
 
     EXPENSIVE = ("exp", "log", "sin", "cos", "tan", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "expm1", "log1p")
 
