@@ -409,8 +409,8 @@ class CppKernel(RowScratch, KernelBuilder):
         splittable = not reds and len(inner_dims) == 1 and not nest.chunked and nest.rn.is_Integer
         self.split_var, self.split_points = (gv[inner_dims[0]] if splittable else None), set()
         self._compute_fulls(fulls)
-        self.split_var = None
-        pieces = self._split_pieces(fulls, int(nest.rn)) if splittable and not self.trig_args else None
+        var, self.split_var = self.split_var, None
+        pieces = self._split_pieces(fulls, var, int(nest.rn)) if var is not None and not self.trig_args else None
         vals = []
         for r in reds:
             v = r.body(self.ops, self.g.full_index(r.full_size))
@@ -444,7 +444,8 @@ class CppKernel(RowScratch, KernelBuilder):
             results = self._moments_check(moments, reds, accs, inner_dims, int(nest.rn), ind, nest.body)
         self._reduction_results(reds, accs, alias, results)
 
-    def _split_pieces(self, fulls: list[ComputeNode], n: int) -> Optional[list[tuple[tuple[int, int], list[str]]]]:
+    def _split_pieces(self, fulls: list[ComputeNode], var: sympy.Symbol,
+                      n: int) -> Optional[list[tuple[tuple[int, int], list[str]]]]:
         """A pointwise loop printed again as one loop per range between the points where a
         comparison of its variable with a constant changes answer (a cat's parts, a pad's
         edges): in each, the comparisons and the clamps of the parts' indices fold, so each
@@ -453,7 +454,6 @@ class CppKernel(RowScratch, KernelBuilder):
         points = sorted(p for p in self.split_points if 0 < p < n)
         if not points or len(points) > self.MAX_LOOP_PIECES - 1:
             return None
-        var = self.g.gvars()[self._split_dims()[1][0]]
         whole = {v: (0, int(size) - 1) for v, size in zip(self.g.gvars(), self.g.full) if size.is_Integer}
         indent = self.scope.indent
         out = []
