@@ -17,14 +17,19 @@ allocation sizes alive at its peak more or fewer times than at the first's. What
 each holds from one step to the next (constants, caches, workspaces: memory that
 counts in every step's peak) is compared the same way, by the line that allocated
 it. The step also records what autograd saved for the backward (each storage
-once), which is where two partitions of a training graph differ.
+once), which is where two partitions of a training graph differ, and, after it, what
+only Python's cycle collector frees (`cyclic_garbage`): memory a reference cycle keeps
+from one step into the next, with the collector's settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import gc
 import json
+import types
 import linecache
 import sys
 from pathlib import Path
@@ -159,6 +164,8 @@ def measure(name: str, mode: str, backend: str) -> dict:
             raise RuntimeError("the allocator's history wrapped: raise _HISTORY_ENTRIES")
         trace = trace[mark:]
         p = live_at_peak(trace, held_by_address)
+    collector = {"enabled": gc.isenabled(), "thresholds": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
+    cycles = cyclic_garbage()
     wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
     return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(p.bytes / 2**20, 1), "wrappers": wrappers,
             "allocator_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
@@ -166,7 +173,38 @@ def measure(name: str, mode: str, backend: str) -> dict:
             "live_at_peak": p.groups[:25], "alive": p.alive, "held": held,
             # what the backward reads, each storage once: two backends' partitions compared
             "saved_mb": round(sum(b for _, _, b in saved.values()) / 2**20, 1), "saved_storages": len(saved),
-            "saved_by_shape": _by_shape(saved.values())}
+            "saved_by_shape": _by_shape(saved.values()), "collector": collector, "cycles": cycles}
+
+
+def cyclic_garbage() -> dict:
+    """What only Python's cycle collector would free after the step: the CUDA bytes it
+    holds and what the cycles are made of (object types; frames and functions by their
+    code). Memory alive between steps that a `gc.collect()` frees counts in the next
+    step's peak until a full collection happens to run (BART training's logits, 785 MB,
+    H200, forty-first session)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)  # unreachable objects kept in gc.garbage, to be looked at
+    try:
+        gc.collect()
+        garbage = list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    storages: dict[int, int] = {}
+    kinds: collections.Counter = collections.Counter()
+    code: collections.Counter = collections.Counter()
+    for o in garbage:
+        kinds[f"{type(o).__module__}.{type(o).__qualname__}"] += 1
+        if isinstance(o, torch.Tensor) and o.is_cuda:
+            st = o.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        elif isinstance(o, types.FrameType):
+            code[f"frame {o.f_code.co_name} {Path(o.f_code.co_filename).name}:{o.f_lineno}"] += 1
+        elif isinstance(o, types.FunctionType):
+            code[f"function {o.__qualname__} {Path(o.__code__.co_filename).name}"] += 1
+    del garbage
+    gc.collect()
+    return {"cuda_mb": round(sum(storages.values()) / 2**20, 1), "tensors": len(storages),
+            "types": kinds.most_common(25), "code": code.most_common(25)}
 
 
 @contextlib.contextmanager
@@ -225,6 +263,11 @@ def main(argv: Any = None) -> int:
                       f"alive before the step {r.get('before_step_mb')}) {r.get('error', '')}", flush=True)
                 print(f"  peak reached {r.get('peak_at', 0):.0%} into the step's allocations, by {r.get('peak_where')}")
                 print(f"  saved for the backward: {r.get('saved_mb')} MB in {r.get('saved_storages')} storages")
+                cyc = r.get("cycles") or {}
+                print(f"  freed only by the cycle collector after the step: {cyc.get('cuda_mb')} MB in "
+                      f"{cyc.get('tensors')} storages; collector {r.get('collector')}")
+                for what, n in (cyc.get("types") or [])[:12] + (cyc.get("code") or [])[:12]:
+                    print(f"      {n:6d}  {what}")
                 for row in r.get("live_at_peak", [])[:15]:
                     print(f"  {row['mb']:9.1f} MB {row['count']:4d}x  {row['where']}", flush=True)
                 if first.get("held") is not None and r.get("held") is not None and r is not first:
