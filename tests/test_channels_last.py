@@ -337,3 +337,124 @@ def test_values_propagated_from_the_changed_nodes_alone_equal_a_whole_graph_prop
     torch._dynamo.reset()
     assert len(checked) >= 2  # the forward's conversions, the backward's saved activations and conversions
     assert runs["partial"] < runs["whole"]
+
+
+def _grouped_graph(groups: int, channels: int = 16):
+    """conv(x) -> relu -> a grouped 3x3 convolution of `groups` groups -> a 1x1 one."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, channels, 8, 8, generator=g)
+    w1 = torch.randn(channels, channels, 1, 1, generator=g)
+    wg = torch.randn(channels, channels // groups, 3, 3, generator=g)
+    w2 = torch.randn(8, channels, 1, 1, generator=g)
+
+    def fn(x, w1, wg, w2):
+        h = torch.relu(F.conv2d(x, w1))
+        return F.conv2d(torch.relu(F.conv2d(h, wg, padding=1, groups=groups)), w2)
+
+    gm = make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(x, w1, wg, w2)
+    return gm, fn, (x, w1, wg, w2)
+
+
+def test_cudnn_training_graph_with_grouped_convolution_keeps_eager_layout_and_says_why():
+    """cuDNN transforms the tensors of a grouped convolution reading several channels per
+    group at every NHWC call: a training graph with one keeps NCHW (Inductor's rule),
+    and the decision is reported with the convolution that caused it."""
+    gm, fn, args = _grouped_graph(groups=2)
+    done = layout_passes.channels_last_convolutions(gm, require_cuda=False, cudnn=True, stage="aot_forward",
+                                                   kept_outputs=1)
+    assert len(done) == 1 and done[0].rule == "channels-last" and not done[0].applied
+    assert "2 groups reading 8 channels each" in done[0].detail
+    assert not [n for n in gm.graph.nodes if n.target is aten.clone.default]
+    torch.testing.assert_close(gm(*args), fn(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_cudnn_depthwise_convolution_still_runs_channels_last_in_training():
+    """A depthwise convolution (one channel per group: MobileNet, EfficientNet, ConvNeXt)
+    is faster in NHWC, so it does not hold the graph back."""
+    gm, fn, args = _grouped_graph(groups=16)
+    done = layout_passes.channels_last_convolutions(gm, require_cuda=False, cudnn=True, stage="aot_forward",
+                                                   kept_outputs=1)
+    assert done and all(r.applied for r in done)
+    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
+    torch.testing.assert_close(gm(*args), fn(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_cudnn_inference_weighs_grouped_convolution_flops_against_the_rest():
+    """Inference converts unless the grouped convolutions' share of the flops makes NHWC
+    slower by Inductor's measured costs: here the grouped 3x3 dominates a graph of 1x1
+    convolutions, so it declines; with small groups of the same graph in the minority
+    (wide 3x3 convolutions around them) it converts."""
+    gm, _, _ = _grouped_graph(groups=2)
+    declined = layout_passes.cudnn_declines(layout_passes._convolutions(gm), "aot_inference")
+    assert declined is not None and not declined.applied and "NHWC would be" in declined.detail
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 128, 8, 8, generator=g), torch.randn(128, 128, 3, 3, generator=g)
+    wg = torch.randn(128, 64, 1, 1, generator=g)
+
+    def mostly_dense(x, w, wg):
+        return F.conv2d(F.conv2d(F.conv2d(x, w, padding=1), wg, groups=2), w, padding=1)
+
+    gm = make_fx(mostly_dense, decomposition_table=decompositions(), tracing_mode="fake")(x, w, wg)
+    assert layout_passes.cudnn_declines(layout_passes._convolutions(gm), "aot_inference") is None
+
+
+def test_a_declined_rewrite_is_reported_as_not_fused_with_its_reason():
+    from fuselens.compiler.entry import _rewrite_decisions
+    from fuselens.compiler.graph_passes import GraphRewrite
+
+    class _NoGroups:
+        groups: list = []
+
+    events = _rewrite_decisions([GraphRewrite("channels-last", "convolution_1", "kept NCHW: why", applied=False),
+                                 GraphRewrite("pad-matmul", "mm", "padded")], [], _NoGroups(), "0/0")
+    assert [(e.decision, e.rule, e.reason) for e in events] == [
+        ("not_fused", "channels-last", "kept NCHW: why"), ("fused", "pad-matmul", "padded")]
+
+
+def test_cudnn_rule_keeps_a_grouped_training_step_in_nchw_forward_and_backward(monkeypatch: pytest.MonkeyPatch):
+    """The whole backend on a ResNeXt-style block, with the GPU's cuDNN rule run on CPU
+    tensors: both the forward and the backward graph decline, their convolutions (and
+    convolution gradients) stay NCHW, the gradients match eager, and the report says why."""
+    own = CppTarget.graph_rewrites
+    layouts: list = []
+
+    def rewrites(self, gm, example_inputs, stage):
+        kept = layout_passes.forward_user_outputs() if stage == "aot_forward" else None
+        if stage == "aot_forward" and kept is None:
+            return own(self, gm, example_inputs, stage)
+        done = own(self, gm, example_inputs, stage) + layout_passes.channels_last_convolutions(
+            gm, require_cuda=False, cudnn=True, stage=stage, kept_outputs=kept)
+        layouts.extend(n.args[0].meta["val"].is_contiguous() for n in gm.graph.nodes
+                       if n.target in (aten.convolution.default, aten.convolution_backward.default))
+        return done
+
+    monkeypatch.setattr(CppTarget, "graph_rewrites", rewrites)
+
+    class Grouped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(3, 16, 1, bias=False)
+            self.g = nn.Conv2d(16, 16, 3, padding=1, groups=4, bias=False)
+            self.bn = nn.BatchNorm2d(16)
+            self.fc = nn.Linear(16, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(F.relu(self.bn(self.g(F.relu(self.a(x))))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    ref, model = Grouped(), Grouped()
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        out, want = _step(torch.compile(model, backend="fuselens"), x, y), _step(ref, x, y)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert len(layouts) == 4 and all(layouts)  # two convolutions, two convolution gradients: all NCHW
+    declined = [e for e in events if isinstance(e, FusionDecision) and e.rule == "channels-last"]
+    assert len(declined) == 2 and all(e.decision == "not_fused" and "4 groups reading 4 channels each" in e.reason
+                                      for e in declined)

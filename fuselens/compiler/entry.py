@@ -409,8 +409,8 @@ def _output_sources(graph: Any, outputs: Any) -> set[str]:
 
 def _rewrite_decisions(rewrites: list, inlined: list, sched: Any, graph_id: str) -> list[FusionDecision]:
     """The graph rewrites and inlined producers as fusion decisions of the report."""
-    events = [FusionDecision(decision="fused", nodes=[r.node], reason=r.detail, graph_id=graph_id, rule=r.rule)
-              for r in rewrites]
+    events = [FusionDecision(decision="fused" if r.applied else "not_fused", nodes=[r.node], reason=r.detail,
+                             graph_id=graph_id, rule=r.rule) for r in rewrites]
     kernel_of = {n.name: grp.name for grp in sched.groups for n in grp.nodes}
     events.extend(FusionDecision(decision="fused", nodes=[i.node, *i.readers], reason=i.reason(),
                                  kernel=kernel_of.get(i.readers[0]), graph_id=graph_id, rule="inline")

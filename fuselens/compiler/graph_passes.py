@@ -72,6 +72,7 @@ class GraphRewrite:
     rule: str  # "pad-matmul", "gather-through-pointwise"
     node: str  # the FX node rewritten
     detail: str  # what changed, in a user's words
+    applied: bool = True  # False: the rule declined this graph, and `detail` says why
 
 
 def _val(n: Any) -> Any:

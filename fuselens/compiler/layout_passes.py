@@ -12,10 +12,15 @@ backward's gradients. A forward graph's other outputs are saved for its backward
 and AOTAutograd compiles the backward for the strides the forward reports
 (`report_output_strides`); `adopt_input_layouts` then gives the backward's
 placeholders those strides. Inductor's layout optimisation works the same way.
+
+Not every convolution is faster in NHWC under cuDNN: a grouped one whose groups read
+more than one channel each transforms its tensors at every call. On the GPU a graph
+keeps eager's layout where Inductor's measured rule says NHWC loses (`cudnn_declines`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import torch
@@ -43,14 +48,21 @@ def _eligible(conv: torch.fx.Node, require_cuda: bool) -> bool:
 
 
 def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool = True,
-                               kept_outputs: Optional[int] = None) -> list[GraphRewrite]:
+                               kept_outputs: Optional[int] = None, stage: str = "aot_inference",
+                               cudnn: Optional[bool] = None) -> list[GraphRewrite]:
     """The rule of the module docstring, for graphs with static shapes. The first
     `kept_outputs` graph outputs keep eager's strides (None: all of them); the others
-    may come out channels-last and their strides must be reported to AOTAutograd."""
+    may come out channels-last and their strides must be reported to AOTAutograd.
+    `cudnn` (default: `require_cuda`): the convolutions run in cuDNN, whose costs
+    `cudnn_declines` weighs for a graph of AOTAutograd's `stage`."""
     mode = _fake_mode(gm)
     convs = [n for n in _convolutions(gm) if _eligible(n, require_cuda)]
     if mode is None or not convs:
         return []
+    if require_cuda if cudnn is None else cudnn:
+        declined = cudnn_declines(convs, stage)
+        if declined is not None:
+            return [declined]
     if any(isinstance(_val(n), torch.Tensor) and not _static(*_val(n).shape) for n in gm.graph.nodes):
         return []
     out = next(n for n in gm.graph.nodes if n.op == "output")
@@ -80,8 +92,76 @@ def channels_last_for_stage(gm: torch.fx.GraphModule, stage: str, *, require_cud
     user outputs keep eager's layout, its saved activations need not."""
     if stage == "aot_forward":
         kept = forward_user_outputs()
-        return [] if kept is None else channels_last_convolutions(gm, require_cuda=require_cuda, kept_outputs=kept)
-    return channels_last_convolutions(gm, require_cuda=require_cuda)
+        return [] if kept is None else channels_last_convolutions(gm, require_cuda=require_cuda, kept_outputs=kept,
+                                                                  stage=stage)
+    return channels_last_convolutions(gm, require_cuda=require_cuda, stage=stage)
+
+
+# Inductor's measured cost of NHWC against NCHW for each kind of convolution under cuDNN,
+# weighted by a graph's convolution flops for inference (below 1: NHWC is faster; the
+# torchbench convolutions, torch/_inductor/graph.py `decide_layout_opt`).
+_NHWC_COST = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
+
+
+def _weight_and_groups(conv: torch.fx.Node) -> tuple[Any, int]:
+    """The convolution's weight (fake value) and its number of groups."""
+    if conv.target is aten.convolution_backward.default:  # (grad, input, weight, ..., groups, mask)
+        return _val(conv.args[2]), int(conv.args[9])
+    if conv.target is aten.convolution.default:  # (input, weight, bias, ..., groups)
+        return _val(conv.args[1]), int(conv.args[8])
+    return _val(conv.args[1]), int(conv.args[7])  # fuselens::conv2d_bias_relu(x, w, b, z, ..., groups)
+
+
+def _kind(conv: torch.fx.Node) -> str:
+    """Inductor's kinds: grouped with more than one channel per group, small (at most 64
+    channels in and out), fewer channels out than half those in with a spatial kernel."""
+    w, groups = _weight_and_groups(conv)
+    if groups > 1 and w.shape[1] > 1:
+        return "grouped"
+    if w.shape[0] <= 64 and w.shape[1] <= 64:
+        return "small"
+    if w.shape[0] * 2 <= w.shape[1] and w.shape[2] > 1:
+        return "in_out"
+    return "default"
+
+
+def cudnn_declines(convs: Sequence[torch.fx.Node], stage: str) -> Optional[GraphRewrite]:
+    """Why this graph's convolutions stay in eager's layout on cuDNN, or None to convert
+    them. A training graph with a grouped convolution reading more than one channel per
+    group keeps NCHW: cuDNN's NHWC kernels for it transform its tensors in and out at
+    every call (RegNetY-1.6GF training, batch 32 bf16, H200: 225 transforms, 5.2 ms of a
+    14.8 ms step's kernels, where Inductor's NCHW step ran 75, 0.7 ms), and Inductor
+    declines the same graphs. An inference graph weighs each convolution's flops by
+    Inductor's measured cost of NHWC for its kind and declines where NHWC costs more."""
+    grouped = [c for c in convs if _kind(c) == "grouped"]
+    if not grouped:
+        return None
+    first = grouped[0]
+    w, groups = _weight_and_groups(first)
+    which = (f"{first.name} is a convolution of {groups} groups reading {w.shape[1]} channels each, which "
+             f"cuDNN runs in NHWC by transforming its tensors at every call")
+    if stage != "aot_inference":
+        return GraphRewrite("channels-last", first.name, applied=False, detail=(
+            f"the convolutions keep eager's layout (NCHW): {which}, and a training graph also runs it "
+            f"backward twice (Inductor declines channels-last for such graphs too)"))
+    flops = {"grouped": 0, "small": 0, "in_out": 0, "default": 0}
+    for c in convs:
+        if c.target is aten.convolution_backward.default:
+            continue
+        w, _ = _weight_and_groups(c)
+        out = _val(c)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        if not isinstance(out, torch.Tensor) or not _static(*out.shape, *w.shape):
+            return None
+        flops[_kind(c)] += 2 * out.numel() * math.prod(w.shape[1:])  # each output reads one filter
+    total = sum(flops.values())
+    weighted = sum(n * _NHWC_COST[k] for k, n in flops.items())
+    if total == 0 or weighted <= total:
+        return None
+    return GraphRewrite("channels-last", first.name, applied=False, detail=(
+        f"the convolutions keep eager's layout (NCHW): {which}; grouped convolutions are "
+        f"{100 * flops['grouped'] / total:.0f}% of the graph's convolution flops, and weighted by the cost "
+        f"of NHWC for each kind, NHWC would be {weighted / total:.2f}x NCHW"))
 
 
 def _convert_operands(gm: torch.fx.GraphModule, mode: Any, conv: torch.fx.Node) -> Optional[GraphRewrite]:
