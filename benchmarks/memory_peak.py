@@ -29,9 +29,9 @@ import collections
 import contextlib
 import gc
 import json
-import types
 import linecache
 import sys
+import types
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -195,8 +195,11 @@ def cyclic_garbage() -> dict:
     for o in garbage:
         kinds[f"{type(o).__module__}.{type(o).__qualname__}"] += 1
         if isinstance(o, torch.Tensor) and o.is_cuda:
-            st = o.untyped_storage()
-            storages[st.data_ptr()] = st.nbytes()
+            try:
+                st = o.untyped_storage()
+                storages[st.data_ptr()] = st.nbytes()
+            except RuntimeError:  # a compile's fake tensor: no memory
+                pass
         elif isinstance(o, types.FrameType):
             code[f"frame {o.f_code.co_name} {Path(o.f_code.co_filename).name}:{o.f_lineno}"] += 1
         elif isinstance(o, types.FunctionType):
