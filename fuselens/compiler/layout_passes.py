@@ -59,12 +59,12 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, *, require_cuda: bool =
     convs = [n for n in _convolutions(gm) if _eligible(n, require_cuda)]
     if mode is None or not convs:
         return []
+    if any(isinstance(_val(n), torch.Tensor) and not _static(*_val(n).shape) for n in gm.graph.nodes):
+        return []
     if require_cuda if cudnn is None else cudnn:
         declined = cudnn_declines(convs, stage)
         if declined is not None:
             return [declined]
-    if any(isinstance(_val(n), torch.Tensor) and not _static(*_val(n).shape) for n in gm.graph.nodes):
-        return []
     out = next(n for n in gm.graph.nodes if n.op == "output")
     outputs = list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
     kept = outputs if kept_outputs is None else outputs[:kept_outputs]
@@ -142,8 +142,8 @@ def cudnn_declines(convs: Sequence[torch.fx.Node], stage: str) -> Optional[Graph
              f"cuDNN runs in NHWC by transforming its tensors at every call")
     if stage != "aot_inference":
         return GraphRewrite("channels-last", first.name, applied=False, detail=(
-            f"the convolutions keep eager's layout (NCHW): {which}, and a training graph also runs it "
-            f"backward twice (Inductor declines channels-last for such graphs too)"))
+            f"the convolutions keep eager's layout (NCHW): {which}, and in training its input and weight "
+            f"gradients pay the same again (Inductor declines channels-last for such graphs too)"))
     flops = {"grouped": 0, "small": 0, "in_out": 0, "default": 0}
     for c in convs:
         if c.target is aten.convolution_backward.default:
@@ -151,7 +151,7 @@ def cudnn_declines(convs: Sequence[torch.fx.Node], stage: str) -> Optional[Graph
         w, _ = _weight_and_groups(c)
         out = _val(c)
         out = out[0] if isinstance(out, (tuple, list)) else out
-        if not isinstance(out, torch.Tensor) or not _static(*out.shape, *w.shape):
+        if not isinstance(out, torch.Tensor):
             return None
         flops[_kind(c)] += 2 * out.numel() * math.prod(w.shape[1:])  # each output reads one filter
     total = sum(flops.values())
