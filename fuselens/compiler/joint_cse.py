@@ -119,14 +119,19 @@ def _substituted(tree: Any, env: dict) -> tuple[tuple, Any]:
 
 
 def partition_without_its_cse(partition: Callable) -> Callable:
-    """`partition` (a functorch partitioner) run on the joint graph after `cse`, with
-    functorch's own CSE pass off."""
+    """`partition` (a functorch partitioner) run on the joint graph after its no-op copies
+    are removed (joint_noops.py) and `cse`, with functorch's own CSE pass off."""
 
     def partitioned(joint: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         from torch._functorch import config
 
+        from fuselens.compiler.joint_noops import drop_noop_copies
+
+        dropped = drop_noop_copies(joint.graph)
         if config.cse:
-            joint.graph = cse(joint.graph)
+            joint.graph = cse(joint.graph)  # which regenerates the module's code
+        elif dropped:
+            joint.recompile()
         with config.patch(cse=False):
             return partition(joint, *args, **kwargs)
 
