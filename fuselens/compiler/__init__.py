@@ -4,6 +4,7 @@ The package reads top to bottom as the pipeline:
 
     options.py     CompilerOptions, configure(), current()
     entry.py       the Dynamo backend: AOTAutograd, decompositions, per-graph driver
+    joint_noops.py the joint graph's copies that change nothing, removed before partitioning
     joint_cse.py   the joint graph's common subexpressions merged before partitioning
     graph_passes.py     named FX rewrites before lowering
     lowering/      ATen/prims FX graph -> loop IR (ir.py): the walk (lowerer.py), the op
