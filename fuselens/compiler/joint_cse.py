@@ -55,7 +55,8 @@ def _mutates(node: torch.fx.Node) -> bool:
     return node.kwargs.get("out") is not None
 
 
-def _storage(node: torch.fx.Node) -> Any:
+def storage_of(node: torch.fx.Node) -> Any:
+    """The storage of a node's fake value (what values sharing memory have in common), or None."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None
@@ -74,7 +75,7 @@ def cse(graph: torch.fx.Graph, merged: Optional[list[tuple[str, str]]] = None) -
     """A copy of `graph` with its common subexpressions merged (the rule above);
     `merged`, when given, gets (dropped node, the node that computes it) pairs."""
     output = list(graph.nodes)[-1]
-    out_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+    out_storages = {s for s in map(storage_of, output.all_input_nodes) if s is not None}
     new = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     seen: dict[Any, tuple[Any, torch.fx.Node]] = {}
@@ -84,7 +85,7 @@ def cse(graph: torch.fx.Graph, merged: Optional[list[tuple[str, str]]] = None) -
             region += 1
         target = get_aten_target(n)
         if (n.op in ("placeholder", "output", "get_attr") or target in rand_ops or target in _ALLOCATIONS
-                or _defines_unbacked(n) or (out_storages and _storage(n) in out_storages)):
+                or _defines_unbacked(n) or (out_storages and storage_of(n) in out_storages)):
             env[n] = new.node_copy(n, lambda x: env[x])
             continue
         args, args_spec = _substituted(n.args, env)

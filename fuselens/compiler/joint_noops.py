@@ -15,26 +15,15 @@ eager returns separately.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
-from torch.multiprocessing.reductions import StorageWeakRef
+
+from fuselens.compiler.joint_cse import storage_of
 
 aten = torch.ops.aten
 
 _COPIES = (aten.clone.default, aten.alias.default)
-
-
-def _storage(node: Any) -> Any:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(val.untyped_storage())
-    except NotImplementedError:  # a tensor without storage (sparse)
-        return None
 
 
 def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
@@ -51,9 +40,9 @@ def drop_noop_copies(graph: torch.fx.Graph) -> int:
     output = next(iter(reversed(graph.nodes)))
     outs = output.args[0] if isinstance(output.args[0], (list, tuple)) else (output.args[0],)
     out_nodes = {o for o in outs if isinstance(o, torch.fx.Node)}
-    out_storages = {_storage(o) for o in out_nodes} - {None}
+    out_storages = {storage_of(o) for o in out_nodes} - {None}
     in_nodes = set(graph.find_nodes(op="placeholder"))
-    in_storages = {_storage(p) for p in in_nodes} - {None}
+    in_storages = {storage_of(p) for p in in_nodes} - {None}
     dropped = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _COPIES or node.kwargs.get("memory_format") not in (
@@ -62,7 +51,7 @@ def drop_noop_copies(graph: torch.fx.Graph) -> int:
         src = node.args[0]
         if not isinstance(src, torch.fx.Node) or not _same_layout(node, src):
             continue
-        mine, theirs = _storage(node), _storage(src)
+        mine, theirs = storage_of(node), storage_of(src)
         if mine is None or theirs is None:
             continue
         # an output (or a view of the copy that is one) would share memory with an input or

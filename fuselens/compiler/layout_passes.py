@@ -133,7 +133,8 @@ def cudnn_declines(convs: Sequence[torch.fx.Node], stage: str) -> Optional[Graph
     14.8 ms step's kernels, where Inductor's NCHW step ran 75, 0.7 ms), and Inductor
     declines the same graphs. An inference graph weighs each convolution's flops by
     Inductor's measured cost of NHWC for its kind and declines where NHWC costs more."""
-    grouped = [c for c in convs if _kind(c) == "grouped"]
+    kinds = {c: _kind(c) for c in convs}
+    grouped = [c for c in convs if kinds[c] == "grouped"]
     if not grouped:
         return None
     first = grouped[0]
@@ -153,7 +154,7 @@ def cudnn_declines(convs: Sequence[torch.fx.Node], stage: str) -> Optional[Graph
         out = out[0] if isinstance(out, (tuple, list)) else out
         if not isinstance(out, torch.Tensor):
             return None
-        flops[_kind(c)] += 2 * out.numel() * math.prod(w.shape[1:])  # each output reads one filter
+        flops[kinds[c]] += 2 * out.numel() * math.prod(w.shape[1:])  # each output reads one filter
     total = sum(flops.values())
     weighted = sum(n * _NHWC_COST[k] for k, n in flops.items())
     if total == 0 or weighted <= total:
