@@ -177,6 +177,14 @@ def test_cnn_reshapes_around_channels_last_convolutions_train_as_eager_with_no_f
     failed to compile and ran eagerly (VGG, LeNet: every CNN that flattens with a view)."""
     from fuselens.events import ErrorEntry
 
+    events = _one_step_as_eager(net)
+    assert [e.message for e in events if isinstance(e, ErrorEntry)] == []
+    assert any(what != "gradient" for what, _ in backward_convolutions)  # the rule ran on this graph
+
+
+def _one_step_as_eager(net: type) -> list:
+    """One training step of a compiled copy of `net` and of eager's on 8x8 images: the
+    outputs and every gradient compared; returns the compiled step's events."""
     torch.manual_seed(0)
     ref, model = net(), net()
     model.load_state_dict(ref.state_dict())
@@ -185,11 +193,10 @@ def test_cnn_reshapes_around_channels_last_convolutions_train_as_eager_with_no_f
     with sink.collect() as events:
         out, want = _step(torch.compile(model, backend="fuselens"), x, y), _step(ref, x, y)
     torch._dynamo.reset()
-    assert [e.message for e in events if isinstance(e, ErrorEntry)] == []
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
-    assert any(what != "gradient" for what, _ in backward_convolutions)  # the rule ran on this graph
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    return events
 
 
 def test_cpu_inference_of_a_cnn_with_a_flatten_head_compiles_whole() -> None:
@@ -443,17 +450,7 @@ def test_cudnn_rule_keeps_a_grouped_training_step_in_nchw_forward_and_backward(m
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc(F.relu(self.bn(self.g(F.relu(self.a(x))))).mean((2, 3)))
 
-    torch.manual_seed(0)
-    ref, model = Grouped(), Grouped()
-    model.load_state_dict(ref.state_dict())
-    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
-    torch._dynamo.reset()
-    with sink.collect() as events:
-        out, want = _step(torch.compile(model, backend="fuselens"), x, y), _step(ref, x, y)
-    torch._dynamo.reset()
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    events = _one_step_as_eager(Grouped)
     assert len(layouts) == 4 and all(layouts)  # two convolutions, two convolution gradients: all NCHW
     declined = [e for e in events if isinstance(e, FusionDecision) and e.rule == "channels-last"]
     assert len(declined) == 2 and all(e.decision == "not_fused" and "4 groups reading 4 channels each" in e.reason
