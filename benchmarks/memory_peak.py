@@ -31,6 +31,7 @@ import gc
 import json
 import linecache
 import sys
+import traceback
 import types
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -164,7 +165,8 @@ def measure(name: str, mode: str, backend: str) -> dict:
             raise RuntimeError("the allocator's history wrapped: raise _HISTORY_ENTRIES")
         trace = trace[mark:]
         p = live_at_peak(trace, held_by_address)
-    collector = {"enabled": gc.isenabled(), "thresholds": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
+    collector = {"enabled": gc.isenabled(), "thresholds": list(gc.get_threshold()), "frozen": gc.get_freeze_count(),
+                 "passes": [st["collections"] for st in gc.get_stats()]}  # since the process began, per generation
     cycles = cyclic_garbage()
     wrappers = {k: "".join(v[2]) for k, v in linecache.cache.items() if k.startswith("<fuselens-wrapper")}
     return {"model": name, "mode": mode, "backend": backend, "peak_mb": round(p.bytes / 2**20, 1), "wrappers": wrappers,
@@ -178,10 +180,11 @@ def measure(name: str, mode: str, backend: str) -> dict:
 
 def cyclic_garbage() -> dict:
     """What only Python's cycle collector would free after the step: the CUDA bytes it
-    holds and what the cycles are made of (object types; frames and functions by their
-    code). Memory alive between steps that a `gc.collect()` frees counts in the next
-    step's peak until a full collection happens to run (BART training's logits, 785 MB,
-    H200, forty-first session)."""
+    holds, what the cycles are made of (object types; frames and functions by their
+    code) and, for the largest tensors, the chains of objects that hold them. Memory
+    alive between steps that a `gc.collect()` frees counts in the next step's peak
+    until a full collection happens to run (BART training's logits, 785 MB, H200,
+    forty-first session)."""
     gc.set_debug(gc.DEBUG_SAVEALL)  # unreachable objects kept in gc.garbage, to be looked at
     try:
         gc.collect()
@@ -190,24 +193,87 @@ def cyclic_garbage() -> dict:
     finally:
         gc.set_debug(0)
     storages: dict[int, int] = {}
+    tensors: list[tuple[int, Any]] = []
     kinds: collections.Counter = collections.Counter()
     code: collections.Counter = collections.Counter()
+    errors: collections.Counter = collections.Counter()
     for o in garbage:
-        kinds[f"{type(o).__module__}.{type(o).__qualname__}"] += 1
-        if isinstance(o, torch.Tensor) and o.is_cuda:
+        t = type(o)  # not isinstance: a dead weakref.proxy raises on __class__
+        if issubclass(t, BaseException):
+            tb, last = o.__traceback__, ""
+            while tb is not None:  # where it was raised
+                last = f"{Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} {tb.tb_frame.f_code.co_name}"
+                tb = tb.tb_next
+            errors[f"{t.__qualname__}: {str(o)[:120]!r} raised at {last}"] += 1
+        kinds[f"{t.__module__}.{t.__qualname__}"] += 1
+        if issubclass(t, torch.Tensor):
             try:
-                st = o.untyped_storage()
-                storages[st.data_ptr()] = st.nbytes()
+                if o.is_cuda:
+                    st = o.untyped_storage()
+                    storages[st.data_ptr()] = st.nbytes()
+                    tensors.append((st.nbytes(), o))
             except RuntimeError:  # a compile's fake tensor: no memory
                 pass
-        elif isinstance(o, types.FrameType):
+        elif t is types.FrameType:
             code[f"frame {o.f_code.co_name} {Path(o.f_code.co_filename).name}:{o.f_lineno}"] += 1
-        elif isinstance(o, types.FunctionType):
+        elif t is types.FunctionType:
             code[f"function {o.__qualname__} {Path(o.__code__.co_filename).name}"] += 1
-    del garbage
+    tensors.sort(key=lambda p: -p[0])
+    holders = [{"mb": round(n / 2**20, 1), "shape": list(x.shape), "chains": _holder_chains(x, garbage)}
+               for n, x in tensors[:4]]
+    del garbage, tensors
     gc.collect()
     return {"cuda_mb": round(sum(storages.values()) / 2**20, 1), "tensors": len(storages),
-            "types": kinds.most_common(25), "code": code.most_common(25)}
+            "types": kinds.most_common(25), "code": code.most_common(25), "errors": errors.most_common(10),
+            "holders": holders}
+
+
+def _describe(o: Any, child: Any) -> str:
+    """One link of a holder chain: the object, and how it refers to `child`."""
+    t = type(o)
+    name = f"{t.__module__}.{t.__qualname__}"
+    try:
+        if t is dict:
+            keys = [k for k, v in o.items() if v is child][:2]
+            return f"dict[{', '.join(repr(k)[:60] for k in keys)}]"
+        if t in (list, tuple):
+            return f"{t.__name__}[{next((i for i, v in enumerate(o) if v is child), '?')}] of {len(o)}"
+        if t is types.FrameType:
+            return f"frame {o.f_code.co_name} {Path(o.f_code.co_filename).name}:{o.f_lineno}"
+        if t is types.FunctionType:
+            return f"function {o.__qualname__} {Path(o.__code__.co_filename).name}"
+        if t is types.CellType:
+            return "cell"
+        if t is types.MethodType:
+            return f"method {o.__func__.__qualname__}"
+    except ReferenceError:
+        pass
+    return name
+
+
+def _holder_chains(target: Any, garbage: list, depth: int = 16, width: int = 2) -> list[list[str]]:
+    """Chains of garbage objects that refer to `target`, innermost first, `depth` links
+    at most, until a chain meets itself (the cycle) or an object nothing in the garbage
+    holds."""
+    inside = {id(o) for o in garbage}
+    chains: list[list[str]] = []
+
+    def walk(o: Any, chain: list[str], seen: set[int]) -> None:
+        if len(chains) >= width:
+            return
+        refs = [r for r in gc.get_referrers(o) if id(r) in inside]
+        if not refs or len(chain) >= depth:
+            chains.append(chain)
+            return
+        for r in refs[:width]:
+            link = _describe(r, o)
+            if id(r) in seen:
+                chains.append(chain + [f"{link} (cycle)"])
+            else:
+                walk(r, chain + [link], seen | {id(r)})
+
+    walk(target, [], {id(target)})
+    return chains
 
 
 @contextlib.contextmanager
@@ -260,7 +326,9 @@ def main(argv: Any = None) -> int:
                 try:
                     r = measure(m, mode, b)
                 except Exception as e:  # noqa: BLE001 - one failing backend must not end the run
-                    r = {"model": m, "mode": mode, "backend": b, "error": f"{type(e).__name__}: {e}"[:400]}
+                    r = {"model": m, "mode": mode, "backend": b, "error": f"{type(e).__name__}: {e}"[:400],
+                         "traceback": traceback.format_exc()[-3000:]}
+                    print(r["traceback"], file=sys.stderr)
                 results.append(r)
                 print(f"\n{m} {mode} {b}: peak {r.get('peak_mb')} MB requested (allocator {r.get('allocator_peak_mb')}, "
                       f"alive before the step {r.get('before_step_mb')}) {r.get('error', '')}", flush=True)
@@ -269,8 +337,12 @@ def main(argv: Any = None) -> int:
                 cyc = r.get("cycles") or {}
                 print(f"  freed only by the cycle collector after the step: {cyc.get('cuda_mb')} MB in "
                       f"{cyc.get('tensors')} storages; collector {r.get('collector')}")
-                for what, n in (cyc.get("types") or [])[:12] + (cyc.get("code") or [])[:12]:
+                for what, n in (cyc.get("types") or [])[:12] + (cyc.get("code") or [])[:12] + (cyc.get("errors") or []):
                     print(f"      {n:6d}  {what}")
+                for h in cyc.get("holders") or []:
+                    print(f"    {h['mb']} MB {h['shape']} held by:")
+                    for chain in h["chains"]:
+                        print("      <- " + " <- ".join(chain))
                 for row in r.get("live_at_peak", [])[:15]:
                     print(f"  {row['mb']:9.1f} MB {row['count']:4d}x  {row['where']}", flush=True)
                 if first.get("held") is not None and r.get("held") is not None and r is not first:

@@ -10,13 +10,27 @@ go every few hundred allocations, its longer-lived objects wait in the middle ge
 for one pass after the compile, which promotes only what the compile left alive. After it
 the old objects are collectable again, at the next full pass Python runs as it would have.
 The compile's cycles that outlive a young pass wait for its end (ResNet-50 training on a
-2-core CPU: no more peak host memory, 874 against 883 MB).
+2-core CPU: no more peak host memory, 874 against 883 MB). Garbage not yet collected when a compile starts is freed first (a pass over the two young
+generations): frozen, it would land in the oldest generation at the compile's end and wait
+for a full pass.
 
 The same holds for Dynamo's trace before the backend is called: GPT-2's training step
 ran three full passes there (0.65 s of a 9 s first call on a 2-core CPU). A Dynamo
 start callback freezes while a frame whose backend is ours is traced
 (`freeze_while_dynamo_traces`); frames compiled for other backends (Inductor in the
 same process) keep Python's collector as it is.
+
+Held-back full passes leave one kind of garbage for long: a cycle that a compile made and
+that became unreachable only after it, in the oldest generation by then. Dynamo makes such
+cycles: a graph break's exception, kept in a frame of its trace, holds its traceback, whose
+frames hold, through their callers, the frames of the step being compiled, whose locals are
+the step's tensors. BART training on the H200 (a data-dependent branch) kept the first step's
+785 MB of logits alive through every later step, since nothing made long-lived objects
+fast enough for Python to run a full pass (Inductor's compiles do: it kept nothing). So
+after compiles one full pass runs at the next call of a graph already called once
+(`collect_after_compiles`): the step that compiled has returned by then, in a loop of
+steps. The pass costs what each of those that the freeze holds back would have
+(0.4-0.7 s on the H200), once per run of compiles.
 """
 
 from __future__ import annotations
@@ -41,11 +55,14 @@ _thresholds: tuple = ()  # the collector's thresholds before the compile
 # the compile's objects are scanned once after it by a middle-generation pass, which promotes
 # only what the compile left alive.
 _NEVER = 1 << 30  # passes of the younger generation before an older one is collected
+_compiled = False  # a compile ended since the last full pass `collect_after_compiles` ran
 
 
 def _enter() -> None:
     global _depth, _ours, _thresholds
     with _lock:
+        if _depth == 0 and gc.get_freeze_count() == 0:
+            gc.collect(1)  # see the module's docstring: young garbage is not frozen
         _depth += 1
         if _depth == 1:
             _ours = gc.get_freeze_count() == 0
@@ -57,15 +74,41 @@ def _enter() -> None:
 
 
 def _exit() -> None:
-    global _depth, _ours
+    global _depth, _ours, _compiled
     with _lock:
         _depth -= 1
         if _depth == 0:
+            _compiled = True
             if _ours:
                 gc.unfreeze()
                 _ours = False
             if _thresholds:
                 gc.set_threshold(*_thresholds)
+
+
+def collect_after_compiles(fn: Callable) -> Callable:
+    """`fn`, a compiled graph's boxed callable, which, when a compile ended since the last
+    such pass, runs a full collection before any call but its first (see the module's
+    docstring)."""
+    called = False
+
+    def run(args: Any) -> Any:
+        nonlocal called
+        if _compiled and called:
+            _collect_garbage_of_compiles()
+        called = True
+        return fn(args)
+
+    return run
+
+
+def _collect_garbage_of_compiles() -> None:
+    global _compiled
+    with _lock:
+        if _depth:  # a compile in progress: its end asks again
+            return
+        _compiled = False
+    gc.collect()
 
 
 @contextlib.contextmanager

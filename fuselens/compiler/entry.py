@@ -279,7 +279,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         _report_fallback("compile", str(e), compile_id, traceback.format_exc(), opts)
         _restore(gm, as_traced)
         layout_passes.report_output_strides(gm)
-        return _invisible(_boxed(gm.forward))
+        return _invisible(compile_gc.collect_after_compiles(_boxed(gm.forward)))
     except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
         if not opts.fallback_on_error:
             raise
@@ -290,12 +290,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                          compile_id, traceback.format_exc(), opts)
         _restore(gm, as_traced)
         layout_passes.report_output_strides(gm)  # the graph's own, which eager computes too
-        return _invisible(_boxed(gm.forward))
+        return _invisible(compile_gc.collect_after_compiles(_boxed(gm.forward)))
     layout_passes.report_output_strides(gm)
     for ev in [*events, *phases.events()]:
         sink.emit(ev)
     runner.graph_id = ident.graph_id  # type: ignore[attr-defined]
-    return _invisible(runner)
+    return _invisible(compile_gc.collect_after_compiles(runner))
 
 
 def _graph_copy(gm: torch.fx.GraphModule) -> torch.fx.Graph:
