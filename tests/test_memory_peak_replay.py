@@ -37,3 +37,41 @@ def test_size_difference_names_the_extra_allocations() -> None:
     rows = size_difference([(8, "a"), (4, "b")], [(8, "x"), (8, "y"), (2, "z")])
     assert [(r["bytes"], r["extra"]) for r in rows] == [(8, 1), (4, -1), (2, 1)]
     assert rows[0]["lines"] == ["x", "y"]
+
+
+def test_cyclic_garbage_names_the_frames_and_error_that_hold_a_tensor() -> None:
+    """What the H200 showed for BART: an exception kept in a frame of the code that raised
+    it (a cycle through its traceback), whose frames hold their caller's locals."""
+    import gc
+    import sys
+
+    import torch
+
+    from benchmarks.memory_peak import _holder_chains
+
+    def step() -> None:
+        logits = torch.ones(3)  # noqa: F841 - held by this frame, which the cycle keeps
+        inner()
+
+    def inner() -> None:
+        try:
+            raise ValueError("data-dependent branching")
+        except ValueError as e:
+            kept = e  # noqa: F841 - the frame holds its own exception: a cycle
+            sys._getframe()  # the frame as an object, kept by the traceback
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        step()
+        gc.collect()
+        garbage = list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    tensors = [o for o in garbage if type(o) is torch.Tensor]
+    assert len(tensors) == 1
+    chains = _holder_chains(tensors[0], garbage)
+    assert chains and all(c[0].startswith("frame step test_memory_peak_replay.py:") for c in chains), chains
+    assert any(link.startswith("frame inner ") for c in chains for link in c), chains  # the callee that held it
+    del garbage, tensors
