@@ -135,6 +135,19 @@ class _Cycle:
     pass
 
 
+@pytest.fixture
+def only_our_full_passes(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Python runs no full pass of its own, and an earlier test's pass of ours does not
+    hold this test's back."""
+    from fuselens.compiler import compile_gc
+
+    monkeypatch.setattr(compile_gc, "_next_pass", 0.0)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+    yield compile_gc
+    gc.set_threshold(*thresholds)
+
+
 def test_garbage_waiting_in_the_young_generations_is_freed_before_a_compile_freezes_it() -> None:
     """A freeze moves what exists, garbage included, into the permanent generation and its
     end into the oldest, where only a full pass frees it. Between two of a step's compiles
@@ -161,7 +174,7 @@ def test_garbage_waiting_in_the_young_generations_is_freed_before_a_compile_free
     assert refs and refs[0]() is None  # no collection of ours: the compile's start freed it
 
 
-def test_a_full_pass_after_compiles_frees_old_garbage_that_holds_a_step_s_tensors() -> None:
+def test_a_full_pass_after_compiles_frees_old_garbage_that_holds_a_step_s_tensors(only_our_full_passes: Any) -> None:
     """Garbage in the oldest generation waits for a full pass, which the compile's freeze
     holds back; Dynamo's trace of a graph break leaves such a cycle holding the step's frame
     (BART training on the H200 kept a step's 785 MB of logits through every later step).
@@ -170,22 +183,40 @@ def test_a_full_pass_after_compiles_frees_old_garbage_that_holds_a_step_s_tensor
     torch._dynamo.reset()
     f = torch.compile(lambda x: (x * 3).sin().sum(), backend="fuselens")
     x = torch.randn(64, 64)
-    thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)  # no full pass of Python's own in this test
-    try:
-        c = _Cycle()
-        c.me, c.t = c, torch.randn(256, 256)
-        ref = __import__("weakref").ref(c.t)
-        gc.collect()  # the cycle, still reachable, now in the oldest generation
-        del c
-        f(x)  # compiles and runs once: the step that compiled
-        assert ref() is not None  # only a full pass frees it
-        full = gc.get_stats()[2]["collections"]
-        f(x)  # the next step
-        assert ref() is None
-        assert gc.get_stats()[2]["collections"] == full + 1
-        for _ in range(3):
-            f(x)
-        assert gc.get_stats()[2]["collections"] == full + 1  # once per run of compiles
-    finally:
-        gc.set_threshold(*thresholds)
+    c = _Cycle()
+    c.me, c.t = c, torch.randn(256, 256)
+    ref = __import__("weakref").ref(c.t)
+    gc.collect()  # the cycle, still reachable, now in the oldest generation
+    del c
+    f(x)  # compiles and runs once: the step that compiled
+    assert ref() is not None  # only a full pass frees it
+    full = gc.get_stats()[2]["collections"]
+    f(x)  # the next step
+    assert ref() is None
+    assert gc.get_stats()[2]["collections"] == full + 1
+    for _ in range(3):
+        f(x)
+    assert gc.get_stats()[2]["collections"] == full + 1  # once per run of compiles
+
+
+def test_compiles_in_quick_succession_share_one_full_pass(only_our_full_passes: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program compiling again and again (new shapes, new functions) pays at most a tenth of
+    its time for these passes."""
+    compile_gc = only_our_full_passes
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    f = torch.compile(lambda x: x.cos() + 1, backend="fuselens")
+    f(x)
+    full = gc.get_stats()[2]["collections"]
+    f(x)  # the pass after the first compile
+    assert gc.get_stats()[2]["collections"] == full + 1
+    assert compile_gc._next_pass > __import__("time").monotonic()
+    g = torch.compile(lambda x: x.sin() * 2, backend="fuselens")
+    g(x)
+    g(x)  # right after the last pass: held back, and asked for again later
+    assert gc.get_stats()[2]["collections"] == full + 1 and compile_gc._compiled
+    monkeypatch.setattr(compile_gc, "_next_pass", 0.0)  # the time has come
+    g(x)
+    assert gc.get_stats()[2]["collections"] == full + 2 and not compile_gc._compiled

@@ -30,15 +30,18 @@ fast enough for Python to run a full pass (Inductor's compiles do: it kept nothi
 after compiles one full pass runs at the next call of a graph already called once
 (`collect_after_compiles`): the step that compiled has returned by then, in a loop of
 steps. The pass costs what each of those that the freeze holds back would have
-(0.4-0.7 s on the H200), once per run of compiles.
+(0.4-0.7 s on the H200), once per run of compiles, and at most a tenth of the program's
+time where compiles keep coming (`_PASS_SHARE`). None runs while a CUDA graph is captured
+around the call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import threading
 import sys
+import threading
+import time
 from typing import Any, Callable, Iterator
 
 _lock = threading.Lock()
@@ -56,6 +59,10 @@ _thresholds: tuple = ()  # the collector's thresholds before the compile
 # only what the compile left alive.
 _NEVER = 1 << 30  # passes of the younger generation before an older one is collected
 _compiled = False  # a compile ended since the last full pass `collect_after_compiles` ran
+# A program that compiles again and again (a new shape, a new function each call) gets a pass
+# at most every this many times its length: passes cost at most a tenth of its time.
+_PASS_SHARE = 10
+_next_pass = 0.0  # time.monotonic() before which no pass of ours runs
 
 
 def _enter() -> None:
@@ -103,12 +110,20 @@ def collect_after_compiles(fn: Callable) -> Callable:
 
 
 def _collect_garbage_of_compiles() -> None:
-    global _compiled
+    global _compiled, _next_pass
+    import torch
+
+    start = time.monotonic()
+    if start < _next_pass:
+        return  # compiles in quick succession: one pass for them all, a little later
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return  # a CUDA graph being captured around the call: a later call collects
     with _lock:
         if _depth:  # a compile in progress: its end asks again
             return
         _compiled = False
     gc.collect()
+    _next_pass = time.monotonic() + _PASS_SHARE * (time.monotonic() - start)
 
 
 @contextlib.contextmanager
