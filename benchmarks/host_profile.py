@@ -1,6 +1,10 @@
-"""Where a compiled model's host time goes: cProfile over repeated inference calls.
+"""Where a compiled model's host time goes: cProfile over repeated steps.
 
     python -m benchmarks.host_profile --models llama,gpt2 --backends fuselens,inductor --out DIR
+    python -m benchmarks.host_profile --models densenet121 --modes train --backends fuselens,inductor
+
+Inference in bf16, or (`--modes train`) the training step of `benchmarks.models`: forward
+and backward under bf16 autocast.
 
 Prints the functions with the most own time (tottime) per call: the generated
 wrapper, launchers, allocations, library-call bindings. GPU only (the wrapper's
@@ -26,51 +30,58 @@ fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry
 from benchmarks.real_models import build  # noqa: E402
 
 
-def profile(model: str, backend: str, calls: int, top: int, out: Path | None) -> None:
+def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path | None) -> None:
+    from benchmarks.models import make_step
     from fuselens.compiler.runtime import wrapper_codegen
 
+    train = mode == "train"
     torch._dynamo.reset()
     case = build(model, "gpu")
-    module = case.module.to("cuda").bfloat16().eval()
+    module = case.module.to("cuda").train(train)
+    if not train:
+        module = module.bfloat16()
     inputs = case.make_inputs("cuda")
-    compiled = torch.compile(module, backend=backend)
+    if not train:  # images in the model's dtype, as benchmarks.models runs them
+        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+    step = make_step(case, torch.compile(module, backend=backend), inputs, train, "cuda")
     with wrapper_codegen.recorded_sources() as sources:
-        with torch.no_grad():
-            for _ in range(5):
-                compiled(**inputs)
-            torch.cuda.synchronize()
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(calls):
-                compiled(**inputs)
-            prof.disable()
-            torch.cuda.synchronize()
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
     stream = io.StringIO()
     stats = pstats.Stats(prof, stream=stream)
     stats.sort_stats("tottime")
-    stream.write(f"{model} {backend}: {calls} calls\n")
+    stream.write(f"{model} {mode} {backend}: {calls} steps\n")
     stats.print_stats(top)
     stats.sort_stats("cumulative")
     stats.print_stats(top)
     print(stream.getvalue())
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"host_{model}_{backend}.txt").write_text(stream.getvalue())
+        (out / f"host_{model}_{mode}_{backend}.txt").write_text(stream.getvalue())
         for i, src in enumerate(sources):
-            (out / f"wrapper_{model}_{i}.py").write_text(src)
+            (out / f"wrapper_{model}_{mode}_{i}.py").write_text(src)
 
 
 def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="llama")
+    ap.add_argument("--modes", default="infer", help="infer,train")
     ap.add_argument("--backends", default="fuselens")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default="", help="write the statistics and fuselens' generated wrappers here")
     args = ap.parse_args(argv)
     for model in args.models.split(","):
-        for backend in args.backends.split(","):
-            profile(model, backend, args.calls, args.top, Path(args.out) if args.out else None)
+        for mode in args.modes.split(","):
+            for backend in args.backends.split(","):
+                profile(model, backend, mode, args.calls, args.top, Path(args.out) if args.out else None)
     return 0
 
 
