@@ -152,8 +152,7 @@ def test_garbage_waiting_in_the_young_generations_is_freed_before_a_compile_free
     """A freeze moves what exists, garbage included, into the permanent generation and its
     end into the oldest, where only a full pass frees it. Between two of a step's compiles
     (a graph break: the resumed frame compiles after the eager part ran) that garbage can
-    hold the step's tensors: BART training on the H200 kept a step's 785 MB logits alive
-    into the next steps, through a cycle of Dynamo's first compile that held the step's frame."""
+    hold the step's tensors."""
     fuselens.compiler.register()
     torch._dynamo.reset()
     refs: list = []

@@ -10,9 +10,9 @@ go every few hundred allocations, its longer-lived objects wait in the middle ge
 for one pass after the compile, which promotes only what the compile left alive. After it
 the old objects are collectable again, at the next full pass Python runs as it would have.
 The compile's cycles that outlive a young pass wait for its end (ResNet-50 training on a
-2-core CPU: no more peak host memory, 874 against 883 MB). Garbage not yet collected when a compile starts is freed first (a pass over the two young
-generations): frozen, it would land in the oldest generation at the compile's end and wait
-for a full pass.
+2-core CPU: no more peak host memory, 874 against 883 MB). Garbage not yet collected when
+a compile starts is freed first (a pass over the two young generations): frozen, it would
+land in the oldest generation at the compile's end and wait for a full pass.
 
 The same holds for Dynamo's trace before the backend is called: GPT-2's training step
 ran three full passes there (0.65 s of a 9 s first call on a 2-core CPU). A Dynamo
