@@ -408,8 +408,9 @@ def check(name: str, target: str, device: str = "cpu", autocast: bool = False) -
 
 
 def wrong(r: dict[str, Any]) -> bool:
-    """Whether a `check` result is off by more than rounding (float32) or than bf16
-    costs eager (autocast)."""
+    """Whether a `check` result is off by more than rounding (float32: of eager's float32
+    step, or else by more than `F64_SLACK` of eager's float64 one) or than bf16 costs eager
+    (autocast)."""
     if "eager_bf16_grad_err" not in r:
         # further from eager's float32 step than rounding: still right if no further from
         # float64's than float32 costs eager (F64_SLACK)
