@@ -300,7 +300,7 @@ def _grad_errors(module: nn.Module, ref: nn.Module) -> dict[str, float]:
             continue
         scale = q.grad.abs().max().item()
         if scale >= 1e-4:
-            errs[n] = (p.grad.float() - q.grad.float()).abs().max().item() / scale
+            errs[n] = (p.grad.double() - q.grad.double()).abs().max().item() / scale
     return errs
 
 
@@ -329,24 +329,13 @@ def _float64_copy(module: nn.Module) -> nn.Module:
     return m
 
 
-def _float64_errors(module: nn.Module, ref: nn.Module, ref64: nn.Module) -> dict[str, Any]:
-    """The parameter where ours is furthest from float64 beyond what float32 costs eager
-    there (`F64_SLACK`): its name and both errors, relative to its largest gradient."""
-    times, plus = F64_SLACK
-    worst: dict[str, Any] = {"f64_worst_at": "", "f64_ours": 0.0, "f64_eager": 0.0}
-    excess = float("-inf")
-    for (n, p), q, r in zip(module.named_parameters(), ref.parameters(), ref64.parameters()):
-        if p.grad is None or q.grad is None or r.grad is None:
-            continue
-        scale = r.grad.abs().max().item()
-        if scale < 1e-4:
-            continue
-        ours = (p.grad.double() - r.grad).abs().max().item() / scale
-        eager = (q.grad.double() - r.grad).abs().max().item() / scale
-        if ours - (times * eager + plus) > excess:
-            excess = ours - (times * eager + plus)
-            worst = {"f64_worst_at": n, "f64_ours": ours, "f64_eager": eager}
-    return worst
+def _worst_excess(ours: dict[str, float], theirs: dict[str, float], slack: tuple[float, float]) -> tuple:
+    """The parameter where our error is furthest beyond `slack` of eager's: (its name, our
+    error, eager's)."""
+    times, plus = slack
+    excess = {n: e - (times * theirs.get(n, 0.0) + plus) for n, e in ours.items()}
+    at = max(excess, key=excess.get, default="")
+    return at, ours.get(at, 0.0), theirs.get(at, 0.0)
 
 
 def check(name: str, target: str, device: str = "cpu", autocast: bool = False) -> dict[str, Any]:
@@ -388,17 +377,14 @@ def check(name: str, target: str, device: str = "cpu", autocast: bool = False) -
     rec["grad_err"], rec["grad_err_at"] = ours.get(where, 0.0), where
     rec["buffer_err"] = _buffer_err(module, ref)
     if ref64 is not None and loss64 is not None:
-        rec.update(_float64_errors(module, ref, ref64))
+        rec["f64_worst_at"], rec["f64_ours"], rec["f64_eager"] = _worst_excess(
+            _grad_errors(module, ref64), _grad_errors(ref, ref64), F64_SLACK)
         rec["f64_loss_ours"], rec["f64_loss_eager"] = (abs(loss.item() - loss64.item()),
                                                        abs(eager_loss.item() - loss64.item()))
         rec["f64_buffer_ours"], rec["f64_buffer_eager"] = _buffer_err(module, ref64), _buffer_err(ref, ref64)
     if autocast:
-        times, plus = BF16_SLACK
-        theirs = _grad_errors(ref16, ref)
-        excess = {n: e - (times * theirs.get(n, 0.0) + plus) for n, e in ours.items()}
-        rec["worst_excess_at"] = max(excess, key=excess.get, default="")
-        rec["eager_bf16_grad_err"] = theirs.get(rec["worst_excess_at"], 0.0)
-        rec["ours_bf16_grad_err"] = ours.get(rec["worst_excess_at"], 0.0)
+        rec["worst_excess_at"], rec["ours_bf16_grad_err"], rec["eager_bf16_grad_err"] = _worst_excess(
+            ours, _grad_errors(ref16, ref), BF16_SLACK)
         rec["eager_bf16_loss_err"] = abs(eager16_loss.item() - eager_loss.item())
         rec["eager_bf16_buffer_err"] = _buffer_err(ref16, ref)
     rec["left_to_aten"] = sorted({e.message.split(" runs in ATen")[0] for e in events if isinstance(e, ErrorEntry)})
