@@ -14,7 +14,6 @@ direct launch path exists only on CUDA).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import io
 import pstats
 import sys
@@ -31,7 +30,7 @@ from benchmarks.real_models import build  # noqa: E402
 
 
 def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path | None) -> None:
-    from benchmarks.models import make_step
+    from benchmarks.models import make_step, profiled_steps
     from fuselens.compiler.runtime import wrapper_codegen
 
     train = mode == "train"
@@ -48,12 +47,7 @@ def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(calls):
-            step()
-        prof.disable()
-        torch.cuda.synchronize()
+        prof = profiled_steps(step, calls, "cuda")
     stream = io.StringIO()
     stats = pstats.Stats(prof, stream=stream)
     stats.sort_stats("tottime")

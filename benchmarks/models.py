@@ -113,20 +113,27 @@ def profile_step(step: Callable[[], Any], device: str, steps: int = 5, top: int 
             "top": [{"name": n[:160], "calls": c / steps, "ms": ms / steps} for n, (c, ms) in top]}
 
 
+def profiled_steps(step: Callable[[], Any], calls: int, device: str) -> Any:
+    """A cProfile.Profile of `calls` steps, the device's queue drained after them."""
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    _sync(device)
+    return prof
+
+
 def host_profile(step: Callable[[], Any], device: str, steps: int = 20, top: int = 25) -> list[dict]:
     """The Python functions a step's host time goes to (cProfile, own time first): what the
     profiler's host ms is made of, the same way for every backend."""
-    import cProfile
     import pstats
 
     step()
     _sync(device)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        step()
-    prof.disable()
-    _sync(device)
+    prof = profiled_steps(step, steps, device)
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (prim calls, calls, own s, cum s, callers)
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     return [{"fn": f"{Path(f).name}:{line}({fn})", "calls": nc / steps, "own_us": 1e6 * tt / steps,

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.models import backends_for, make_step  # noqa: E402
+from benchmarks.models import backends_for, make_step, profiled_steps  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
 
@@ -110,15 +110,9 @@ def anatomy(step: Callable[[], Any], steps: int = 5) -> dict:
 
 
 def host_top(step: Callable[[], Any], calls: int = 20, top: int = 40) -> list[list]:
-    import cProfile
     import pstats
 
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        step()
-    prof.disable()
-    torch.cuda.synchronize()
+    prof = profiled_steps(step, calls, "cuda")
     rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]  # by own time
     return [[f"{Path(f).name}:{line} {fn}", round(nc / calls, 1), round(1e3 * tt / calls, 4)]
             for (f, line, fn), (_, nc, tt, _, _) in rows]

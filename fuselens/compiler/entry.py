@@ -279,7 +279,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
         _report_fallback("compile", str(e), compile_id, traceback.format_exc(), opts)
         _restore(gm, as_traced)
         layout_passes.report_output_strides(gm)
-        return _invisible(compile_gc.collect_after_compiles(_boxed(gm.forward)))
+        return _runnable(_boxed(gm.forward))
     except Exception as e:  # our own pipeline failed (a fuselens bug): run this graph eagerly
         if not opts.fallback_on_error:
             raise
@@ -290,12 +290,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, st
                          compile_id, traceback.format_exc(), opts)
         _restore(gm, as_traced)
         layout_passes.report_output_strides(gm)  # the graph's own, which eager computes too
-        return _invisible(compile_gc.collect_after_compiles(_boxed(gm.forward)))
+        return _runnable(_boxed(gm.forward))
     layout_passes.report_output_strides(gm)
     for ev in [*events, *phases.events()]:
         sink.emit(ev)
     runner.graph_id = ident.graph_id  # type: ignore[attr-defined]
-    return _invisible(compile_gc.collect_after_compiles(runner))
+    return _runnable(runner)
 
 
 def _graph_copy(gm: torch.fx.GraphModule) -> torch.fx.Graph:
@@ -463,6 +463,12 @@ def _python_regenerated_once(gm: torch.fx.GraphModule) -> Any:
         del gm.recompile
         if asked:
             gm.recompile()
+
+
+def _runnable(fn: Callable) -> Callable:
+    """A compiled graph's callable as AOTAutograd gets it: hidden from Dynamo, and the
+    first to run a full collection after compiles (compile_gc.collect_after_compiles)."""
+    return _invisible(compile_gc.collect_after_compiles(fn))
 
 
 def _invisible(fn: Callable) -> Callable:
