@@ -489,6 +489,19 @@ class Scheduler:
                         self._join(target, pg.nodes, reason)
                         groups.remove(pg)
                         del self._unit_masks[id(pg)]
+                    elif self._epilogue_of(pg, target):
+                        # the rules are not symmetric: a reduction's kernel takes pointwise work over
+                        # its rows as an epilogue, a pointwise kernel cannot take the reduction.
+                        # BatchNorm's running-statistics update reads the batch mean (the row
+                        # pass's) and the old running mean (an input, scaled in a kernel of its
+                        # own): joined that kernel first, it left two per-channel buffers and a
+                        # kernel per layer
+                        reason = f"{label(step)} needs both: merged kernels, as the reduction's epilogue"
+                        self._decide(pg, step, reason)
+                        self._join(pg, target.nodes, reason)
+                        groups.remove(target)
+                        del self._unit_masks[id(target)]
+                        target = pg
                     else:
                         self._decide(pg, step, ref)
                 if self.opt.fusion and self.opt.horizontal_fusion:
@@ -503,6 +516,10 @@ class Scheduler:
                 self.group_of[step.name] = ng
                 self._track(ng)
         return self._finish(groups)
+
+    def _epilogue_of(self, red: KernelGroup, pw: KernelGroup) -> bool:
+        """Whether pointwise kernel `pw` may join reduction kernel `red` as its epilogue."""
+        return red.rflags is not None and pw.rflags is None and self.check(red, pw.nodes) is None
 
     def _join_horizontally(self, i: int, step: ComputeNode, groups: list[KernelGroup],
                            producer_groups: list[KernelGroup]) -> Optional[KernelGroup]:

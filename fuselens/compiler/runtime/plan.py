@@ -52,6 +52,12 @@ _CONTIGUOUS_RESULTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, 
                        torch.ops.aten.baddbmm.default}
 
 
+def reinterpret_view(base: torch.Tensor, size: tuple, stride: tuple, shift: int) -> torch.Tensor:
+    """A view of `base` at `shift` elements past its own offset: what the generated wrapper's
+    `_reinterpret` does, for the interpreter."""
+    return base.as_strided(size, stride, base.storage_offset() + shift)
+
+
 class Planner:
     def __init__(self, graph: GraphIR, sched: Schedule, kernels: dict, lib: Any, outputs: Any,
                  timer: Optional[KernelTimer]) -> None:
@@ -65,6 +71,7 @@ class Planner:
         self.symeval = SymEval(syms)
         self.plan: list[Any] = []
         self.views: set[str] = set()
+        self.view_steps: dict[str, ExternCall] = {}
         self.alias_parent: dict[str, str] = {}
         self.kernel_allocated: set[str] = set()
         self._extern_took: dict[str, str] = {}  # an in-place library call's output -> the buffer it updated
@@ -133,9 +140,20 @@ class Planner:
             args = self.ref(node.args)
             kwargs = self.ref(node.kwargs)
             layout = self._static_view(node, args)
+            target = node.target
             if layout is not None:
                 self.layout_known.add(name)
-            self.plan.append(ExternCall(name, node.target, args, kwargs, name, reinterpret=layout))
+                parent = self.view_steps.get(args[0][1])
+                if parent is not None and parent.reinterpret is not None:
+                    # a view of a view (BatchNorm's saved mean: squeeze, then three unsqueezes):
+                    # re-created from the first view's base in one step. Each link was a
+                    # reinterpret a call, most of them never read but by the next link
+                    size, stride, shift = layout
+                    layout = (size, stride, parent.reinterpret[2] + shift)
+                    target, args, kwargs = reinterpret_view, (parent.args[0], size, stride, layout[2]), {}
+            step = ExternCall(name, target, args, kwargs, name, reinterpret=layout)
+            self.view_steps[name] = step
+            self.plan.append(step)
             for leaf in buffers_in(args):
                 self._union(name, leaf)
         return name
@@ -160,6 +178,7 @@ class Planner:
             else:
                 self._extern(unit)
         outputs = [self.ref(o) for o in (self.fx_outputs if isinstance(self.fx_outputs, (list, tuple)) else [self.fx_outputs])]
+        self._drop_unread_views(set(buffers_in(outputs)))
         self._reorder_for_memory(set(buffers_in(outputs)))
         in_place = self._mutate_inputs()
         self._insert_frees(outputs)
@@ -190,6 +209,18 @@ class Planner:
         if runner._static_slots is not None:
             runner.storage = self._storage_facts(taken | in_place | self._output_bufs)
         return runner
+
+    def _drop_unread_views(self, outputs: set[str]) -> None:
+        """Views that nothing reads and the graph does not return: the links of a chain
+        whose last view was re-created from its base."""
+        read = set(outputs)
+        keep: list[Any] = []
+        for step in reversed(self.plan):
+            if isinstance(step, ExternCall) and step.reinterpret is not None and step.outputs not in read:
+                continue
+            keep.append(step)
+            read.update(step_buffers(step))
+        self.plan[:] = reversed(keep)
 
     def _origins(self) -> dict[str, StepOrigin]:
         """Each kernel's and library call's ATen ops and source line, by step name."""
