@@ -478,32 +478,7 @@ class Scheduler:
                 reason = join_reason(target, step)
                 self._decide(target, step, reason)
                 self._join(target, [step], reason)
-                # several producer kernels: pull the others in too when the rules allow
-                for pg in producer_groups:
-                    if pg is target or pg not in groups:
-                        continue
-                    ref = self.check(target, pg.nodes)
-                    if ref is None:
-                        reason = f"{label(step)} needs both: merged kernels"
-                        self._decide(pg, step, reason)
-                        self._join(target, pg.nodes, reason)
-                        groups.remove(pg)
-                        del self._unit_masks[id(pg)]
-                    elif self._epilogue_of(pg, target):
-                        # the rules are not symmetric: a reduction's kernel takes pointwise work over
-                        # its rows as an epilogue, a pointwise kernel cannot take the reduction.
-                        # BatchNorm's running-statistics update reads the batch mean (the row
-                        # pass's) and the old running mean (an input, scaled in a kernel of its
-                        # own): joined that kernel first, it left two per-channel buffers and a
-                        # kernel per layer
-                        reason = f"{label(step)} needs both: merged kernels, as the reduction's epilogue"
-                        self._decide(pg, step, reason)
-                        self._join(pg, target.nodes, reason)
-                        groups.remove(target)
-                        del self._unit_masks[id(target)]
-                        target = pg
-                    else:
-                        self._decide(pg, step, ref)
+                target = self._pull_in_producers(step, target, producer_groups, groups)
                 if self.opt.fusion and self.opt.horizontal_fusion:
                     self._pull_in_shared_reader(i, step, target, groups)
                 continue
@@ -516,6 +491,37 @@ class Scheduler:
                 self.group_of[step.name] = ng
                 self._track(ng)
         return self._finish(groups)
+
+    def _pull_in_producers(self, step: ComputeNode, target: KernelGroup, producer_groups: list[KernelGroup],
+                           groups: list[KernelGroup]) -> KernelGroup:
+        """After `step` joined `target`: its other producers' kernels merged with it when the
+        rules allow; the kernel `step` ends up in."""
+        for pg in producer_groups:
+            if pg is target or pg not in groups:
+                continue
+            ref = self.check(target, pg.nodes)
+            if ref is None:
+                reason = f"{label(step)} needs both: merged kernels"
+                self._decide(pg, step, reason)
+                self._join(target, pg.nodes, reason)
+                groups.remove(pg)
+                del self._unit_masks[id(pg)]
+            elif self._epilogue_of(pg, target):
+                # the rules are not symmetric: a reduction's kernel takes pointwise work over
+                # its rows as an epilogue, a pointwise kernel cannot take the reduction.
+                # BatchNorm's running-statistics update reads the batch mean (the row
+                # pass's) and the old running mean (an input, scaled in a kernel of its
+                # own): joined that kernel first, it left two per-channel buffers and a
+                # kernel per layer
+                reason = f"{label(step)} needs both: merged kernels, as the reduction's epilogue"
+                self._decide(pg, step, reason)
+                self._join(pg, target.nodes, reason)
+                groups.remove(target)
+                del self._unit_masks[id(target)]
+                target = pg
+            else:
+                self._decide(pg, step, ref)
+        return target
 
     def _epilogue_of(self, red: KernelGroup, pw: KernelGroup) -> bool:
         """Whether pointwise kernel `pw` may join reduction kernel `red` as its epilogue."""
