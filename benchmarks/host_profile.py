@@ -7,8 +7,9 @@ Inference in bf16, or (`--modes train`) the training step of `benchmarks.models`
 and backward under bf16 autocast.
 
 Prints the functions with the most own time (tottime) per call: the generated
-wrapper, launchers, allocations, library-call bindings. GPU only (the wrapper's
-direct launch path exists only on CUDA).
+wrapper, launchers, allocations, library-call bindings. With `--out`, also each
+backend's generated wrappers (Inductor's output code too), to count what each does
+per call. GPU only (the wrapper's direct launch path exists only on CUDA).
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path
     if not train:  # images in the model's dtype, as benchmarks.models runs them
         inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
     step = make_step(case, torch.compile(module, backend=backend), inputs, train, "cuda")
+    loaded = len(_inductor_modules())
     with wrapper_codegen.recorded_sources() as sources:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
         prof = profiled_steps(step, calls, "cuda")
+    if backend == "inductor":  # its output code, for the same comparison of what each wrapper does per call
+        sources = [Path(m.__file__).read_text() for m in _inductor_modules()[loaded:]
+                   if hasattr(m, "call") and getattr(m, "__file__", None)]
     stream = io.StringIO()
     stats = pstats.Stats(prof, stream=stream)
     stats.sort_stats("tottime")
@@ -60,7 +65,14 @@ def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path
         out.mkdir(parents=True, exist_ok=True)
         (out / f"host_{model}_{mode}_{backend}.txt").write_text(stream.getvalue())
         for i, src in enumerate(sources):
-            (out / f"wrapper_{model}_{mode}_{i}.py").write_text(src)
+            (out / f"wrapper_{model}_{mode}_{backend}_{i}.py").write_text(src)
+
+
+def _inductor_modules() -> list:
+    """The modules Inductor has loaded its generated code into, in load order."""
+    from torch._inductor.codecache import PyCodeCache
+
+    return list(getattr(PyCodeCache, "modules", []))
 
 
 def main(argv: Any = None) -> int:
@@ -70,7 +82,7 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--backends", default="fuselens")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--out", default="", help="write the statistics and fuselens' generated wrappers here")
+    ap.add_argument("--out", default="", help="write the statistics and each backend's generated wrappers here")
     args = ap.parse_args(argv)
     for model in args.models.split(","):
         for mode in args.modes.split(","):
