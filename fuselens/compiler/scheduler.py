@@ -82,13 +82,12 @@ class Scheduler:
         # member names (in graph order) of a set found to read each other at their own
         # index -> the loop space it was checked in (rule_same_index)
         self._clean: dict[tuple[str, ...], tuple] = {}
-        # transitive ancestors of each step as bitmasks
-        self.anc: list[int] = []
-        for d in self.deps:
-            mask = 0
-            for j in d:
-                mask |= self.anc[j] | (1 << j)
-            self.anc.append(mask)
+        # transitive ancestors and descendants of each step as bitmasks, and every step in a
+        # kernel so far: rule_no_cycle looks through the other kernels only when one holds a
+        # step that needs a member (DenseNet-121's training graphs: 15,000 checks, 2.2 of 5.5 s
+        # of scheduling)
+        self.anc, self.desc = transitive_edges(self.deps, self.users)
+        self._grouped = 0
         self.readers_of: dict[str, list[int]] = {}  # buffer -> steps reading it
         for i, s in enumerate(self.steps):
             for r in s.reads:
@@ -254,28 +253,34 @@ class Scheduler:
             for d in self.deps[i]:
                 if d not in members:
                     reach |= (1 << d) | self.anc[d]
-        merging = {id(g)} | {id(self.group_of[n.name]) for n in new if n.name in self.group_of}
-        others = [v for k, v in self._unit_masks.items() if k not in merging]
-        grown = True
-        while grown and not reach & mmask:
-            grown = False
-            outside = ~reach
-            for gmask, gall in others:
-                if reach & gmask and gall & outside:
-                    reach |= gall
-                    outside = ~reach
-                    grown = True
+        below = 0  # the steps that need a member
+        for i in members:
+            below |= self.desc[i]
+        below &= ~mmask
         if not reach & mmask:
-            return None
-        # the first step outside the members that needs one of them, found among the set bits
-        # of `reach` (every step scanned, at each refusal: 0.9 s of DenseNet's training compile)
-        through, rest = None, reach & ~mmask
-        while rest:
-            low = rest & -rest
-            if self.anc[low.bit_length() - 1] & mmask:
-                through = low.bit_length() - 1
-                break
-            rest ^= low
+            merging = {id(g)} | {id(self.group_of[n.name]) for n in new if n.name in self.group_of}
+            # a kernel brings a member into `reach` only through a step of its own that needs
+            # one (its mask and its steps' ancestors are what it adds): with none, no cycle
+            needing = below & self._grouped
+            for k in merging:
+                needing &= ~self._unit_masks.get(k, (0, 0))[0]
+            if not needing:
+                return None
+            others = [v for k, v in self._unit_masks.items() if k not in merging]
+            grown = True
+            while grown and not reach & mmask:
+                grown = False
+                outside = ~reach
+                for gmask, gall in others:
+                    if reach & gmask and gall & outside:
+                        reach |= gall
+                        outside = ~reach
+                        grown = True
+            if not reach & mmask:
+                return None
+        # the first step outside the members that needs one of them
+        first = reach & below
+        through = (first & -first).bit_length() - 1 if first else None
         where = label(self.steps[through]) if through is not None else "another kernel"
         return Refusal("cycle", f"fusing would create a cycle through {where}, which needs one of these results "
                        "and produces (or runs in one kernel with) an input of another")
@@ -288,6 +293,7 @@ class Scheduler:
             mask |= 1 << i
             anc |= self.anc[i]
         self._unit_masks[id(g)] = (mask, mask | anc)
+        self._grouped |= mask
 
     PEAK_WINDOW = 400  # steps simulated at most; wider gaps are refused as too far apart
     PEAK_SLACK = 64 * 1024  # bytes of extra peak tolerated (a few rows of scratch)
@@ -731,6 +737,23 @@ class Scheduler:
                 raise RuntimeError("fuselens scheduler produced a cycle")
         del pos
         return out
+
+
+def transitive_edges(deps: Sequence[set[int]], users: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Each step's transitive ancestors and descendants as bitmasks (steps in graph order)."""
+    anc: list[int] = []
+    for d in deps:
+        mask = 0
+        for j in d:
+            mask |= anc[j] | (1 << j)
+        anc.append(mask)
+    desc = [0] * len(deps)
+    for i in range(len(deps) - 1, -1, -1):
+        mask = 0
+        for u in users[i]:
+            mask |= desc[u] | (1 << u)
+        desc[i] = mask
+    return anc, desc
 
 
 def schedule(graph: GraphIR, options: Any, output_sources: set[str], kernel_prefix: str = "cpp_fused") -> Schedule:
