@@ -535,8 +535,24 @@ class Scheduler:
         return target
 
     def _epilogue_of(self, red: KernelGroup, pw: KernelGroup) -> bool:
-        """Whether pointwise kernel `pw` may join reduction kernel `red` as its epilogue."""
-        return red.rflags is not None and pw.rflags is None and self.check(red, pw.nodes) is None
+        """Whether pointwise kernel `pw` joins reduction kernel `red` as its epilogue: when
+        the rules allow it and a result of `red` that only `pw` reads then stays in
+        registers. Otherwise `pw` may still join a later kernel (cross-entropy's pick of
+        the label's logit joins the loss's sum, and stores nothing)."""
+        if red.rflags is not None and pw.rflags is None and self._only_read_by(red, pw):
+            return self.check(red, pw.nodes) is None
+        return False
+
+    def _only_read_by(self, g: KernelGroup, other: KernelGroup) -> bool:
+        """Whether a member of `g` that is not a graph output is read by `other` alone."""
+        names = {n.name for n in g.nodes} | {n.name for n in other.nodes}
+        theirs = {n.name for n in other.nodes}
+        for n in g.nodes:
+            readers = [self.steps[j].name for j in self.readers_of.get(n.name, ())]
+            if (n.name not in self.output_sources and readers and any(r in theirs for r in readers)
+                    and all(r in names for r in readers)):
+                return True
+        return False
 
     def _join_horizontally(self, i: int, step: ComputeNode, groups: list[KernelGroup],
                            producer_groups: list[KernelGroup]) -> Optional[KernelGroup]:
