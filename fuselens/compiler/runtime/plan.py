@@ -70,8 +70,7 @@ class Planner:
         syms = sorted(graph.symbols, key=lambda s: s.name)
         self.symeval = SymEval(syms)
         self.plan: list[Any] = []
-        self.views: set[str] = set()
-        self.view_steps: dict[str, ExternCall] = {}
+        self.views: dict[str, ExternCall] = {}  # each view re-created, and the step that does it
         self.alias_parent: dict[str, str] = {}
         self.kernel_allocated: set[str] = set()
         self._extern_took: dict[str, str] = {}  # an in-place library call's output -> the buffer it updated
@@ -136,14 +135,13 @@ class Planner:
         """Re-create a lowered view (or a tuple of views) with ATen, once."""
         name = node.name
         if name not in self.views:
-            self.views.add(name)
             args = self.ref(node.args)
             kwargs = self.ref(node.kwargs)
             layout = self._static_view(node, args)
             target = node.target
             if layout is not None:
                 self.layout_known.add(name)
-                parent = self.view_steps.get(args[0][1])
+                parent = self.views.get(args[0][1])
                 if parent is not None and parent.reinterpret is not None:
                     # a view of a view (BatchNorm's saved mean: squeeze, then three unsqueezes):
                     # re-created from the first view's base in one step. Each link was a
@@ -152,7 +150,7 @@ class Planner:
                     layout = (size, stride, parent.reinterpret[2] + shift)
                     target, args, kwargs = reinterpret_view, (parent.args[0], size, stride, layout[2]), {}
             step = ExternCall(name, target, args, kwargs, name, reinterpret=layout)
-            self.view_steps[name] = step
+            self.views[name] = step
             self.plan.append(step)
             for leaf in buffers_in(args):
                 self._union(name, leaf)
@@ -362,7 +360,7 @@ class Planner:
         inputs = {x.name for x in self.g.inputs}
         released = released_inputs(self.g)
         freeable = {n for n in self.g.buffers if n not in keep and (n not in inputs or n in released)}
-        return PlanOrder(self.plan, self.g, self._root, self.views, freeable)
+        return PlanOrder(self.plan, self.g, self._root, set(self.views), freeable)
 
     def _not_takeable(self) -> tuple[set[str], set[str]]:
         """Buffers no step may write over: graph inputs, constants and outputs, and
