@@ -23,21 +23,15 @@ from models import GPT2Block, seeded
 
 def _direct(self: S.Scheduler, g: Any, new: Any) -> bool:
     """Whether a member needs another through single steps alone, outside the members."""
-    members = {self.index[n.name] for n in g.nodes} | {self.index[n.name] for n in new}
-    return any(self.anc[d] >> m & 1 for i in members for d in self.deps[i] - members for m in members)
+    _, mmask, reach = self.needs(g, new)
+    return bool(reach & mmask)
 
 
 def _full_closure(self: S.Scheduler, g: Any, new: Any) -> Optional[S.Refusal]:
     """The rule without shortcuts: every kernel that shares a step with what the members
     need runs whole before them, until nothing grows; the step named is the first one
     in graph order whose ancestors include a member."""
-    members = {self.index[n.name] for n in g.nodes} | {self.index[n.name] for n in new}
-    mmask = sum(1 << i for i in members)
-    reach = 0
-    for i in members:
-        for d in self.deps[i]:
-            if d not in members:
-                reach |= (1 << d) | self.anc[d]
+    _, mmask, reach = self.needs(g, new)
     merging = {id(g)} | {id(self.group_of[n.name]) for n in new if n.name in self.group_of}
     others = [v for k, v in self._unit_masks.items() if k not in merging]
     grown = True

@@ -246,18 +246,23 @@ class Scheduler:
         every member)."""
         return ir.traced_loads(self.g, c)
 
-    def rule_no_cycle(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
-        """A kernel runs as one unit, so everything any member needs runs before all
-        of them. Fusing is a cycle when a path leaves the members and comes back,
-        through single steps or through other kernels, which run whole too (two
-        horizontally fused kernels can each be acyclic and still need each other)."""
+    def needs(self, g: KernelGroup, new: Sequence[ComputeNode]) -> tuple[set[int], int, int]:
+        """The step indices of `g`'s members and `new`, their mask, and the mask of what they
+        need from outside them: the steps they read and those steps' ancestors."""
         members = {self.index[n.name] for n in g.nodes} | {self.index[n.name] for n in new}
-        mmask = sum(1 << i for i in members)
         reach = 0
         for i in members:
             for d in self.deps[i]:
                 if d not in members:
                     reach |= (1 << d) | self.anc[d]
+        return members, sum(1 << i for i in members), reach
+
+    def rule_no_cycle(self, g: KernelGroup, new: Sequence[ComputeNode]) -> Optional[Refusal]:
+        """A kernel runs as one unit, so everything any member needs runs before all
+        of them. Fusing is a cycle when a path leaves the members and comes back,
+        through single steps or through other kernels, which run whole too (two
+        horizontally fused kernels can each be acyclic and still need each other)."""
+        members, mmask, reach = self.needs(g, new)
         below = 0  # the steps that need a member
         for i in members:
             below |= self.desc[i]
