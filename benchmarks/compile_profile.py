@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
 from benchmarks.collections_timed import collections_timed  # noqa: E402
-from benchmarks.models import compile_phases, make_step  # noqa: E402
+from benchmarks.models import compile_phases, make_step, placed  # noqa: E402
 from benchmarks.real_models import MODELS, VISION, build  # noqa: E402
 
 
@@ -63,13 +63,7 @@ def profile_compile(name: str, mode: str, backend: str, device: str, top: int, o
     train = mode == "train"
     torch._dynamo.reset()
     case = build(name, "gpu" if device == "cuda" else "cpu")
-    module = case.module.to(device)
-    if device == "cuda" and not train:
-        module = module.bfloat16()
-    module.train(train)
-    inputs = case.make_inputs(device)
-    if not train and device == "cuda":
-        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+    module, inputs = placed(case, train, device)
     step = make_step(case, torch.compile(module, backend=backend), inputs, train, device)
     torch._dynamo.utils.compilation_time_metrics.clear()
     prof = cProfile.Profile()

@@ -31,18 +31,13 @@ from benchmarks.real_models import build  # noqa: E402
 
 
 def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path | None) -> None:
-    from benchmarks.models import make_step, profiled_steps
+    from benchmarks.models import make_step, placed, profiled_steps
     from fuselens.compiler.runtime import wrapper_codegen
 
     train = mode == "train"
     torch._dynamo.reset()
     case = build(model, "gpu")
-    module = case.module.to("cuda").train(train)
-    if not train:
-        module = module.bfloat16()
-    inputs = case.make_inputs("cuda")
-    if not train:  # images in the model's dtype, as benchmarks.models runs them
-        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+    module, inputs = placed(case, train, "cuda")
     step = make_step(case, torch.compile(module, backend=backend), inputs, train, "cuda")
     loaded = len(_inductor_modules())
     with wrapper_codegen.recorded_sources() as sources:

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()
-from benchmarks.models import make_step  # noqa: E402
+from benchmarks.models import make_step, placed  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
 _HISTORY_ENTRIES = 2_000_000  # the compile's allocations and three steps', without the ring wrapping
@@ -125,12 +125,7 @@ def size_difference(a: list[tuple[int, str]], b: list[tuple[int, str]]) -> list[
 def measure(name: str, mode: str, backend: str) -> dict:
     train = mode == "train"
     case = build(name, "gpu")
-    module = case.module.to("cuda").train(train)
-    if not train:
-        module = module.bfloat16()
-    inputs = case.make_inputs("cuda")
-    if not train:  # images in the model's dtype, as benchmarks.models runs them
-        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+    module, inputs = placed(case, train, "cuda")
     torch._dynamo.reset()
     for k in [k for k in linecache.cache if k.startswith("<fuselens-wrapper")]:
         del linecache.cache[k]  # the wrappers of this measurement only, in the JSON

@@ -151,6 +151,21 @@ def _output_tensor(out: Any) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out[0]
 
 
+def placed(case: ModelCase, train: bool, device: str,
+           module: Optional[torch.nn.Module] = None) -> tuple[torch.nn.Module, dict]:
+    """The case's model (or `module`, a variant of it) and its inputs as the suite runs them:
+    on `device`, in training mode or not; GPU inference in bf16, the images too."""
+    module = (case.module if module is None else module).to(device)
+    half = device == "cuda" and not train
+    if half:
+        module = module.bfloat16()
+    module.train(train)
+    inputs = case.make_inputs(device)
+    if half:  # images in the model's dtype
+        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+    return module, inputs
+
+
 def make_step(case: ModelCase, module: torch.nn.Module, inputs: dict, train: bool, device: str) -> Callable:
     """One inference call, or one forward+backward (bf16 autocast on the GPU)."""
     if not train:
@@ -187,13 +202,7 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
         torch.cuda.empty_cache()
         left_mb = torch.cuda.memory_allocated() / 2**20
     case = build(name, "gpu" if device == "cuda" else "cpu")
-    module = with_dropout(case.module, dropout).to(device) if dropout else case.module.to(device)
-    if device == "cuda" and not train:
-        module = module.bfloat16()
-    module.train(train)
-    inputs = case.make_inputs(device)
-    if not train and device == "cuda":  # images in the model's dtype
-        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+    module, inputs = placed(case, train, device, with_dropout(case.module, dropout) if dropout else None)
     rec: dict[str, Any] = {"model": name, "mode": mode, "label": case.label}
     random_steps = train and dropout > 0  # each backend draws other numbers: no error against eager
     if dropout:
