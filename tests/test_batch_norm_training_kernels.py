@@ -8,6 +8,7 @@ happens only where it frees a result of that kernel (not for cross-entropy's lab
 
 from __future__ import annotations
 
+import copy
 import re
 
 import torch
@@ -106,3 +107,27 @@ def test_cross_entropys_label_pick_stays_for_the_loss_sum_and_out_of_the_logsume
         loss.backward()
     torch.testing.assert_close(loss, step(x, w, y))
     assert not [e.nodes for e in events if isinstance(e, FusionDecision) and "reduction's epilogue" in e.reason]
+
+
+def test_running_mean_update_joins_its_statistics_kernel_in_a_deep_network() -> None:
+    """AOTAutograd puts every input mutation at the graph's end. The running variance's
+    update freed a buffer and moved next to its statistics (early_outputs.py); the running
+    mean's freed none and stayed: hundreds of steps from its layer, the scheduler would
+    not fuse across that gap, and each layer kept a per-channel buffer alive to the end
+    for a kernel there (DenseNet-121: 120 layers)."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(24):
+        layers += [nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.ReLU()]
+    eager = nn.Sequential(*layers).train()
+    ours = copy.deepcopy(eager)
+    x = torch.randn(2, 4, 5, 5)
+    want = _train_step(eager, x)
+    with wrapper_codegen.recorded_sources() as sources:
+        got = _train_step(torch.compile(ours, backend="fuselens"), x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # 24 normalizations of 50 values each
+    for (name, a), b in zip(eager.named_buffers(), ours.buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=name)
+    forward = sources[0]
+    assert len(re.findall(r"\n\s+\w+ = _empty\w*\(\(4, \)", forward)) == 0, forward
+    assert "_into_input" not in forward

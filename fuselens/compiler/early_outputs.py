@@ -86,6 +86,10 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
     from then on); what it frees is each step it reads, not an output itself, that it was
     the last to read (the LayerNorm's input: it now dies at its last other reader).
     Like the plan's hoist, a set may make up to 1% more than it frees (`HOIST_SLACK`).
+    An input mutation stored into its input makes nothing (`_overwrites_own_input`): a
+    set that makes nothing moves even when it frees nothing, if it reads a step (to join
+    that step's kernel); one reading graph inputs alone (a BatchNorm's count of batches)
+    stays with the others like it at the end, in one kernel.
     A set whose steps would land right after a library call stays: nothing there takes it
     in, and the kernel it joined at the graph's end is one launch more (BERT training,
     H200: the casts of its matmuls' outputs, 390 -> 401 launches a step). So does one
@@ -104,8 +108,13 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
             for d in deps[j]:
                 if feeds_outputs[d]:
                     parent[root(d)] = root(j)
+    readers_of: dict[str, list[int]] = {}
+    for j, s in enumerate(steps):
+        for b in s.reads:
+            readers_of.setdefault(b, []).append(j)
     made: dict[int, int] = {}
     freed: dict[int, int] = {}
+    fed: set[int] = set()  # sets reading a step outside them
     unanchored: set[int] = set()
     for j in range(n):
         if not feeds_outputs[j]:
@@ -116,7 +125,9 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
             unanchored.add(r)
         if not steps[j].reads <= known:
             unanchored.add(r)  # reads what no step or input names (a view the runtime makes): stays
-        if j in outs:
+        if any(not feeds_outputs[d] for d in deps[j]):
+            fed.add(r)
+        if j in outs and not _overwrites_own_input(j, steps, graph, deps, feeds_outputs, readers_of):
             made[r] = made.get(r, 0) + step_bytes(graph, steps[j])
         for d in deps[j]:
             if feeds_outputs[d] or d in outs:
@@ -124,6 +135,31 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
             others = [u for u in users[d] if not feeds_outputs[u]]
             if others and max(others) < j and max(users[d]) == j:
                 freed[r] = freed.get(r, 0) + step_bytes(graph, steps[d])
-    return [feeds_outputs[j] and root(j) not in unanchored and freed.get(root(j), 0) > 0
-            and freed[root(j)] >= HOIST_SLACK * made.get(root(j), 0) for j in range(n)]
+    def worth(r: int) -> bool:
+        if not made.get(r, 0):  # moves to join the kernel of what it reads, if it reads a step
+            return r in fed
+        return freed.get(r, 0) > 0 and freed[r] >= HOIST_SLACK * made[r]
+
+    return [feeds_outputs[j] and root(j) not in unanchored and worth(root(j)) for j in range(n)]
+
+
+def _overwrites_own_input(j: int, steps: list, graph: GraphIR, deps: list[set[int]], feeds_outputs: list[bool],
+                          readers_of: dict[str, list[int]]) -> bool:
+    """Whether output step `j` is an input mutation whose input only its own moving
+    ancestors read: its new value is then stored into the input (plan.py
+    `_mutate_inputs`), made early it holds no fresh bytes. A training BatchNorm's new
+    running mean (`copy_` of `0.9 * old + 0.1 * mean`) read no buffer that died with it,
+    stayed at the graph's end, and its value was one more per-channel buffer kept to the
+    end and a kernel there (DenseNet-121: 120 layers)."""
+    dst = graph.input_mutations.get(steps[j].name)
+    if dst is None:
+        return False
+    readers = set(readers_of.get(dst, ()))
+    seen, todo = {j}, [j]
+    while todo and readers - seen:  # the moving ancestors of j
+        for d in deps[todo.pop()]:
+            if d not in seen and feeds_outputs[d]:
+                seen.add(d)
+                todo.append(d)
+    return readers <= seen
 
