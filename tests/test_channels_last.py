@@ -10,6 +10,8 @@ The H100 run of `benchmarks.models` checks the same on ResNet-50.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -455,3 +457,32 @@ def test_cudnn_rule_keeps_a_grouped_training_step_in_nchw_forward_and_backward(m
     declined = [e for e in events if isinstance(e, FusionDecision) and e.rule == "channels-last"]
     assert len(declined) == 2 and all(e.decision == "not_fused" and "4 groups reading 4 channels each" in e.reason
                                       for e in declined)
+
+
+def test_a_16_bit_training_step_saves_each_cast_weight_once_in_nhwc(backward_convolutions: list) -> None:
+    """Under autocast the forward casts each convolution's weight and saves the cast for
+    the backward; the channels-last rule copies it to NHWC for cuDNN. The forward saves
+    that copy instead of storing both, and the backward computes eager's gradients from it."""
+    from fuselens.compiler.runtime import wrapper_codegen
+
+    torch.manual_seed(0)
+    ref = _Block()
+    model = _Block()
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fuselens")
+    with wrapper_codegen.recorded_sources() as sources, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _step(compiled, x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = _step(ref, x, y)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2, msg=name)
+    forward = sources[0]
+    # conv1's weight (8, 8, 3, 3) cast to bf16: one buffer, in NHWC
+    made = re.findall(r"= _empty\w*\(\(8, 8, 3, 3, \), \(([\d, ]+)\)", forward)
+    assert made == ["72, 1, 24, 8, "], forward
+    convolutions = [c for c in backward_convolutions if c[0] != "gradient"]
+    assert convolutions and all(inp.is_contiguous(memory_format=torch.channels_last) for _, inp in convolutions)
