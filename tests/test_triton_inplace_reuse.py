@@ -49,10 +49,22 @@ def _columns_centered(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor) -> torc
     return a - a.mean(0) + z
 
 
+def _several_outputs(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor) -> tuple:
+    # DenseNet's backward: each earlier layer's running gradient plus its slice of the new one
+    a, b, c = x @ w, x @ w.flip(1), x @ (w * 2)
+    return a + z, b + z * 2 + a, c * z - b
+
+
+def _read_for_another_output(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor) -> tuple:
+    # the product is read at every element the first output stores, but only for the second
+    return z * 2, x @ w + z
+
+
 def _records(opts: dict) -> dict:
     out = {}
     for name, f in (("residual", _residual), ("flipped", _flipped), ("viewed", _mlp_gelu),
-                    ("column_sums", _with_column_sums), ("centered", _columns_centered)):
+                    ("column_sums", _with_column_sums), ("centered", _columns_centered),
+                    ("several", _several_outputs), ("another", _read_for_another_output)):
         torch._dynamo.reset()
         torch.manual_seed(0)
         x, w, z = torch.randn(16, 8), torch.randn(8, 32), torch.randn(16, 32)
@@ -151,6 +163,19 @@ def test_a_pointwise_kernel_writes_over_a_dying_input_it_reads_only_at_the_store
     r = records
     assert r["residual"]["equal"] and r["residual"]["in_place"], r["residual"]["wrapper"]
     assert r["flipped"]["equal"] and not r["flipped"]["in_place"], r["flipped"]["wrapper"]
+
+
+def test_each_output_of_a_pointwise_kernel_writes_over_a_dying_input_that_feeds_it(records: dict) -> None:
+    """Several outputs, several dying inputs: each output takes one whose every load feeds
+    its own value (then the element is read before the program overwrites it, however
+    the compiler orders the other outputs' work); an input read only for another output
+    is no candidate for this one."""
+    several = records["several"]
+    taken = re.findall(r"^\s*(b_\w+) = (b_mm\w*)\s*$", several["wrapper"], re.M)
+    assert several["equal"] and len(taken) == 3 and len({b for _, b in taken}) == 3, several["wrapper"]
+    another = records["another"]
+    assert another["equal"] and re.findall(r"^\s*(b_\w+) = b_mm\s*$", another["wrapper"], re.M) == ["b_add"], \
+        another["wrapper"]
 
 
 def test_a_one_pass_reduction_kernel_writes_its_values_over_a_dying_input(records: dict) -> None:
