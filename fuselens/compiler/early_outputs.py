@@ -95,19 +95,7 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
     H200: the casts of its matmuls' outputs, 390 -> 401 launches a step). So does one
     reading a buffer that no step makes and no input is: where it may go is not known."""
     n = len(steps)
-    parent = list(range(n))
-
-    def root(j: int) -> int:
-        while parent[j] != j:
-            parent[j] = parent[parent[j]]
-            j = parent[j]
-        return j
-
-    for j in range(n):
-        if feeds_outputs[j]:
-            for d in deps[j]:
-                if feeds_outputs[d]:
-                    parent[root(d)] = root(j)
+    roots = _connected_sets(deps, feeds_outputs)
     readers_of: dict[str, list[int]] = {}
     for j, s in enumerate(steps):
         for b in s.reads:
@@ -119,7 +107,7 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
     for j in range(n):
         if not feeds_outputs[j]:
             continue
-        r = root(j)
+        r = roots[j]
         last = max(deps[j], default=None)
         if last is not None and not feeds_outputs[last] and not isinstance(steps[last], ComputeNode):
             unanchored.add(r)
@@ -135,12 +123,31 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
             others = [u for u in users[d] if not feeds_outputs[u]]
             if others and max(others) < j and max(users[d]) == j:
                 freed[r] = freed.get(r, 0) + step_bytes(graph, steps[d])
+
     def worth(r: int) -> bool:
         if not made.get(r, 0):  # moves to join the kernel of what it reads, if it reads a step
             return r in fed
         return freed.get(r, 0) > 0 and freed[r] >= HOIST_SLACK * made[r]
 
-    return [feeds_outputs[j] and root(j) not in unanchored and worth(root(j)) for j in range(n)]
+    return [feeds_outputs[j] and roots[j] not in unanchored and worth(roots[j]) for j in range(n)]
+
+
+def _connected_sets(deps: list[set[int]], feeds_outputs: list[bool]) -> list[int]:
+    """Each step's set of connected steps feeding outputs (a representative step's index)."""
+    parent = list(range(len(deps)))
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    for j, d_of_j in enumerate(deps):
+        if feeds_outputs[j]:
+            for d in d_of_j:
+                if feeds_outputs[d]:
+                    parent[root(d)] = root(j)
+    return [root(j) for j in range(len(deps))]
 
 
 def _overwrites_own_input(j: int, steps: list, graph: GraphIR, deps: list[set[int]], feeds_outputs: list[bool],

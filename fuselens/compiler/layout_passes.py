@@ -217,8 +217,7 @@ def _save_conversions(out: torch.fx.Node, kept: int) -> None:
     convolutions take NHWC operands without converting them. A graph input stays saved
     itself: it is alive anyway, and its copy would live until the backward."""
     outputs = list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
-    saved = {n for n in outputs[kept:] if isinstance(n, torch.fx.Node)}
-    for n in list(saved):
+    for n in dict.fromkeys(n for n in outputs[kept:] if isinstance(n, torch.fx.Node)):
         copies = [u for u in n.users if u.meta.get(_CONVERSION)]
         if len(copies) != 1 or set(n.users) - {copies[0], out} or n in outputs[:kept] or n.op == "placeholder":
             continue
