@@ -405,3 +405,26 @@ def test_rows_scaled_by_normalized_routing_weights_are_scaled_in_the_sum_that_re
     torch.testing.assert_close(out, combine(*args))
     assert not [k.ops for k in generated(events) if "aten.mul.Tensor" in k.ops and "aten.sum.dim_IntList" not in k.ops
                 and "aten.add.Tensor" not in k.ops], [k.ops for k in generated(events)]
+
+
+def test_a_trivial_scale_of_a_reduction_the_graph_returns_is_recomputed_by_its_reader():
+    """BatchNorm's backward scales the bias gradient (a column sum the graph returns) by
+    1/N for the input gradient: its reader loads the sum it would load anyway and
+    multiplies, instead of a kernel storing a second per-channel buffer. A scale of a
+    sum the graph does not return stays in the sum's kernel (the reader would need the
+    sum stored for it), as an epilogue of a row statistic does."""
+    def returned(x):
+        s = x.sum(0)
+        return s, x - s * (1 / 64)
+
+    def not_returned(x):
+        s = x.sum(0)
+        return x - s * (1 / 64)
+
+    x = torch.randn(64, 48)
+    for fn, inlined in ((returned, True), (not_returned, False)):
+        torch._dynamo.reset()
+        out, events = compiled_events(fn, x)
+        torch.testing.assert_close(out, fn(x))
+        moved = [d for d in events if isinstance(d, FusionDecision) and d.rule == "inline" and d.nodes[0] == "mul"]
+        assert bool(moved) == inlined, (fn.__name__, [d.reason for d in events if isinstance(d, FusionDecision)])

@@ -250,6 +250,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
     readers = _readers(graph)
     done: list[Inlined] = []
     after_reduction = _after_reduction(graph)
+    stored = set(output_sources) | {i.name for i in graph.inputs} | set(graph.constants)
     for p in reversed(list(graph.steps)):  # readers first: a chain of producers collapses into its last reader
         if not isinstance(p, ComputeNode) or p.is_reduction or not readers.get(p.name):
             continue
@@ -260,7 +261,7 @@ def inline_pointwise(graph: GraphIR, output_sources: set[str], *, costly_math: b
             continue
         if all(_in_space_of(p, u) for u in compute_users):
             continue  # the scheduler fuses readers in the same space (and says why when it does not)
-        why, ops = _why_not_inlined(graph, p, compute_users, kept, after_reduction[p.name], costly_math)
+        why, ops = _why_not_inlined(graph, p, compute_users, kept, after_reduction[p.name], costly_math, stored)
         if why:
             why_not[p.name] = why
             continue
@@ -290,15 +291,17 @@ def _cat_read_by_cat(p: ComputeNode, readers: Sequence[ComputeNode]) -> bool:
 
 
 def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[ComputeNode], kept: bool,
-                     after_reduction: bool, costly_math: bool) -> tuple[str, int]:
+                     after_reduction: bool, costly_math: bool, stored: set[str]) -> tuple[str, int]:
     """(why `p` stays stored instead of recomputed in `compute_users`, some in another
-    iteration space, in a user's words, "" when it is recomputed there; its operations)."""
-    if after_reduction and not (len(compute_users) == 1 and _moves_data(p) and not _amplified(graph, p, compute_users)
-                                or _evaluated_on_part(graph, p, compute_users)):
-        # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
-        return "it is computed from a reduction's result, once per row in the row's kernel", 0
+    iteration space, in a user's words, "" when it is recomputed there; its operations).
+    `stored`: the buffers that exist whatever is inlined (the graph's inputs and outputs)."""
     counted = _counted(p)
     ops = counted.count
+    if after_reduction and not (len(compute_users) == 1 and _moves_data(p) and not _amplified(graph, p, compute_users)
+                                or _evaluated_on_part(graph, p, compute_users)
+                                or _trivial_of_stored(p, ops, kept, stored)):
+        # a row statistic's epilogue (rsqrt(var + eps)): the row's kernel computes it once per row
+        return "it is computed from a reduction's result, once per row in the row's kernel", 0
     if _cat_read_by_cat(p, compute_users):
         return "it is a cat that another cat extends: recomputed there, each cat would select among every cat " \
                "before it", ops
@@ -322,6 +325,15 @@ def _why_not_inlined(graph: GraphIR, p: ComputeNode, compute_users: list[Compute
     if len(compute_users) > 1 and len(_large_reads(graph, p)) > 1 and not _one_space(graph, p, compute_users):
         return "each of its readers would load all of its inputs instead of one buffer", ops  # more memory traffic
     return "", ops
+
+
+def _trivial_of_stored(p: ComputeNode, ops: int, kept: bool, stored: set[str]) -> bool:
+    """Whether `p`, an epilogue of a reduction, is a trivial one of buffers that exist
+    anyway: its readers then load what they would, and recompute an operation or two.
+    BatchNorm's backward scales the summed gradient by 1/N for its input gradient; the sum
+    is the bias gradient, an output. Stored, the scaled copy was one more per-channel
+    buffer and store a layer (DenseNet-121: 120 a step, on a host-bound step)."""
+    return not kept and ops <= TRIVIAL_OPS and bool(p.reads) and p.reads <= stored
 
 
 def _readers(graph: GraphIR) -> dict[str, list[Any]]:
