@@ -19,7 +19,10 @@ where it loaded it, when
   rsqrt(var + eps) stays once per row in the row's kernel), unless it only moves
   values to one reader, at most once each: Swin's cyclic shift rolls a layer norm's
   output twice before a copy partitions it into windows, and the copy now loads the
-  normalized values where the rolls took them from (three kernels fewer a block);
+  normalized values where the rolls took them from (three kernels fewer a block), or
+  it is trivial (at most TRIVIAL_OPS operations) on buffers that exist anyway, the
+  graph's inputs and outputs (BatchNorm's backward scales its bias gradient by 1/N for
+  the input gradient: a per-channel buffer a layer);
 - it is cheap: each reader element recomputes at most MAX_OPS operations (the
   producer's, times how often the reader loads it); on a target where a
   transcendental function costs more than a load (C++), a producer calling one
