@@ -9,7 +9,8 @@ and backward under bf16 autocast.
 Prints the functions with the most own time (tottime) per call: the generated
 wrapper, launchers, allocations, library-call bindings. With `--out`, also each
 backend's generated wrappers (Inductor's output code too), to count what each does
-per call. GPU only (the wrapper's direct launch path exists only on CUDA).
+per call, in one file a backend with each graph's code under a `# ===== graph N` line. GPU
+only (the wrapper's direct launch path exists only on CUDA).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / f"host_{model}_{mode}_{backend}.txt").write_text(stream.getvalue())
-        for i, src in enumerate(sources):
-            (out / f"wrapper_{model}_{mode}_{backend}_{i}.py").write_text(src)
+        # one file a backend: the device returns few files, and Inductor's backward was one too many
+        (out / f"wrappers_{model}_{mode}_{backend}.py").write_text(
+            "".join(f"# ===== graph {i} =====\n{src}\n" for i, src in enumerate(sources)))
 
 
 def _inductor_modules() -> list:
