@@ -76,7 +76,8 @@ def _each_output(k: "TritonKernel", lines: list[str]) -> dict[str, list[str]]:
     23 outputs, each the sum of a dying buffer of its size (300 fresh buffers a step on
     the H200, where the step is host-bound)."""
     made: dict[str, set[str]] = {}  # tmp -> the tmps its expression reads
-    loads: dict[str, list[str]] = {}  # pointer argument -> the tmps loaded from it
+    loads: dict[str, list[str]] = {}  # pointer argument -> the tmps loaded from it (a load inside
+    # an expression is in none: an input loaded so is no candidate)
     stored: dict[str, set[str]] = {}  # pointer argument -> the tmps its stored value reads
     for ln in lines:
         text = ln.strip()
@@ -102,7 +103,8 @@ def _each_output(k: "TritonKernel", lines: list[str]) -> dict[str, list[str]]:
                 if t not in feeds:
                     feeds.add(t)
                     todo.append(t)
-        cands = [b for b in _same_elements(k, o) if loads.get(k.ptr(b)) and set(loads[k.ptr(b)]) <= feeds]
+        cands = [b for b in _same_elements(k, o) if loads.get(k.ptr(b)) and set(loads[k.ptr(b)]) <= feeds
+                 and sum(ln.count(f"tl.load({k.ptr(b)} ") for ln in lines) == len(loads[k.ptr(b)])]
         if cands:
             out[o] = cands
     return out
