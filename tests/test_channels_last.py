@@ -77,13 +77,20 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def test_training_step_with_channels_last_convolutions_matches_eager_gradients(backward_convolutions: list) -> None:
+def _twin_blocks() -> tuple[_Block, _Block, torch.Tensor, torch.Tensor]:
+    """Two blocks of the same weights (eager's and the one to compile), an input and
+    labels, after a Dynamo reset."""
     torch.manual_seed(0)
     ref = _Block()
     model = _Block()
     model.load_state_dict(ref.state_dict())
     x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
     torch._dynamo.reset()
+    return ref, model, x, y
+
+
+def test_training_step_with_channels_last_convolutions_matches_eager_gradients(backward_convolutions: list) -> None:
+    ref, model, x, y = _twin_blocks()
     with sink.collect() as events:
         compiled = torch.compile(model, backend="fuselens")
         for _ in range(2):  # the second step runs the compiled graphs again, with the running stats they wrote
@@ -465,12 +472,7 @@ def test_a_16_bit_training_step_saves_each_cast_weight_once_in_nhwc(backward_con
     that copy instead of storing both, and the backward computes eager's gradients from it."""
     from fuselens.compiler.runtime import wrapper_codegen
 
-    torch.manual_seed(0)
-    ref = _Block()
-    model = _Block()
-    model.load_state_dict(ref.state_dict())
-    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
-    torch._dynamo.reset()
+    ref, model, x, y = _twin_blocks()
     compiled = torch.compile(model, backend="fuselens")
     with wrapper_codegen.recorded_sources() as sources, torch.autocast("cpu", dtype=torch.bfloat16):
         out = _step(compiled, x, y)
