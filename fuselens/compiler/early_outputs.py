@@ -96,10 +96,7 @@ def _memory_neutral(steps: list, graph: GraphIR, deps: list[set[int]], users: li
     reading a buffer that no step makes and no input is: where it may go is not known."""
     n = len(steps)
     roots = _connected_sets(deps, feeds_outputs)
-    readers_of: dict[str, list[int]] = {}
-    for j, s in enumerate(steps):
-        for b in s.reads:
-            readers_of.setdefault(b, []).append(j)
+    readers_of = ir.buffer_readers(steps) if graph.input_mutations else {}
     made: dict[int, int] = {}
     freed: dict[int, int] = {}
     fed: set[int] = set()  # sets reading a step outside them

@@ -236,6 +236,15 @@ def step_edges(steps: Sequence[Any]) -> tuple[dict[str, int], list[set[int]], li
     return producer, deps, users
 
 
+def buffer_readers(steps: Sequence[Any]) -> dict[str, list[int]]:
+    """Each buffer -> the indices of the steps reading it, in step order."""
+    out: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for b in s.reads:
+            out.setdefault(b, []).append(i)
+    return out
+
+
 def offset_of(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr = sympy.Integer(0)) -> Expr:
     """The storage offset of a logical index (size-1 dims contribute nothing)."""
     return _offset_of(tuple(index), tuple(strides), offset)

@@ -89,10 +89,7 @@ class Scheduler:
         # of scheduling)
         self.anc, self.desc = transitive_edges(self.deps, self.users)
         self._grouped = 0
-        self.readers_of: dict[str, list[int]] = {}  # buffer -> steps reading it
-        for i, s in enumerate(self.steps):
-            for r in s.reads:
-                self.readers_of.setdefault(r, []).append(i)
+        self.readers_of = ir.buffer_readers(self.steps)  # buffer -> steps reading it
         self.out_steps = {self.producer[n] for n in output_sources if n in self.producer}
         self.nbytes = [step_bytes(graph, s) for s in self.steps]
         self.mem = memory_edges(graph, self.steps, self.deps, self.users, self.readers_of)

@@ -4,6 +4,7 @@ runtime/plan.py takes one that dies at the kernel's call."""
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,7 @@ def _same_elements(k: "TritonKernel", o: str) -> list[str]:
 
 
 _TMP = re.compile(r"\btmp\d+\b")
+_LOAD = re.compile(r"tl\.load\((\w+) ")
 
 
 def _each_output(k: "TritonKernel", lines: list[str]) -> dict[str, list[str]]:
@@ -79,12 +81,14 @@ def _each_output(k: "TritonKernel", lines: list[str]) -> dict[str, list[str]]:
     loads: dict[str, list[str]] = {}  # pointer argument -> the tmps loaded from it (a load inside
     # an expression is in none: an input loaded so is no candidate)
     stored: dict[str, set[str]] = {}  # pointer argument -> the tmps its stored value reads
+    loaded: collections.Counter[str] = collections.Counter()  # pointer argument -> its loads anywhere in the body
     for ln in lines:
         text = ln.strip()
+        loaded.update(_LOAD.findall(text))
         m = re.match(r"(tmp\d+) = (.*)$", text)
         if m:
             made[m.group(1)] = set(_TMP.findall(m.group(2)))
-            load = re.match(r"tl\.load\((\w+) ", m.group(2))
+            load = _LOAD.match(m.group(2))
             if load:
                 loads.setdefault(load.group(1), []).append(m.group(1))
             continue
@@ -104,7 +108,7 @@ def _each_output(k: "TritonKernel", lines: list[str]) -> dict[str, list[str]]:
                     feeds.add(t)
                     todo.append(t)
         cands = [b for b in _same_elements(k, o) if loads.get(k.ptr(b)) and set(loads[k.ptr(b)]) <= feeds
-                 and sum(ln.count(f"tl.load({k.ptr(b)} ") for ln in lines) == len(loads[k.ptr(b)])]
+                 and loaded[k.ptr(b)] == len(loads[k.ptr(b)])]
         if cands:
             out[o] = cands
     return out
