@@ -16,7 +16,8 @@ from fuselens.compiler.runtime.buffer_reuse import StorageFacts
 from fuselens.compiler.runtime.cuda_graph_pool import GraphFamily
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 from fuselens.compiler.runtime.interpreter import ExternCall, Free, KernelCall
-from fuselens.compiler.runtime.pool_reserve import large_peak, plan_requests, reservation_bytes
+from fuselens.compiler.runtime.allocator_model import replay
+from fuselens.compiler.runtime.pool_reserve import WORKSPACE, large_peak, plan_requests, reservation_bytes
 
 __all__ = ["simulated_cuda"]  # the fixture, imported for the tests here
 
@@ -66,6 +67,44 @@ def test_a_graph_whose_buffers_the_allocator_packs_as_well_without_reserves_noth
 def test_a_graph_whose_peak_the_allocators_own_segments_hold_reserves_nothing() -> None:
     plan = [_k("t1"), _k("t2", "t1"), Free(["t1", "t2"]), _k("x"), Free(["x"])]
     assert reservation_bytes(plan, _facts({"t1": 6 * MB, "t2": 6 * MB, "x": 12 * MB}), {}) == 0
+
+
+def _matmul_then_temporaries() -> tuple[list, StorageFacts]:
+    """A small matmul (its result in the small pool), two 20 MB temporaries, then one of
+    40 MB: the shape of DeBERTa-v2's inference graph, whose first matmul allocated cuBLAS's
+    32 MB workspace inside the reserved segment and left its largest buffer no room."""
+    plan = [ExternCall("mm", torch.ops.aten.mm.default, (), {}, "mm"), _k("t1", "mm"), _k("t2", "t1"),
+            Free(["mm", "t1", "t2"]), _k("x"), _k("bmm_out", "x"), Free(["x", "bmm_out"])]
+    return plan, _facts({"mm": MB // 2, "t1": 20 * MB, "t2": 20 * MB, "x": 40 * MB, "bmm_out": MB // 2})
+
+
+def test_the_first_matmul_allocates_cublas_workspace_once_and_it_stays_to_the_end() -> None:
+    plan, facts = _matmul_then_temporaries()
+    plan.insert(4, ExternCall("bmm", torch.ops.aten.bmm.default, (), {}, "bmm"))
+    facts.nbytes["bmm"] = MB // 2
+    requests = plan_requests(plan, facts, {}, workspace=32 * MB)
+    assert requests[0] == ("alloc", WORKSPACE, 32 * MB)
+    assert [r for r in requests if r[1] == WORKSPACE] == [requests[0]]
+    assert plan_requests(plan, facts, {})[0] == ("alloc", "mm", MB // 2)
+
+
+def test_a_view_or_a_convolution_allocates_no_cublas_workspace() -> None:
+    plan = [ExternCall("v", torch.ops.aten.view.default, (), {}, "v", reinterpret=((4,), (1,), 0)),
+            ExternCall("conv", torch.ops.aten.convolution.default, (), {}, "conv")]
+    facts = _facts({"v": 0, "conv": 40 * MB})
+    assert plan_requests(plan, facts, {}, workspace=32 * MB) == [("alloc", "conv", 40 * MB)]
+
+
+def test_the_reservation_holds_the_workspace_beside_the_peak_so_the_largest_buffer_fits() -> None:
+    """Reserving the buffers' 40 MB peak alone, the workspace takes 32 MB of it and every
+    buffer after makes a segment of its own (120 MB, more than with no reservation); with
+    the workspace counted, one 72 MB segment holds the whole run."""
+    plan, facts = _matmul_then_temporaries()
+    assert reservation_bytes(plan, facts, {}) == 40 * MB
+    requests = plan_requests(plan, facts, {}, workspace=32 * MB)
+    assert replay(requests, 40 * MB).reserved_mb() > replay(requests).reserved_mb()
+    assert reservation_bytes(plan, facts, {}, workspace=32 * MB) == 72 * MB
+    assert [s // MB for s in replay(requests, 72 * MB).segments if s > 2 * MB] == [72]
 
 
 class _PlannedFn(Fn):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import re
 from typing import Any, Iterator
 
 import torch
@@ -84,6 +86,22 @@ def library_workspaces_in_pool() -> Iterator[None]:
         yield
     finally:
         _clear_library_workspaces()
+
+
+def cublas_workspace_bytes() -> int:
+    """The bytes of the workspace cuBLAS allocates on a stream's first matmul (that stream's,
+    once `library_workspaces_in_pool` dropped it): torch's own figure where it says (2.13),
+    else its rule: CUBLAS_WORKSPACE_CONFIG's `:KiB:count` pairs, or 32 MiB on sm90 and
+    4096 KiB * 2 + 16 KiB * 8 elsewhere (the 32 MB the H200's traces show)."""
+    size = getattr(torch._C, "_cuda_getCublasWorkspaceSize", None)
+    if size is not None:
+        return int(size())
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "")
+    pairs = re.findall(r":(\d+):(\d+)", config)
+    if pairs:
+        return sum(int(kib) * 1024 * int(n) for kib, n in pairs)
+    major, minor = torch.cuda.get_device_capability()
+    return 4096 * 8 * 1024 if (major, minor) == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
 def _clear_library_workspaces() -> None:

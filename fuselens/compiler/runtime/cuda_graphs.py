@@ -33,8 +33,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
-from fuselens.compiler.runtime.capture_context import (capturing, library_workspaces_in_pool, no_collection,
-                                                       warm_up_stream)
+from fuselens.compiler.runtime.capture_context import (capturing, cublas_workspace_bytes, library_workspaces_in_pool,
+                                                       no_collection, warm_up_stream)
 from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily, PoolBuffer
 from fuselens.compiler.runtime.pool_reserve import graph_reservation
 from fuselens.kernel_timing import KernelTimer
@@ -228,7 +228,7 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), family.allocating(), library_workspaces_in_pool():
             if new_pool:
-                family.reserve(graph_reservation(self.runner))
+                family.reserve(graph_reservation(self.runner, cublas_workspace_bytes()))
             outs = self.runner(args)
         torch.cuda.current_stream().wait_stream(side)
         family.out_ptrs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
@@ -488,7 +488,7 @@ class CudaGraphRunner:
         family = self._family_to_join(key, inputs, borrowed, device)
         if self.inference and family.unused():  # no warm-up made this pool (`_warm_up_outside_pools`)
             with torch.cuda.stream(side), family.allocating():
-                family.reserve(graph_reservation(self.runner))
+                family.reserve(graph_reservation(self.runner, cublas_workspace_bytes()))
         static, pooled, nbytes = self._static_copies(inputs, params, family, side)
         graph = torch.cuda.CUDAGraph()
         run_args = list(static)
