@@ -559,9 +559,9 @@ def test_a_cuda_graph_pools_reservation_is_one_segment_the_warm_up_allocates_in_
 
     planned: list[int] = []
 
-    def forced(wrapper):
+    def forced(wrapper, workspace=0):
         r = wrapper.runner
-        n = pool_reserve.large_peak(pool_reserve.plan_requests(r.plan, r.storage, wrapper.takes))
+        n = pool_reserve.large_peak(pool_reserve.plan_requests(r.plan, r.storage, wrapper.takes, workspace))
         planned.append(n)
         return n
 

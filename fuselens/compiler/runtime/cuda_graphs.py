@@ -58,13 +58,20 @@ CONFLICTS_BEFORE_PLAIN = 4
 # whose memory is free. Before, such a forward captured again on every call, then ran
 # with plain launches.
 CAPTURES_PER_SIGNATURE = 3
+# A graph that captured this many times within its last RECAPTURE_WINDOW calls runs with
+# plain launches from then on. Each capture is a warm-up run and leaves a pool behind: BART's
+# training on the H200 (transformers 5.17: ten graphs, one layer's code compiled once and run
+# by every layer) captured its layer backward 62 times and its forward 15, 62 ms a step
+# against reduce-overhead's 20 and 11.8 GB of pools (forty-fifth session).
+RECAPTURES_BEFORE_PLAIN = 12
+RECAPTURE_WINDOW = 48
 
 
 class Captured:
     """One captured signature of a runner: what its replays read and write."""
 
     __slots__ = ("static", "in_place", "lent", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
-                 "watch", "watch_version", "plan", "into_pool")
+                 "watch", "watch_version", "plan", "into_pool", "spans")
 
     def __init__(self, static: list, in_place: set[int], lent: list[int], graph: Any, outputs: CapturedOutputs,
                  family: GraphFamily, allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
@@ -86,6 +93,8 @@ class Captured:
         ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
         self.plan = ([i for i in range(len(static)) if i not in in_place], sorted(in_place), ptrs)
         self.into_pool: list[tuple[int, int]] = []  # (start, end) of the input copies made in the pool, sorted
+        # copied inputs whose elements share memory (an expanded mask): replays copy what they span
+        self.spans = frozenset(i for i in self.plan[0] if isinstance(static[i], torch.Tensor) and _overlapping(static[i]))
 
     def reads_in_place(self, args: Sequence[Any]) -> bool:
         """Whether `args` have the addresses this capture reads in place."""
@@ -165,6 +174,8 @@ class CudaGraphRunner:
         self._last_hit: Optional[_Hit] = None
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
+        self.calls = 0  # calls since the runner was made: how recent its captures are (RECAPTURE_WINDOW)
+        self._capture_calls: list[int] = []  # the call each of its last RECAPTURES_BEFORE_PLAIN captures came at
         self.conflicts = 0  # captures again because a tensor it would write over was still held
         self.last_conflict = ""
         self.constant_ptrs = _constant_ptrs(runner)
@@ -178,6 +189,7 @@ class CudaGraphRunner:
     def __call__(self, args: list) -> Any:
         if self.failed:
             return self.runner(args)
+        self.calls += 1
         hit = self._last_hit
         if hit is not None and self._same_call(hit, args):
             return self._replay(hit, args)
@@ -253,15 +265,29 @@ class CudaGraphRunner:
         A graph captured before for this signature is not alive during the capture: a
         training forward's saved activations would be held twice (GPT-2: 6.1 GB at its
         peak against 3.3 GB for reduce-overhead)."""
-        self._forget(key)
         inputs = list(args)
         args.clear()
+        if self._recapturing():
+            return self._plain_from_now(inputs, (
+                f"it captured {RECAPTURES_BEFORE_PLAIN} times in {RECAPTURE_WINDOW} calls: its calls keep bringing "
+                "parameters or other graphs' outputs that no capture of it reads (one compiled graph run by several "
+                "layers with their own weights, as a graph break inside a repeated block makes), and each capture is "
+                "a warm-up run and a pool"))
+        self._forget(key)
         try:
             outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
             site, location, cause = _failure_site(self.runner, e)
             return self._plain_from_now(inputs, f"{site}{type(cause).__name__}: {str(cause)[:300]}", location)
         return self._replay(self._remember(key), inputs, first=outs)
+
+    def _recapturing(self) -> bool:
+        """Whether this capture would be the RECAPTURES_BEFORE_PLAIN-th within the runner's
+        last RECAPTURE_WINDOW calls (a warm-up's few captures again are not)."""
+        recent = self._capture_calls
+        recent.append(self.calls)
+        del recent[:-RECAPTURES_BEFORE_PLAIN]
+        return len(recent) == RECAPTURES_BEFORE_PLAIN and self.calls - recent[0] < RECAPTURE_WINDOW
 
     def _plain_from_now(self, inputs: list, why: str, location: Any = None) -> Any:
         """This call and every later one with plain launches, and a finding saying `why`; never
@@ -378,8 +404,13 @@ class CudaGraphRunner:
                 family.end_step_check()
         else:
             family.last_index = cap.index
-        self._copy_inputs(cap, [static[i] for i in tensors], sources)
-        del sources
+        dsts = [static[i] for i in tensors]
+        if cap.spans:  # expanded inputs: the memory their elements reach, copied as it lies
+            for k, i in enumerate(tensors):
+                if i in cap.spans:
+                    dsts[k], sources[k] = _span(dsts[k]), _span(sources[k])
+        self._copy_inputs(cap, dsts, sources)
+        del sources, dsts
         timer = self.timer
         t1 = timer.start() if timer is not None else None
         cap.graph.replay()
@@ -554,7 +585,12 @@ class CudaGraphRunner:
 
         def copy(i: int) -> None:
             a = inputs[i]
-            static[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+            if _overlapping(a):  # an expanded input: its elements share memory, which copy_ refuses to write
+                src = _span(a)
+                base = torch.empty_strided(src.shape, (1,), dtype=a.dtype, device=a.device).copy_(src)
+                static[i] = base.as_strided(a.shape, a.stride())
+            else:
+                static[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
 
         for i in copied:
             if i in mutated:
@@ -633,6 +669,17 @@ def _overlaps(start: int, end: int, ranges: list[tuple[int, int]]) -> bool:
     """Whether bytes [start, end) share one with the sorted, disjoint `ranges`."""
     k = bisect.bisect_right(ranges, (start, float("inf")))
     return (k > 0 and ranges[k - 1][1] > start) or (k < len(ranges) and ranges[k][0] < end)
+
+
+def _overlapping(t: torch.Tensor) -> bool:
+    """Whether elements of `t` share memory: a dim of stride 0 (an `expand`) holding more than one."""
+    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
+
+
+def _span(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D run of `t`'s storage from its first element to its last (strides are never negative)."""
+    n = 0 if t.numel() == 0 else 1 + sum((k - 1) * st for k, st in zip(t.shape, t.stride()))
+    return t.as_strided((n,), (1,), t.storage_offset())
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:
