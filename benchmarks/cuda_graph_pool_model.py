@@ -6,7 +6,7 @@ reservation before spending device time on it.
     python -m benchmarks.cuda_graph_pool_model replay DIR/pool_resnet50_fuselens_cg.json.gz \
         --reserve-mb 0,1200,1324                                                       # anywhere
 
-`record` runs four training steps of a suite model under a CUDA-graph backend with the
+`record` runs four training steps (`--mode infer`: inference calls) of a suite model under a CUDA-graph backend with the
 allocator's history on (a process per model), and keeps the graphs' private pools: their segments and every
 allocation and free in them. `replay` feeds those allocations, in order, to the model below
 and prints its segments and reserved MB, without and with one segment of each
@@ -54,19 +54,18 @@ def load(path: Path) -> tuple[list[tuple[str, int, int]], dict]:
     return events, summary
 
 
-def record(model: str, backend: str, out: Path) -> Path:
+def record(model: str, backend: str, out: Path, train: bool = True) -> Path:
     import torch
 
     import fuselens.compiler
-    from benchmarks.models import backends_for, make_step
+    from benchmarks.models import backends_for, make_step, placed
     from benchmarks.real_models import build
 
     fuselens.compiler.register()
     case = build(model, "gpu")
-    module = case.module.to("cuda").train(True)
-    inputs = case.make_inputs("cuda")
+    module, inputs = placed(case, train, "cuda")  # inference in bf16, as the suite runs it
     kw = dict(backends_for("cuda", True, [backend]))[backend]
-    step = make_step(case, torch.compile(module, **kw), inputs, True, "cuda")
+    step = make_step(case, torch.compile(module, **kw), inputs, train, "cuda")
     torch.cuda.memory._record_memory_history(max_entries=2_000_000)
     for _ in range(4):
         step()
@@ -76,7 +75,7 @@ def record(model: str, backend: str, out: Path) -> Path:
     segs = [{"pool": list(s.get("segment_pool_id", (0, 0))), "addr": s["address"], "size": s["total_size"]}
             for s in snap["segments"]]
     trace = [[e["action"], e["addr"], e["size"]] for dev in snap["device_traces"] for e in dev]
-    path = out / f"pool_{model}_{backend}.json.gz"
+    path = out / f"pool_{model}_{backend}{'' if train else '_infer'}.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"segments": segs, "trace": trace}, f)
     return path
@@ -88,6 +87,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rec = sub.add_parser("record", help="GPU: record suite models' CUDA-graph pools")
     rec.add_argument("--models", default="resnet50")
     rec.add_argument("--backend", default="fuselens_cg")
+    rec.add_argument("--mode", choices=("train", "infer"), default="train")
     rec.add_argument("--out", type=Path, default=Path("."))
     rep = sub.add_parser("replay", help="replay recorded pools through the allocator's model")
     rep.add_argument("traces", nargs="+", type=Path)
@@ -97,11 +97,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         models = args.models.split(",")
         if len(models) == 1:
-            print(record(models[0], args.backend, args.out), flush=True)
+            print(record(models[0], args.backend, args.out, args.mode == "train"), flush=True)
             return 0
         for m in models:  # a process each: a snapshot holds every pool of its process
             subprocess.run([sys.executable, "-m", "benchmarks.cuda_graph_pool_model", "record", "--models", m,
-                            "--backend", args.backend, "--out", str(args.out)], check=True)
+                            "--backend", args.backend, "--mode", args.mode, "--out", str(args.out)], check=True)
         return 0
     for path in args.traces:
         events, summary = load(path)
