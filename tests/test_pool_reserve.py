@@ -88,11 +88,13 @@ def test_the_first_matmul_allocates_cublas_workspace_once_and_it_stays_to_the_en
     assert plan_requests(plan, facts, {})[0] == ("alloc", "mm", MB // 2)
 
 
-def test_a_view_or_a_convolution_allocates_no_cublas_workspace() -> None:
+def test_a_view_a_convolution_or_a_cumulative_max_allocates_no_cublas_workspace() -> None:
     plan = [ExternCall("v", torch.ops.aten.view.default, (), {}, "v", reinterpret=((4,), (1,), 0)),
-            ExternCall("conv", torch.ops.aten.convolution.default, (), {}, "conv")]
-    facts = _facts({"v": 0, "conv": 40 * MB})
-    assert plan_requests(plan, facts, {}, workspace=32 * MB) == [("alloc", "conv", 40 * MB)]
+            ExternCall("conv", torch.ops.aten.convolution.default, (), {}, "conv"),
+            ExternCall("cummax", torch.ops.aten.cummax.default, (), {}, "cummax")]
+    facts = _facts({"v": 0, "conv": 40 * MB, "cummax": 40 * MB})
+    assert plan_requests(plan, facts, {}, workspace=32 * MB) == [("alloc", "conv", 40 * MB),
+                                                                 ("alloc", "cummax", 40 * MB)]
 
 
 def test_the_reservation_holds_the_workspace_beside_the_peak_so_the_largest_buffer_fits() -> None:

@@ -46,14 +46,14 @@ MIN_GAIN = 0.03
 
 # The request key of cuBLAS's workspace: no buffer of a plan is named so.
 WORKSPACE = "<cublas workspace>"
-# Extern calls whose ATen kernels call cuBLAS (the matmul family: mm, addmm, bmm, baddbmm,
-# _scaled_mm, _int_mm, matmul, linear), matched on the op's name.
-_CUBLAS_NAMES = ("mm", "matmul", "linear")
+# Extern calls whose ATen kernels call cuBLAS, by the op's name (its overload aside).
+_CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "_scaled_mm", "_int_mm",
+                         "_grouped_mm", "matmul", "linear", "mv", "addmv", "dot", "vdot"})
 
 
 def _calls_cublas(step: ExternCall) -> bool:
     name = getattr(step.target, "__name__", str(step.target)).split(".")[0]
-    return step.reinterpret is None and any(k in name for k in _CUBLAS_NAMES)
+    return step.reinterpret is None and name in _CUBLAS_OPS
 
 
 def plan_requests(plan: list[Any], facts: Any, takes: dict[str, str],
