@@ -428,3 +428,43 @@ def test_a_constant_the_forward_saves_for_its_backward_is_not_a_held_activation(
     assert fw.captures_made == bw.captures_made == 1
     (b,) = bw.graphs.values()
     assert b.in_place == {0}  # the constant, not copied into a static buffer
+
+
+def test_every_layer_running_one_forward_and_backward_graph_gets_captures_of_its_own_and_trains_right(
+        simulated_cuda: None) -> None:
+    """A layer's forward and backward compiled once and run by six layers a step, each with its
+    own weights, the backwards reading their forwards' saved activations in place (BART's
+    training after Dynamo's graph break inside each layer). After too many captures each
+    runner keeps one per layer: from then on every call replays, with eager's results."""
+    layers = [torch.nn.Parameter(torch.full((4,), 1.0 + k / 8)) for k in range(6)]
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "7/0:aot_forward", None, saved_from=0)
+    bw = CudaGraphRunner(Fn(lambda a, g, w: a * g * w), "7/0:aot_backward", None)
+    made = []
+    for step in range(10):
+        x = torch.full((4,), 1.0 + step)
+        h, saved = x, []
+        for w in layers:
+            h = fw([h, w])[0]
+            saved.append(h)
+        g = torch.ones(4)
+        want_h, want_g, acts = x, torch.ones(4), []
+        for w in layers:
+            want_h = want_h * w.detach()
+            acts.append(want_h)
+        for a, w in zip(reversed(acts), reversed(layers)):
+            want_g = a * want_g * w.detach()
+        assert torch.allclose(h, want_h)
+        del h
+        for w in reversed(layers):  # autograd frees each saved activation once its backward ran
+            g = bw([saved.pop(), g, w])[0]
+        assert torch.allclose(g, want_g)
+        made.append((fw.captures_made, bw.captures_made))
+        with torch.no_grad():  # an optimizer step: the weights change where they are
+            for w in layers:
+                w.add_(0.01)
+    assert fw.per_layer and bw.per_layer and not fw.failed and not bw.failed
+    assert made[-1] == made[-5]  # the last steps capture nothing
+    # a capture per layer (and the spares kept before the switch): each backward's reads its
+    # layer's saved activation and weight in place, none copies them
+    assert len(layers) <= len(fw.captures()) < len(layers) + cuda_graphs.CAPTURES_PER_SIGNATURE
+    assert sum(c.in_place == {0, 2} for c in bw.captures()) == len(layers)
