@@ -443,16 +443,13 @@ def test_an_expanded_input_is_copied_as_the_memory_it_spans_and_replays_right(si
     assert entry.graph.replays == 3 and entry.spans == {0} and entry.static[0].stride() == (1, 0)
 
 
-@pytest.mark.parametrize("n_layers", [6, 24])
-def test_a_graph_run_by_every_layer_with_its_own_weights_keeps_a_capture_per_layer(simulated_cuda: None,
-                                                                                   n_layers: int) -> None:
-    """One compiled graph called by every layer a step, each with its own weights (a graph
+def test_a_graph_run_by_every_layer_with_its_own_weights_keeps_a_capture_per_layer(simulated_cuda: None) -> None:
+    """One compiled graph called by six layers a step, each with its own weights (a graph
     break inside a repeated block): three captures a signature could not hold them, so each
     call captured again (BART's training: 62 captures, 0.33x reduce-overhead on the H200).
     After RECAPTURES_BEFORE_PLAIN captures within RECAPTURE_WINDOW calls the runner keeps a
-    capture per layer, more layers than that limit too (a layer's first capture does not
-    count against it); from the next step on every call replays, and every result is right."""
-    layers = [torch.nn.Parameter(torch.full((4,), float(k))) for k in range(n_layers)]
+    capture per layer; from the next step on every call replays, and every result is right."""
+    layers = [torch.nn.Parameter(torch.full((4,), float(k))) for k in range(6)]
     r = CudaGraphRunner(Runner(), "3/1:aot_inference", None)
     made = []
     for step in range(8):
@@ -470,19 +467,18 @@ def test_a_graph_run_by_every_layer_with_its_own_weights_keeps_a_capture_per_lay
 
 def test_a_graph_run_with_more_weights_than_it_keeps_captures_for_runs_plain_and_says_why(
         simulated_cuda: None) -> None:
-    """More layers than LAYER_CAPTURES (or weights replaced at every call): once it replaced
-    RECAPTURES_BEFORE_PLAIN captures, the graph runs with plain launches, says why once, and
-    every result stays right."""
+    """More layers than LAYER_CAPTURES (or weights replaced at every call): captured too often
+    again, the graph runs with plain launches, says why once, and every result stays right."""
     from fuselens import sink
     from fuselens.events import ErrorEntry
 
     layers = [torch.nn.Parameter(torch.full((4,), float(k))) for k in range(cuda_graphs.LAYER_CAPTURES + 8)]
     r = CudaGraphRunner(Runner(), "3/1:aot_inference", None)
     with sink.collect() as events:
-        for step in range(4):
+        for step in range(2):
             for k, w in enumerate(layers):
                 assert torch.equal(r([torch.full((4,), float(step)), w, 1.0])[0], torch.full((4,), step * k + 1.0))
-    assert "more sets of weights than the 32 captures" in r.failed and r.graphs == {}
+    assert "twice" in r.failed and "more layers than that" in r.failed and r.graphs == {}
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
     assert finding.kind == "fallback" and "3/1:aot_inference runs without CUDA graphs" in finding.message
 

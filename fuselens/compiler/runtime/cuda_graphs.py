@@ -59,8 +59,7 @@ CONFLICTS_BEFORE_PLAIN = 4
 # with plain launches.
 CAPTURES_PER_SIGNATURE = 3
 # A graph that captured this many times within its last RECAPTURE_WINDOW calls keeps a capture
-# per layer from then on (LAYER_CAPTURES); one that then replaces this many captures (its calls
-# bring more sets of weights than that) runs with plain launches.
+# per layer from then on (LAYER_CAPTURES), and one that does so again runs with plain launches.
 # Each capture is a warm-up run and leaves a pool behind: BART's training on the H200
 # (transformers 5.17: ten graphs, one layer's code compiled once and run by every layer with
 # its own weights) captured its layer backward 62 times and its forward 15, 62 ms a step
@@ -183,7 +182,6 @@ class CudaGraphRunner:
         self.calls = 0  # calls since the runner was made: how recent its captures are (RECAPTURE_WINDOW)
         # a capture kept per set of inputs read in place (LAYER_CAPTURES), after too many captures
         self.per_layer = False
-        self.replaced = 0  # captures since then that replaced one (the signature had all it may keep)
         self.max_captures = CAPTURES_PER_SIGNATURE  # a signature's captures kept side by side
         self._capture_calls: list[int] = []  # the call each of its last RECAPTURES_BEFORE_PLAIN captures came at
         self.conflicts = 0  # captures again because a tensor it would write over was still held
@@ -278,16 +276,13 @@ class CudaGraphRunner:
         peak against 3.3 GB for reduce-overhead)."""
         inputs = list(args)
         args.clear()
-        if self.per_layer:
-            # a capture beside those kept (the signature's last one became a spare) is a layer's
-            # first; one replacing a capture means the signature holds all it may
-            self.replaced += key in self.graphs
-            if self.replaced >= RECAPTURES_BEFORE_PLAIN:
+        if self._recapturing():
+            if self.per_layer:
                 return self._plain_from_now(inputs, (
-                    f"its calls bring more sets of weights than the {LAYER_CAPTURES} captures a signature keeps, "
-                    "one per layer (one compiled graph run by more layers than that, or weights replaced at every "
-                    f"call): it captured again {RECAPTURES_BEFORE_PLAIN} times, each a warm-up run and a pool"))
-        elif self._recapturing():
+                    f"it captured {RECAPTURES_BEFORE_PLAIN} times in {RECAPTURE_WINDOW} calls, twice: its calls keep "
+                    f"bringing parameters or other graphs' outputs that none of its {LAYER_CAPTURES} captures a "
+                    "signature reads (one compiled graph run by more layers than that, or weights replaced at "
+                    "every call), and each capture is a warm-up run and a pool"))
             self._per_layer_from_now(key)
         self._forget(key)
         try:
