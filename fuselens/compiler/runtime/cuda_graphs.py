@@ -58,18 +58,13 @@ CONFLICTS_BEFORE_PLAIN = 4
 # whose memory is free. Before, such a forward captured again on every call, then ran
 # with plain launches.
 CAPTURES_PER_SIGNATURE = 3
-# A graph that captured this many times within its last RECAPTURE_WINDOW calls keeps a capture
-# per layer from then on (LAYER_CAPTURES), and one that does so again runs with plain launches.
-# Each capture is a warm-up run and leaves a pool behind: BART's training on the H200
-# (transformers 5.17: ten graphs, one layer's code compiled once and run by every layer with
-# its own weights) captured its layer backward 62 times and its forward 15, 62 ms a step
+# A graph that captured this many times within its last RECAPTURE_WINDOW calls runs with
+# plain launches from then on. Each capture is a warm-up run and leaves a pool behind: BART's
+# training on the H200 (transformers 5.17: ten graphs, one layer's code compiled once and run
+# by every layer) captured its layer backward 62 times and its forward 15, 62 ms a step
 # against reduce-overhead's 20 and 11.8 GB of pools (forty-fifth session).
 RECAPTURES_BEFORE_PLAIN = 12
 RECAPTURE_WINDOW = 48
-# Captures of one signature a runner keeps once it captured too often: one per set of inputs
-# read in place (a layer's weights and the activations its forward saved), as Inductor's CUDA
-# graph trees record one graph per call position in a step.
-LAYER_CAPTURES = 32
 
 
 class Captured:
@@ -180,9 +175,6 @@ class CudaGraphRunner:
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
         self.calls = 0  # calls since the runner was made: how recent its captures are (RECAPTURE_WINDOW)
-        # a capture kept per set of inputs read in place (LAYER_CAPTURES), after too many captures
-        self.per_layer = False
-        self.max_captures = CAPTURES_PER_SIGNATURE  # a signature's captures kept side by side
         self._capture_calls: list[int] = []  # the call each of its last RECAPTURES_BEFORE_PLAIN captures came at
         self.conflicts = 0  # captures again because a tensor it would write over was still held
         self.last_conflict = ""
@@ -211,11 +203,10 @@ class CudaGraphRunner:
                 if spare is not None:  # the backward of another call's saved activations
                     self._swap_in(key, spare)
                     return self._replay(self._remember(key), args)
-                if (self.per_layer or ent.still_fed(self._replayed()) or ent.other_module_state(args)) \
-                        and self._keep_as_spare(key):
+                if (ent.still_fed(self._replayed()) or ent.other_module_state(args)) and self._keep_as_spare(key):
                     return self._capture_and_replay(key, args)
                 ent = None  # a parameter moved: capture again
-                if key in self.borrowed and not self.per_layer:
+                if key in self.borrowed:
                     # an input read in place moved: its graph captured again. While a training
                     # step warms up, each graph upstream captures again once it reads its own
                     # upstream's outputs in place (GPT-2: the loss's backward, then the model's);
@@ -277,13 +268,11 @@ class CudaGraphRunner:
         inputs = list(args)
         args.clear()
         if self._recapturing():
-            if self.per_layer:
-                return self._plain_from_now(inputs, (
-                    f"it captured {RECAPTURES_BEFORE_PLAIN} times in {RECAPTURE_WINDOW} calls, twice: its calls keep "
-                    f"bringing parameters or other graphs' outputs that none of its {LAYER_CAPTURES} captures a "
-                    "signature reads (one compiled graph run by more layers than that, or weights replaced at "
-                    "every call), and each capture is a warm-up run and a pool"))
-            self._per_layer_from_now(key)
+            return self._plain_from_now(inputs, (
+                f"it captured {RECAPTURES_BEFORE_PLAIN} times in {RECAPTURE_WINDOW} calls: its calls keep bringing "
+                "parameters or other graphs' outputs that no capture of it reads (one compiled graph run by several "
+                "layers with their own weights, as a graph break inside a repeated block makes), and each capture is "
+                "a warm-up run and a pool"))
         self._forget(key)
         try:
             outs = self._capture(key, inputs)
@@ -291,19 +280,6 @@ class CudaGraphRunner:
             site, location, cause = _failure_site(self.runner, e)
             return self._plain_from_now(inputs, f"{site}{type(cause).__name__}: {str(cause)[:300]}", location)
         return self._replay(self._remember(key), inputs, first=outs)
-
-    def _per_layer_from_now(self, key: tuple) -> None:
-        """Keep a capture per set of inputs read in place, the one this call would replace too:
-        the calls that captured again brought inputs no capture read (every layer of a model
-        running this graph with its own weights). Moves of borrowed inputs are expected from
-        here, and counted no more against reading them in place."""
-        self.per_layer = True
-        self.max_captures = LAYER_CAPTURES
-        self._capture_calls.clear()
-        self.borrow = True
-        self.moves.clear()
-        if key in self.graphs:
-            self._keep_as_spare(key)
 
     def _recapturing(self) -> bool:
         """Whether this capture would be the RECAPTURES_BEFORE_PLAIN-th within the runner's
@@ -331,7 +307,7 @@ class CudaGraphRunner:
         """Keep the capture `key` replays as a spare, so that the next capture of `key` does
         not replace it; False when the signature has all the captures it may have."""
         spares = self.spares.setdefault(key, [])
-        if len(spares) + 1 >= self.max_captures:
+        if len(spares) + 1 >= CAPTURES_PER_SIGNATURE:
             return False
         spares.append(self.graphs.pop(key))
         self._last_hit = None
@@ -468,7 +444,7 @@ class CudaGraphRunner:
         if self._keep_as_spare(key):
             return (self._capture_and_replay(key, args),)
         return (self._capture_alone(key, args, "its last calls' saved activations are still held: their backwards "
-                                    f"have not run ({self.max_captures} forwards or more before their backwards)"),)
+                                    f"have not run ({CAPTURES_PER_SIGNATURE} forwards or more before their backwards)"),)
 
     def _copy_inputs(self, cap: Captured, dsts: list, sources: list) -> None:
         """The call's inputs into the capture's static copies, timed as one kernel of the report."""
