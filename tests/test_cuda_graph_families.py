@@ -7,6 +7,7 @@ next replay, and a forward called twice before its backwards.
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from cuda_graph_simulation import Fn, InPlaceFn, _captures, _capturing, _pool_memory, _step, simulated_cuda
 
 from fuselens.compiler.runtime import cuda_graphs
+from fuselens.compiler.runtime.cuda_graph_pool import GraphFamily
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
 __all__ = ["simulated_cuda"]  # the fixture, imported for the tests here
@@ -428,3 +430,29 @@ def test_a_constant_the_forward_saves_for_its_backward_is_not_a_held_activation(
     assert fw.captures_made == bw.captures_made == 1
     (b,) = bw.graphs.values()
     assert b.in_place == {0}  # the constant, not copied into a static buffer
+
+
+def test_a_dropped_capture_whose_output_is_held_keeps_its_memory_when_nothing_else_refers_to_its_family(
+        simulated_cuda: None) -> None:
+    """One compiled forward run by four layers with their own weights: with three captures a
+    signature, the fourth layer's call drops one whose output the step still holds (for its
+    backward). Parked in a family of its own, nothing referred to that family but the capture
+    itself, and the cycle collector freed both, and the memory under the held output (on the
+    CPU's simulated capture a backward read freed memory; on the GPU the pool would have gone
+    back to the allocator). Kept alive while the output is held, it goes once it is let go."""
+    layers = [torch.nn.Parameter(torch.full((4,), 1.0 + k)) for k in range(4)]
+    fw = CudaGraphRunner(Fn(lambda x, w: x * w), "7/0:aot_forward", None, saved_from=0)
+    with torch.no_grad():
+        for step in range(3):
+            held = [fw([torch.full((4,), 1.0 + step), w])[0] for w in layers]
+            gc.collect()
+            junk = [torch.full((4,), -1.0) for _ in range(64)]  # what freed memory would be handed to next
+            for k, h in enumerate(held):
+                assert torch.equal(h, torch.full((4,), (1.0 + step) * (1.0 + k))), (step, k)
+            del junk
+    parked = [m for f in GraphFamily._holding for m in f.members if m.parked]
+    assert parked  # the dropped captures, kept while the last step's outputs are held
+    del held
+    gc.collect()
+    GraphFamily.prune_holding()
+    assert not [f for f in GraphFamily._holding if any(m.runner() is fw for m in f.members)]

@@ -220,6 +220,12 @@ class GraphFamily:
     or capture until it is gone; each captured graph holds it too."""
 
     _all: "weakref.WeakSet[GraphFamily]" = weakref.WeakSet()
+    # families with a parked member whose output is still held, kept alive here: nothing else
+    # may refer to such a family (its runner dropped the capture, the held tensors own none of
+    # its memory), and the cycle collector freed it and its pool under those tensors (a layer
+    # graph captured again while the step still held its last output; on the CPU's simulated
+    # capture, a backward then read freed memory)
+    _holding: "set[GraphFamily]" = set()
 
     def __init__(self, device: int, handle: Any) -> None:
         self.device = device
@@ -292,6 +298,7 @@ class GraphFamily:
     def join(self, captured: Any) -> int:
         """Add a capture; returns its index, the order it replays in within a step."""
         self.prune()
+        GraphFamily.prune_holding()
         self.members.append(captured)
         self.version += 1
         self.joined += 1
@@ -327,6 +334,7 @@ class GraphFamily:
         the others still must not write over them."""
         captured.parked = True
         self.prune()
+        GraphFamily.prune_holding()
 
     def prune(self) -> None:
         """Drop the parked captures nothing holds an output of any more."""
@@ -335,6 +343,18 @@ class GraphFamily:
             self.members.remove(m)
         if parked:
             self.version += 1
+        if any(m.parked for m in self.members):
+            GraphFamily._holding.add(self)
+        else:
+            GraphFamily._holding.discard(self)
+
+    @staticmethod
+    def prune_holding() -> None:
+        """Prune the families kept for their parked members' held outputs (at each capture
+        and each dropped one, and at `torch._dynamo.reset()`): one whose outputs are all let go
+        is then free to go."""
+        for fam in list(GraphFamily._holding):
+            fam.prune()
 
     def watch(self, captured: Any) -> list[tuple[PoolBuffer, Any]]:
         """(buffer, a weak reference to its producing runner) for each buffer of the other

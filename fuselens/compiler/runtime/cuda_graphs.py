@@ -752,6 +752,7 @@ def release_all() -> None:
     alive after it was gone (GPT-2 training: 2.5 GB)."""
     for runner in list(CudaGraphRunner._live):
         runner.release()
+    GraphFamily.prune_holding()
 
 
 # one C++ call comparing the addresses of many inputs (CUDA builds; Inductor's CUDA graphs use it)
