@@ -439,7 +439,8 @@ def test_a_dropped_capture_whose_output_is_held_keeps_its_memory_when_nothing_el
     backward). Parked in a family of its own, nothing referred to that family but the capture
     itself, and the cycle collector freed both, and the memory under the held output (on the
     CPU's simulated capture a backward read freed memory; on the GPU the pool would have gone
-    back to the allocator). Kept alive while the output is held, it goes once it is let go."""
+    back to the allocator). Kept alive while the output is held, it goes once it is let go, at
+    the next replay of any graph."""
     layers = [torch.nn.Parameter(torch.full((4,), 1.0 + k)) for k in range(4)]
     fw = CudaGraphRunner(Fn(lambda x, w: x * w), "7/0:aot_forward", None, saved_from=0)
     with torch.no_grad():
@@ -452,7 +453,10 @@ def test_a_dropped_capture_whose_output_is_held_keeps_its_memory_when_nothing_el
             del junk
     parked = [m for f in GraphFamily._holding for m in f.members if m.parked]
     assert parked  # the dropped captures, kept while the last step's outputs are held
+    other = CudaGraphRunner(Fn(lambda x: x + 1), "9/0:aot_inference", None, inference=True)
+    for _ in range(2):  # its warm-up and its capture, while the outputs are held
+        other([torch.ones(4)])
     del held
-    gc.collect()
-    GraphFamily.prune_holding()
+    assert [f for f in GraphFamily._holding if any(m.runner() is fw for m in f.members)]
+    other([torch.ones(4)])  # a replay, capturing nothing
     assert not [f for f in GraphFamily._holding if any(m.runner() is fw for m in f.members)]

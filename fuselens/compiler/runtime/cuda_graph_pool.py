@@ -311,6 +311,8 @@ class GraphFamily:
         number says: True then, for the first member, to judge them before the new step
         begins (`end_step_check`)."""
         self.sealed = True
+        if GraphFamily._holding:  # a step in which nothing captures still lets go of what was let go
+            GraphFamily.prune_holding()
         first = min((m.index for m in self.members if not m.parked), default=index)
         check_first = False
         if index == first:
@@ -350,9 +352,9 @@ class GraphFamily:
 
     @staticmethod
     def prune_holding() -> None:
-        """Prune the families kept for their parked members' held outputs (at each capture
-        and each dropped one, and at `torch._dynamo.reset()`): one whose outputs are all let go
-        is then free to go."""
+        """Prune the families kept for their parked members' held outputs (at each capture,
+        each dropped one, each replay while there are such families, and at
+        `torch._dynamo.reset()`): one whose outputs are all let go is then free to go."""
         for fam in list(GraphFamily._holding):
             fam.prune()
 
