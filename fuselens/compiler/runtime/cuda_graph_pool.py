@@ -297,8 +297,7 @@ class GraphFamily:
 
     def join(self, captured: Any) -> int:
         """Add a capture; returns its index, the order it replays in within a step."""
-        self.prune()
-        GraphFamily.prune_holding()
+        self._prune_with_holding()
         self.members.append(captured)
         self.version += 1
         self.joined += 1
@@ -335,8 +334,7 @@ class GraphFamily:
         capture stays (parked): its graph keeps the pool's memory under those tensors, and
         the others still must not write over them."""
         captured.parked = True
-        self.prune()
-        GraphFamily.prune_holding()
+        self._prune_with_holding()
 
     def prune(self) -> None:
         """Drop the parked captures nothing holds an output of any more."""
@@ -349,6 +347,11 @@ class GraphFamily:
             GraphFamily._holding.add(self)
         else:
             GraphFamily._holding.discard(self)
+
+    def _prune_with_holding(self) -> None:
+        """`prune` this family and the families kept for their parked captures, each once."""
+        for fam in {self, *GraphFamily._holding}:
+            fam.prune()
 
     @staticmethod
     def prune_holding() -> None:
