@@ -460,3 +460,24 @@ def test_a_dropped_capture_whose_output_is_held_keeps_its_memory_when_nothing_el
     assert [f for f in GraphFamily._holding if any(m.runner() is fw for m in f.members)]
     other([torch.ones(4)])  # a replay, capturing nothing
     assert not [f for f in GraphFamily._holding if any(m.runner() is fw for m in f.members)]
+
+
+def test_a_dropped_capture_lets_go_of_its_inputs_so_a_parameter_holding_its_output_as_gradient_is_freed(
+        simulated_cuda: None) -> None:
+    """`torch._dynamo.reset()` drops every capture; one whose output is still held stays,
+    parked, until that output is let go. The holder may be its own input: a parameter it read
+    in place, whose gradient is the output. Had the parked capture kept its inputs, the
+    parameter, its gradient and the pool would have lived for good (on the GPU, 16 MB left
+    after each training run of a two-layer model)."""
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    runner = CudaGraphRunner(Fn(lambda x, w: x * w), "8/0:aot_backward", None)
+    with torch.no_grad():
+        for _ in range(3):  # its warm-up, its capture, a replay
+            w.grad = runner([torch.ones(4), w])[0]
+    assert runner.captures_made == 1
+    gone = weakref.ref(w)
+    del w
+    cuda_graphs.release_all()
+    gc.collect()
+    assert gone() is None
+    assert not [f for f in GraphFamily._holding if any(m.runner() is runner for m in f.members)]

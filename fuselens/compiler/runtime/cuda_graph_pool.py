@@ -333,7 +333,7 @@ class GraphFamily:
         """A member's graph is dropped. While something still holds one of its outputs the
         capture stays (parked): its graph keeps the pool's memory under those tensors, and
         the others still must not write over them."""
-        captured.parked = True
+        captured.park()
         self._prune_with_holding()
 
     def prune(self) -> None:
