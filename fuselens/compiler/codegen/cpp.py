@@ -189,7 +189,7 @@ class CppKernel(RowScratch, KernelBuilder):
 
     def indirect(self, value: CVal, size: Expr) -> Expr:
         """ops.indirect: the value clamped into [0, size) as a variable (codegen/__init__.py)."""
-        v = self.emit(f"std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>({value}), 0), "
+        v = self.emit(f"fl_imin(fl_imax(static_cast<int64_t>({value}), 0), "
                       f"{cexpr(sympy.sympify(size) - 1)})", torch.int64)
         return ir.Indirect(v.name, integer=True)
 

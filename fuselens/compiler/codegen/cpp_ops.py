@@ -56,9 +56,9 @@ def cexpr(e: Any) -> str:
     if isinstance(e, ModularIndexing):
         return f"(({cexpr(e.args[0])} / {cexpr(e.args[1])}) % {cexpr(e.args[2])})"
     if isinstance(e, sympy.Min):
-        return _fold("std::min<int64_t>", [cexpr(a) for a in e.args])
+        return _fold("fl_imin", [cexpr(a) for a in e.args])
     if isinstance(e, sympy.Max):
-        return _fold("std::max<int64_t>", [cexpr(a) for a in e.args])
+        return _fold("fl_imax", [cexpr(a) for a in e.args])
     if isinstance(e, sympy.Rational):
         return f"({e.p} / {e.q})"
     raise NotImplementedError(f"cannot print index expression {e!r} as C")

@@ -175,6 +175,12 @@ template <typename T> static inline T fl_minimum(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : (a < b ? a : b);
   else return a < b ? a : b;
 }
+// Index clamps (padding, pooling windows, gathers) take int64 by value: std::min and
+// std::max take references, and inside an `omp simd` loop g++ 12 then keeps each
+// argument in a per-lane array, which stops the loop's vectorization (ResNet-50's max-pool
+// over a 3x3 window: 1.5 ms scalar, 0.5 ms vectorized).
+static inline int64_t fl_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t fl_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 template <typename T> static inline T fl_floordiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) {
     if (b == 0) return a / b;
