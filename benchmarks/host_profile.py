@@ -2,6 +2,7 @@
 
     python -m benchmarks.host_profile --models llama,gpt2 --backends fuselens,inductor --out DIR
     python -m benchmarks.host_profile --models densenet121 --modes train --backends fuselens,inductor
+    python -m benchmarks.host_profile --models efficientnet --modes train --backends fuselens_cg,inductor_cg
 
 Inference in bf16, or (`--modes train`) the training step of `benchmarks.models`: forward
 and backward under bf16 autocast.
@@ -32,21 +33,23 @@ from benchmarks.real_models import build  # noqa: E402
 
 
 def profile(model: str, backend: str, mode: str, calls: int, top: int, out: Path | None) -> None:
-    from benchmarks.models import make_step, placed, profiled_steps
+    from benchmarks.models import backends_for, make_step, placed, profiled_steps
     from fuselens.compiler.runtime import wrapper_codegen
 
     train = mode == "train"
     torch._dynamo.reset()
     case = build(model, "gpu")
     module, inputs = placed(case, train, "cuda")
-    step = make_step(case, torch.compile(module, backend=backend), inputs, train, "cuda")
+    suite = dict(backends_for("cuda", True, []))  # the suite's labels; any other is a backend's name
+    kwargs = suite[backend] if backend in suite and backend != "eager" else {"backend": backend}
+    step = make_step(case, torch.compile(module, **kwargs), inputs, train, "cuda")
     loaded = len(_inductor_modules())
     with wrapper_codegen.recorded_sources() as sources:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
         prof = profiled_steps(step, calls, "cuda")
-    if backend == "inductor":  # its output code, for the same comparison of what each wrapper does per call
+    if backend.startswith("inductor"):  # its output code, for the same comparison of what each wrapper does per call
         sources = [Path(m.__file__).read_text() for m in _inductor_modules()[loaded:]
                    if hasattr(m, "call") and getattr(m, "__file__", None)]
     stream = io.StringIO()
@@ -76,7 +79,8 @@ def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="llama")
     ap.add_argument("--modes", default="infer", help="infer,train")
-    ap.add_argument("--backends", default="fuselens")
+    ap.add_argument("--backends", default="fuselens", help="of benchmarks.models': inductor, fuselens, and with "
+                    "CUDA graphs inductor_cg (reduce-overhead), fuselens_cg")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default="", help="write the statistics and each backend's generated wrappers here")
