@@ -1,5 +1,5 @@
 """Held-out architectures train one step like eager, with no op left to ATen
-(benchmarks/architecture_sweep.py, which runs all 28): the ones this suite's fixes were
+(benchmarks/architecture_sweep.py, which runs all 44): the ones this suite's fixes were
 found on. RoBERTa's position ids are a cumsum, Bloom's ALiBi repeats a tensor, Falcon's
 backward scatters with index_put, DenseNet's transitions and Inception's branches
 average-pool, a UNet interpolates and pools both ways, a 1-d convolution stack pools over
