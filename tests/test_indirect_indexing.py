@@ -4,7 +4,8 @@ read from a tensor enters the data's index expression (`ir.Indirect`), so a toke
 embedding fuses with the position embedding and the layernorm after it, and a
 cross-entropy's gather with the loss. Values and gradients as eager's, no ATen
 fallback; C++ in-process, Triton in its CPU interpreter (subprocess), including
-inside a looped reduction (the index read in the r loop)."""
+inside a looped reduction (the index read in the r loop) and a pad's edge test on a
+gathered index (an index expression of a loaded value is a block, not a scalar)."""
 
 from __future__ import annotations
 
@@ -55,10 +56,14 @@ def _cases() -> dict:
     def selected(x, pick):
         return torch.index_select(x, 1, pick).relu()
 
+    def padded_rows(x, spans):  # ConvBERT's span gather: the pad's edge test reads a gathered index
+        return F.pad(x, (0, 0, 4, 4))[:, spans] * 2
+
     return {"embed_norm": (embed_norm, (wte, wpe, ids, pos, ln_w, ln_b)), "loss": (loss, (logits, target)),
             "gathered_sum": (gathered_sum, (table, picks)), "relative_bias": (relative_bias, (bias_table, rel)),
             "adjacent": (adjacent, (x4, rows, cols)), "apart": (apart, (x4, rows, cols)),
-            "index_select": (selected, (feats, pick))}
+            "index_select": (selected, (feats, pick)),
+            "padded_rows": (padded_rows, (torch.randn(2, 10, 8, generator=g), torch.randint(0, 18, (10, 9), generator=g)))}
 
 
 def _mismatches(opts: dict) -> list[str]:
