@@ -96,6 +96,11 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         keep = (ones[:, None, :] * ones[:, :, None]) != 0
         return torch.softmax(x.masked_fill(~keep[:, None], torch.finfo(x.dtype).min), -1)
 
+    def causal_and_ones(x):  # BioGPT's mask: a causal test and a mask of float ones made bool
+        n = x.shape[-1]
+        keep = (torch.arange(n)[None, :] <= torch.arange(n)[:, None]) & torch.ones(n, n).bool()
+        return torch.where(keep, x, float("-inf")).softmax(-1)
+
     def kv_cache_update(cache, pos, k):  # a static KV cache's write at the decoded position
         return cache.index_copy(2, pos, k) * 2
 
@@ -105,6 +110,7 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
     case("index_put_kv_cache", kv_cache_update, (torch.randn(1, 2, 16, 8), torch.tensor([5]), torch.randn(1, 2, 1, 8)))
     case("softmax_masked_by_ones", softmax_masked_by_ones, (torch.randn(2, 4, 16, 16).to(torch.bfloat16),),
          rtol=1e-2, atol=1e-2)
+    case("causal_mask_of_ones", causal_and_ones, (torch.randn(2, 16, 16),))
     case("layernorm", lambda x, w, b: F.layer_norm(x, (64,), w, b), (torch.randn(6, 64), torch.randn(64), torch.randn(64)),
          rtol=1e-4, atol=1e-4)
     # rows far from zero: E[x^2] - E[x]^2 in the GPU's float32 accumulators would cancel
@@ -419,7 +425,7 @@ def _ok(records: dict, name: str) -> dict:
     "column_reduction", "column_reduction_looped_narrow", "bf16_gelu", "bf16_gelu_range", "bf16_erf", "fp32_gelu", "bf16_softmax", "max_propagates_nan",
     "int_floordiv_remainder", "bool_any_all", "welford_not_when_a_pass_stores",
     "math_mapping", "sincos_shared", "sin_cos_lone_huge_args", "nextafter_float32", "nextafter_float64",
-    "lgamma", "dynamic_shapes", "softmax_masked_by_ones", "index_put_kv_cache",
+    "lgamma", "dynamic_shapes", "softmax_masked_by_ones", "causal_mask_of_ones", "index_put_kv_cache",
     "bucketize_both_sides", "gather_of_one_element_loads",
 ])
 def test_triton_kernel_matches_eager_in_interpreter(records: dict, name: str) -> None:

@@ -206,6 +206,8 @@ class TritonOps(PrintingOps[TVal]):
                 v = int(v) if not (isinstance(v, float) and (math.isnan(v) or math.isinf(v))) else 0
             return self.constant(v, dtype)
         if dtype == torch.bool:
+            if x.const is not None:  # folded: NaN is true, as in torch; BioGPT's mask of ones
+                return self.constant(bool(x.const), dtype)
             return self._emit(f"({x} != 0)", dtype)
         if dtype in (torch.bfloat16, torch.float16) and x.dtype.is_floating_point:
             # an explicit cast in the graph: round as eager does, keep float32 in registers
