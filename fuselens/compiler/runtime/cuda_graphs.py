@@ -112,11 +112,11 @@ class Captured:
         return bool(moved) and not moved & set(self.lent)
 
     def park(self) -> None:
-        """Its runner dropped it while an output of it is still held (GraphFamily.leave). It
-        never replays again, so it lets go of its inputs: a parameter it read in place holds
-        its gradient, which may be one of those outputs, and the family kept for them would
-        have kept them alive for good (after `torch._dynamo.reset()`, a dropped model's
-        parameters and gradients: 16 MB left per training run of a two-layer test)."""
+        """Its runner dropped it (GraphFamily.leave), and it stays in its family while an
+        output of it is held. It never replays again, so it lets go of its inputs: a parameter
+        it read in place holds its gradient, which may be such an output, and the family kept
+        for it would have kept both alive for good (after `torch._dynamo.reset()`, a dropped
+        model's parameters and gradients: 16 MB left per training run of a two-layer test)."""
         self.parked = True
         self.static = []
         self.plan = ([], [], None)
