@@ -112,11 +112,9 @@ class Captured:
         return bool(moved) and not moved & set(self.lent)
 
     def park(self) -> None:
-        """Its runner dropped it (GraphFamily.leave), and it stays in its family while an
-        output of it is held. It never replays again, so it lets go of its inputs: a parameter
-        it read in place holds its gradient, which may be such an output, and the family kept
-        for it would have kept both alive for good (after `torch._dynamo.reset()`, a dropped
-        model's parameters and gradients: 16 MB left per training run of a two-layer test)."""
+        """Dropped by its runner (GraphFamily.leave), kept while an output of it is held, never
+        replayed: it lets go of its inputs, or a parameter read in place would keep its gradient,
+        such an output, and so itself alive for good (after `torch._dynamo.reset()`: 16 MB a run)."""
         self.parked = True
         self.static = []
         self.plan = ([], [], None)
