@@ -21,8 +21,10 @@ then, cached free segments released, less what was live before the compile
 (CUDA graphs' memory pools count here: the outputs of
 Inductor's CUDA graphs do not count as allocated), on the CUDA-graph rows the pools the
 backend's graphs made (reserved; not the general pool, nor pools another backend's
-graphs still hold), and the error against eager (relative norm error
-of the output, or in training of all gradients together).
+graphs still hold), the error against eager (relative norm error
+of the output, or in training of all gradients together), and on the CPU the minor page
+faults a step in the turns (memory the C library gave back and took again, which moves a
+CPU step's time by 10% and more, for every backend alike).
 The eager row's compile s is Dynamo's tracing alone (`backend="eager"`): the part of
 every backend's cold compile that is not the backend's own; the JSON's `aot_eager_s`
 adds AOTAutograd's trace and partition (`backend="aot_eager"`), which Inductor and
@@ -83,6 +85,13 @@ def time_step(step: Callable[[], Any], device: str, reps: int) -> float:
         step()
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
+
+
+def _minor_faults() -> int:
+    """This process's minor page faults so far (first touches of memory the system handed it)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def profile_step(step: Callable[[], Any], device: str, steps: int = 5, top: int = 40) -> dict:
@@ -330,7 +339,8 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
             torch.cuda.empty_cache()
     rounds = reps if device != "cuda" else turns
     warmed: dict[str, int] = {}
-    timed = interleaved_times(steps, rounds, device, warmed)
+    faults: dict[str, float] = {}
+    timed = interleaved_times(steps, rounds, device, warmed, faults)
     for label in [k for k in steps if k != "eager" and warmed.get(k) != rec[k].get("graphs")]:
         # Dynamo runs a frame eagerly, under every backend, once a backend's compile of it
         # failed ("skipping the function"): warmed after such a backend, this one compiled
@@ -340,13 +350,15 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
         rec[label]["turns_note"] = (f"warmed for the turns after the other backends it compiled {warmed.get(label)} "
                                     f"graphs, against {rec[label].get('graphs')} at its own compile: timed in "
                                     "turns with eager only")
-        again = interleaved_times({k: steps[k] for k in ("eager", label) if k in steps}, rounds, device)
+        again = interleaved_times({k: steps[k] for k in ("eager", label) if k in steps}, rounds, device,
+                                  faults=faults)
         timed[label] = again[label]
         if "eager" in again:
             rec[label]["turns_eager_ms"] = again["eager"]  # (wall, host, pipelined) of eager in those turns
     for label, (wall, host, pipelined) in timed.items():
         if device != "cuda":
             rec[label]["ms"] = wall
+            rec[label]["faults_per_step"] = faults.get(label)
         else:
             rec[label]["turn_wall_ms"], rec[label]["turn_host_ms"] = wall, host
             rec[label]["turn_pipelined_ms"] = pipelined
@@ -397,7 +409,8 @@ PIPELINED_STEPS = 5
 
 
 def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: str,
-                      warmed_graphs: Optional[dict[str, int]] = None) -> dict[str, tuple[float, ...]]:
+                      warmed_graphs: Optional[dict[str, int]] = None,
+                      faults: Optional[dict[str, float]] = None) -> dict[str, tuple[float, ...]]:
     """(wall ms, host ms, pipelined ms) per step, medians, of each backend timed in turns. A
     shared machine's speed drifts over minutes (Inductor's GPT-2 read 16.9 and 24.4 ms 25
     minutes apart on the CPU; on the GPU machines eager's host time a step moved 2-4x between
@@ -409,7 +422,10 @@ def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: 
     last one's kernels. do_bench cannot stand in for it on a host-bound step: the median of
     its per-step intervals between CUDA events read T5's Inductor step at 23.2 ms while the
     same step ran 30.8 ms a step back to back (H200, thirty-second session).
-    `warmed_graphs` gets the graphs each backend compiled when warmed for the turns."""
+    `warmed_graphs` gets the graphs each backend compiled when warmed for the turns, and
+    `faults` each one's minor page faults a step (the host's first touches of memory the C
+    library gave back to the system and took again: on the CPU a large and varying part of
+    a step, for every backend; RESULTS, forty-sixth session)."""
     if not steps:
         return {}
     torch._dynamo.reset()  # each backend's compiled code was dropped when the next compiled: back, warm
@@ -422,11 +438,14 @@ def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: 
             warmed_graphs[k] = graphs["unique_graphs"] - before
     _sync(device)
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in steps}
+    touched = dict.fromkeys(steps, 0)
     for _ in range(rounds):
         for k, step in steps.items():
+            f0 = _minor_faults()
             t0 = time.perf_counter()
             step()
             t1 = time.perf_counter()
+            touched[k] += _minor_faults() - f0
             _sync(device)
             t2 = time.perf_counter()
             pipelined = t2 - t0  # the CPU runs a step's kernels as it queues them: nothing to overlap
@@ -436,6 +455,8 @@ def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: 
                 _sync(device)
                 pipelined = (time.perf_counter() - t2) / PIPELINED_STEPS
             times[k].append((t2 - t0, t1 - t0, pipelined))
+    if faults is not None and rounds:
+        faults.update({k: n / rounds for k, n in touched.items()})
     return {k: tuple(1e3 * statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}
 
 
@@ -492,6 +513,9 @@ def table(results: list[dict], backends: list[str]) -> str:
     if any("turn_wall_ms" in r for rec in results for r in rec.values() if isinstance(r, dict)):
         cols += ["turn_wall_ms", "turn_host_ms", "turn_pipelined_ms"]
         heads += ["wall ms in turns", "host ms in turns", "pipelined ms in turns"]
+    if any("faults_per_step" in r for rec in results for r in rec.values() if isinstance(r, dict)):
+        cols.append("faults_per_step")
+        heads.append("page faults a step")
     rows = ["| model | mode | backend | " + " | ".join(heads) + " |", "|---" * (len(heads) + 3) + "|"]
     ratios = []
     for rec in results:
