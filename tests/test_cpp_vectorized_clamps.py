@@ -1,9 +1,9 @@
 """Index clamps (a pooling window's padding, a gather's bounds) inside a C++ kernel's
 `omp simd` loop leave the loop vectorizable. std::min and std::max take references, and
-g++ kept each argument in a per-lane array (its report: "no vectype for stmt: D.123[_4] =
-..."), which it cannot vectorize: ResNet-50's 3x3
-max-pool ran scalar, 1.5 ms where the vectorized loop takes 0.5. C++ target, this CPU's
-g++, asked what it did not vectorize."""
+g++ kept each argument in a per-lane array (its report: "no vectype for stmt: D.123[_4]
+= ..."), which it cannot vectorize: ResNet-50's 3x3 max-pool ran scalar, 1.5 ms where
+the vectorized loop takes 0.5. C++ target, this CPU's g++, asked what it did not
+vectorize."""
 
 from __future__ import annotations
 
