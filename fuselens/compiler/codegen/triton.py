@@ -262,6 +262,15 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             parts.append(self.texpr(rest, names))
         return (" + ".join(parts) if parts else "0"), axes
 
+    def index_with_gathers(self, expr: Any) -> tuple[str, set[str]]:
+        """`index`, where an index read from a tensor varies with x (and r, read in the r loop) with
+        no block variable in it; one computed from constants alone (bucketize's first probe) does not."""
+        s, axes = self.index(expr)
+        indirect = [v for v in sympy.sympify(expr).free_symbols if isinstance(v, ir.Indirect)]
+        if indirect and not (not axes and all(self.is_scalar(v.name) for v in indirect)):
+            axes |= {"x"} | ({"r"} if any(self.indirect_in_r.get(v.name) for v in indirect) else set())
+        return s, axes
+
     def mask_for(self, axes: set[str]) -> Optional[str]:
         ms = [self.masks.get(a) for a in sorted(axes, key=lambda a: a != "x")]
         ms = [m for m in ms if m]
@@ -289,12 +298,7 @@ class TritonKernel(Emission, OneLoopPasses, KernelBuilder):
             raise RuntimeError(f"{name} used before its reduction finished")
         spec = self.graph.buffers[name]
         # the runtime passes tensors, whose data pointer already includes the storage offset
-        idx, axes = self.index(index)
-        indirect = [v for v in sympy.sympify(index).free_symbols if isinstance(v, ir.Indirect)]
-        if indirect and not (not axes and all(self.is_scalar(v.name) for v in indirect)):
-            # an index read from a tensor varies with x, and with r where it was read in the r
-            # loop; one computed from constants alone (bucketize's first probe) is one element
-            axes |= {"x"} | ({"r"} if any(self.indirect_in_r.get(v.name) for v in indirect) else set())
+        idx, axes = self.index_with_gathers(index)
         self.load_offsets.setdefault(name, set()).add(idx)
         mask = self.mask_for(axes)
         src = self._load_source(name, idx, mask, axes, spec.dtype)

@@ -24,10 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import sympy
 import torch
 
-from fuselens.compiler import ir
 from fuselens.compiler.codegen import COMPARISONS, SPELLED_ALIKE, PrintingOps, ops_from_table
 from fuselens.compiler.runtime.triton_prelude import prelude_text
 
@@ -189,11 +187,10 @@ class TritonOps(PrintingOps[TVal]):
         return TVal(f"tl.full([], {tl_const(value, dtype)}, {TL_DTYPES[self.rep(dtype)]})", dtype, const=value)
 
     def index_expr(self, expr: Any, dtype: torch.dtype) -> TVal:
-        s, axes = self.k.index(expr)
-        # an index read from a tensor (ConvBERT's span offsets padded and gathered) is a block
-        # of values though no block variable appears: tl.full takes a scalar only
-        gathered = [v for v in sympy.sympify(expr).free_symbols if isinstance(v, ir.Indirect)]
-        if not axes and all(self.k.is_scalar(v.name) for v in gathered):  # a scalar: give it a dtype first
+        # an index read from a tensor is a block of values (ConvBERT's span offsets padded and
+        # gathered), which tl.full does not take
+        s, axes = self.k.index_with_gathers(expr)
+        if not axes:  # a scalar: give it a dtype first
             s = f"tl.full([], {s}, tl.int64)"
         return self._emit(f"({s}).to({TL_DTYPES[self.rep(dtype)]})", dtype)
 
