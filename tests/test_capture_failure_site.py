@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fuselens.compiler  # noqa: F401  (registers backend="fuselens")
-from fuselens.compiler.runtime import cuda_graphs, wrapper_codegen
+from fuselens.compiler.runtime import capture_failure, wrapper_codegen
 
 REFUSAL = "CUDA error: operation not permitted when stream is capturing"
 
@@ -68,7 +68,7 @@ def test_a_refused_capture_names_the_step_its_ops_and_the_users_line(wrapper, op
     _refuse_at(w, op)
     with pytest.raises(RuntimeError) as caught:
         w(list(args))
-    site, location, cause = cuda_graphs._failure_site(w, caught.value)
+    site, location, cause = capture_failure.failure_site(w, caught.value)
     assert op in site and cause is caught.value, site
     assert location is not None and location.line == _line_of(text), (site, location)
 
@@ -84,7 +84,7 @@ def test_the_step_is_found_under_the_error_the_captures_end_raises_over_it(wrapp
         finally:
             raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
     except RuntimeError as e:
-        site, location, cause = cuda_graphs._failure_site(w, e)
+        site, location, cause = capture_failure.failure_site(w, e)
     assert "aten.mm" in site and str(cause) == REFUSAL, site
     assert location.line == _line_of("y @ w")
 
@@ -94,4 +94,4 @@ def test_an_error_from_outside_the_wrapper_names_no_step(wrapper):
     try:
         raise RuntimeError(REFUSAL)  # as the capture's end raises it, after the last step
     except RuntimeError as e:
-        assert cuda_graphs._failure_site(w, e) == ("", None, e)
+        assert capture_failure.failure_site(w, e) == ("", None, e)

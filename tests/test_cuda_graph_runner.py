@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_graph_simulation import (InPlaceFn, Runner, _at_address, _capturing, _Graph, _graph, _in_pool, _pool_calls,
+from cuda_graph_simulation import (Fn, InPlaceFn, Runner, _at_address, _capturing, _Graph, _graph, _in_pool, _pool_calls,
                                    simulated_cuda)
 
-from fuselens.compiler.runtime import capture_context, cuda_graphs
+from fuselens.compiler.runtime import capture_context, capture_inputs, cuda_graphs
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
 __all__ = ["simulated_cuda"]  # the fixture, imported for the tests here
@@ -80,15 +80,20 @@ def test_replays_copy_inputs_read_parameters_in_place_and_capture_again_when_one
         w.mul_(3)  # updated in place (an optimizer step): read in place, no new capture
     assert torch.equal(r([torch.ones(4), w, 1.0])[0], torch.full((4,), 7.0))
     moved = torch.nn.Parameter(torch.full((4,), 10.0))
-    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # a new address: captured again
+    # a new address (another layer, another copy of the model): its warm-up, then its capture
+    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))
+    assert r.graphs[next(iter(r.graphs))] is entry and r.captures_made == 1
+    assert torch.equal(r([torch.full((4,), 3.0), moved, 1.0])[0], torch.full((4,), 31.0))
     (again,) = r.graphs.values()
-    assert again.graph is not entry.graph and again.static[1] is moved
+    assert again.graph is not entry.graph and again.static[1] is moved and r.spares[next(iter(r.spares))] == [entry]
     assert torch.equal(r([torch.full((4,), 2.0), moved, 1.0])[0], torch.full((4,), 21.0))
     assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # another scalar: its warm-up
     assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))  # and its graph
     assert torch.equal(r([torch.ones(4), moved, 2.0])[0], torch.full((4,), 12.0))
     assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 11.0))  # back to the first: no capture
-    assert len(r.graphs) == 2 and sorted(e.graph.replays for e in r.graphs.values()) == [2, 3]
+    assert torch.equal(r([torch.ones(4), w, 1.0])[0], torch.full((4,), 7.0))  # the first position's capture, kept
+    assert r.captures_made == 3 and len(r.graphs) == 2
+    assert sorted(c.graph.replays for c in r.captures()) == [2, 3, 5]
 
 
 @pytest.mark.parametrize("inference", [True, False])
@@ -139,7 +144,9 @@ def test_a_capture_holds_neither_the_warm_ups_outputs_nor_the_graph_it_replaces(
     out = r([torch.ones(4), w, 1.0])
     assert run.alive_at_capture == [0] and torch.equal(out[0], torch.full((4,), 3.0))
     del out
-    out = r([torch.ones(4), torch.nn.Parameter(torch.full((4,), 5.0)), 1.0])  # a parameter moved: captured again
+    moved = torch.nn.Parameter(torch.full((4,), 5.0))
+    r([torch.ones(4), moved, 1.0])  # a parameter moved: its warm-up
+    out = r([torch.ones(4), moved, 1.0])  # and its capture, the first one kept as a spare (another layer's)
     assert run.alive_at_capture == [0, 0] and torch.equal(out[0], torch.full((4,), 6.0))
     assert len(r.graphs) == 1
 
@@ -150,9 +157,10 @@ def test_the_warm_up_is_the_first_call_run_in_the_pool_the_capture_then_uses_on_
     captured into (reduce-overhead's warm-ups do the same): the memory it frees is what the
     capture allocates again. A throwaway warm-up right before each capture ran a backward with
     every saved activation still alive, and the pool kept room for both. The family holds
-    its pool from its first use. A parameter that moved before any replay is captured again
-    in the same pool (the allocator still knows every tensor on it); after one, in a new one.
-    Each capture first copies its input into the pool (the capture frees it after its last read)."""
+    its pool from its first use. Parameters at a new address, reading no graph's output, are
+    another position (another copy of the model): a warm-up and a capture in a family of its
+    own. Each capture first copies its input into the pool (the capture frees it after its
+    last read)."""
     class Recording(Runner):
         def __call__(self, args: list) -> list:
             _pool_calls.append(("run",))
@@ -163,19 +171,18 @@ def test_the_warm_up_is_the_first_call_run_in_the_pool_the_capture_then_uses_on_
     r([torch.ones(4), w, 1.0])  # warm-up
     r([torch.ones(4), w, 1.0])  # capture
     moved = torch.nn.Parameter(torch.full((4,), 5.0))
-    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 6.0))  # captured again: the kernels are warm
+    r([torch.ones(4), moved, 1.0])  # another position's warm-up
+    assert torch.equal(r([torch.ones(4), moved, 1.0])[0], torch.full((4,), 6.0))  # its capture
     r([torch.ones(4), moved, 1.0])  # a replay
-    again = torch.nn.Parameter(torch.full((4,), 3.0))
-    assert torch.equal(r([torch.ones(4), again, 1.0])[0], torch.full((4,), 4.0))
     first, second = (0, 1), (0, 2)
     stream = capture_context._warm_up_streams[0]
-    copy_in = [("begin", first), ("end", first), ("release", first)]
-    assert _pool_calls == [("begin", first), ("end", first),  # the family takes its pool
-                           ("begin", first), ("run",), ("end", first), ("release", first),  # the warm-up in it
-                           *copy_in, ("capture", first, stream), ("run",), *copy_in, ("capture", first, stream),
-                           ("run",), ("begin", second), ("end", second),  # the new family takes its pool
-                           ("begin", second), ("end", second), ("release", second),  # its copy of the input
-                           ("capture", second, stream), ("run",)], _pool_calls
+
+    def family(pool: tuple) -> list:
+        return [("begin", pool), ("end", pool),  # the family takes its pool
+                ("begin", pool), ("run",), ("end", pool), ("release", pool),  # the warm-up in it
+                ("begin", pool), ("end", pool), ("release", pool),  # the capture's copy of its input
+                ("capture", pool, stream), ("run",)]
+    assert _pool_calls == family(first) + family(second), _pool_calls
 
 
 def test_a_replay_with_inputs_of_other_sizes_takes_the_slow_path_to_another_graph(simulated_cuda: None) -> None:
@@ -372,13 +379,13 @@ def test_a_graph_fed_its_own_last_output_copies_it_from_a_copy(simulated_cuda: N
     their last read; here the kernel wrote its output over its input's copy), it is copied
     from a copy of it, never from the pool memory the copies overwrite."""
     copied_from: list[tuple[int, int]] = []
-    real_copy_all = cuda_graphs._copy_all
+    real_copy_all = cuda_graphs.copy_all
 
     def recording(dsts: list, srcs: list) -> None:
         copied_from.extend((s.untyped_storage().data_ptr(), s.untyped_storage().nbytes()) for s in srcs)
         real_copy_all(dsts, srcs)
 
-    monkeypatch.setattr(cuda_graphs, "_copy_all", recording)
+    monkeypatch.setattr(cuda_graphs, "copy_all", recording)
     w = torch.nn.Parameter(torch.full((4,), 0.5))
     r = CudaGraphRunner(InPlaceFn(lambda h, w: h.mul_(w).add_(1)), "0/0:aot_inference", None)
     h = torch.zeros(4)
@@ -389,12 +396,12 @@ def test_a_graph_fed_its_own_last_output_copies_it_from_a_copy(simulated_cuda: N
             assert torch.equal(h, want)
     (cap,) = r.captures()
     assert h.data_ptr() == cap.static[0].data_ptr()  # the state lies on its own input's copy
-    assert copied_from and not any(cuda_graphs._overlaps(p, p + n, cap.into_pool) for p, n in copied_from)
+    assert copied_from and not any(capture_inputs.overlaps(p, p + n, cap.into_pool) for p, n in copied_from)
 
 
 def test_overlaps_finds_a_shared_byte_with_sorted_ranges() -> None:
     ranges = [(100, 200), (300, 400)]
-    assert [cuda_graphs._overlaps(s, s + n, ranges) for s, n in
+    assert [capture_inputs.overlaps(s, s + n, ranges) for s, n in
             ((0, 100), (0, 101), (199, 1), (200, 100), (250, 60), (399, 5), (400, 10), (150, 300))] == \
         [False, True, True, False, True, True, False, True]
 
@@ -443,25 +450,48 @@ def test_an_expanded_input_is_copied_as_the_memory_it_spans_and_replays_right(si
     assert entry.graph.replays == 3 and entry.spans == {0} and entry.static[0].stride() == (1, 0)
 
 
-def test_a_graph_run_by_many_layers_with_their_own_weights_stops_capturing_and_says_why(simulated_cuda: None) -> None:
+def test_a_graph_run_by_many_layers_with_their_own_weights_captures_each_layer_once(simulated_cuda: None) -> None:
     """One compiled graph called by six layers a step, each with its own weights (a graph
-    break inside a repeated block): no capture reads the next call's weights, so each call
-    captured again (BART's training: 62 captures, 0.33x reduce-overhead on the H200). After
-    RECAPTURES_BEFORE_PLAIN captures within RECAPTURE_WINDOW calls it runs with plain
-    launches, says why once, and every result stays right."""
+    break inside a repeated block). Each layer is a position of the graph: warmed up in the
+    first step, captured in the second, replayed from then on. Before, no capture read the
+    next call's weights, each call captured again, and the graph ended on plain launches
+    (BART's training: 62 captures, 0.33x reduce-overhead on the H200)."""
     from fuselens import sink
     from fuselens.events import ErrorEntry
 
     layers = [torch.nn.Parameter(torch.full((4,), float(k))) for k in range(6)]
     r = CudaGraphRunner(Runner(), "3/1:aot_inference", None)
     with sink.collect() as events:
-        for step in range(4):
+        for step in range(5):
             for k, w in enumerate(layers):
                 assert torch.equal(r([torch.full((4,), float(step)), w, 1.0])[0], torch.full((4,), step * k + 1.0))
-    assert "captured 12 times in 48 calls" in r.failed and "several layers" in r.failed
-    assert r.captures_made == cuda_graphs.RECAPTURES_BEFORE_PLAIN - 1 and r.graphs == {}
+    assert not r.failed and r.captures_made == 6 and len(r.captures()) == 6
+    assert sorted(c.graph.replays for c in r.captures()) == [4] * 6  # the capture's own replay, then three steps
+    assert not [e for e in events if isinstance(e, ErrorEntry)]
+
+
+def test_a_graph_whose_upstream_graph_is_captured_anew_again_and_again_stops_capturing_and_says_why(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph reads another graph's output in place; that graph is dropped and captured anew
+    (its output at a new address) again and again, so this one's capture never reads its next
+    call's input. After RECAPTURES_BEFORE_PLAIN captures within RECAPTURE_WINDOW calls it runs
+    with plain launches, says why once, and every result stays right."""
+    from fuselens import sink
+    from fuselens.events import ErrorEntry
+
+    monkeypatch.setattr(cuda_graphs, "RECAPTURES_BEFORE_PLAIN", 3)
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    down = CudaGraphRunner(Fn(lambda h, w: h * w), "1/0:aot_forward", None)
+    with sink.collect() as events:
+        for k in range(6):
+            up = CudaGraphRunner(Fn(lambda x: x + 1), f"0/{k}:aot_forward", None)
+            for _ in range(2):  # the upstream graph's warm-up, then its capture
+                h = up([torch.full((4,), float(k))])[0]
+                assert torch.equal(down([h, w])[0], torch.full((4,), (k + 1.0) * 2))
+            up.release()
+    assert "captured 3 times in 48 calls" in down.failed and not down.captures()
     (finding,) = [e for e in events if isinstance(e, ErrorEntry)]
-    assert finding.kind == "fallback" and "3/1:aot_inference runs without CUDA graphs" in finding.message
+    assert finding.kind == "fallback" and "1/0:aot_forward runs without CUDA graphs" in finding.message
 
 
 def test_a_graph_captured_again_now_and_then_keeps_capturing(simulated_cuda: None) -> None:
@@ -473,3 +503,28 @@ def test_a_graph_captured_again_now_and_then_keeps_capturing(simulated_cuda: Non
         for _ in range(cuda_graphs.RECAPTURE_WINDOW // 4):
             assert torch.equal(r([torch.ones(4), w, 1.0])[0], torch.full((4,), k + 1.0))
     assert not r.failed and r.captures_made == 20
+
+
+def test_a_graph_fed_a_users_tensor_and_another_graphs_output_in_turn_replays_a_capture_for_each(
+        simulated_cuda: None) -> None:
+    """One graph called twice a step with no weights of its own, once with a tensor of the
+    user's and once with another graph's output in the same place (BART's mask graph, for its
+    encoder and for its decoder). Each call replays a capture of its own: before, a capture
+    copying its input was found only when it read in place, the graph captured anew on every
+    call and ended on plain launches."""
+    from fuselens import sink
+    from fuselens.events import ErrorEntry
+
+    mask = CudaGraphRunner(Fn(lambda m: m * 2), "7/0:aot_forward", None)
+    up = CudaGraphRunner(Fn(lambda x: x + 1), "8/0:aot_forward", None)
+    with sink.collect() as events:
+        for step in range(12):
+            user = torch.full((4,), float(step))
+            assert torch.equal(mask([user])[0], user * 2)
+            h = up([torch.full((4,), float(step))])[0]
+            assert torch.equal(mask([h])[0], torch.full((4,), 2.0 * (step + 1)))
+    assert not mask.failed and mask.captures_made <= 3 and len(mask.captures()) == 2
+    (by_user,) = [c for c in mask.captures() if not c.lent]
+    (by_graph,) = [c for c in mask.captures() if c.lent]
+    assert by_user.graph.replays >= 8 and by_graph.graph.replays >= 8
+    assert not [e for e in events if isinstance(e, ErrorEntry)]

@@ -9,7 +9,10 @@ memory of each saved activation once it has read it, as Inductor's CUDA graph tr
 
 A signature's first call is its warm-up, a real run allocating from the family's pool (a
 throwaway run right before the capture would run a backward with every saved activation
-still alive, and the pool would keep room for both); its second call captures. An
+still alive, and the pool would keep room for both); its second call captures. The same
+holds per position (cuda_graphs.py: each layer running one graph with its own weights), so
+a training step's layers warm up in the first step and capture in the second, in the
+order they run, into one family's pool. An
 inference graph's warm-up runs outside the pools: its output, which the caller keeps
 while the next call captures, would take pool memory the capture cannot reuse.
 
@@ -238,6 +241,9 @@ class GraphFamily:
         self.version = 0  # bumped when members change: each member's watch list is rebuilt
         self.joined = 0  # captures that joined, parked and pruned ones included: the next one's index
         self.out_ptrs: set[int] = set()  # addresses of what its warm-ups and captures returned
+        # what its warm-ups returned, by address, while alive, with the id of the runner that
+        # warmed up: another graph reading one captures later
+        self._warm_outs: dict[int, tuple[weakref.ref, int]] = {}
         self._holds_pool = False
         GraphFamily._all.add(self)
 
@@ -251,6 +257,22 @@ class GraphFamily:
             if not fam.sealed and fam.device == device and ptrs & fam.out_ptrs and not (warm_up and fam.members):
                 return fam
         return None
+
+    def warmed_up(self, outs: Iterator[torch.Tensor], runner: Any) -> None:
+        self._warm_outs.update((o.untyped_storage().data_ptr(), (weakref.ref(o), id(runner))) for o in outs)
+
+    def warm_output(self, t: torch.Tensor, runner: Any) -> bool:
+        """Whether `t` is on an output of a warm-up of another runner than `runner` that is
+        still alive (a graph's own output fed back, a recurrent state, is not)."""
+        ptr = t.untyped_storage().data_ptr()
+        found = self._warm_outs.get(ptr)
+        if found is None:
+            return False
+        out = found[0]()
+        if out is not None and out.untyped_storage().data_ptr() == ptr:
+            return found[1] != id(runner)
+        del self._warm_outs[ptr]
+        return False
 
     def unused(self) -> bool:
         """Whether nothing allocated in the pool yet: no warm-up, no capture."""

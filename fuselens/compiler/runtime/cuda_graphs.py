@@ -5,9 +5,12 @@ and captures one CUDA graph; later calls copy the inputs into the graph's static
 buffers and replay it. The copies are a kernel of their own in the report
 (`cudagraph_input_copies`); parameters, buffers and the outputs other graphs replay
 into (a model's logits handed to its loss after a graph break) are not copied: their
-address is stable, and one that moves re-captures (another copy of the model, whose
-parameters Dynamo passes to the same compiled graph, keeps a capture of its own beside the
-first: `Captured.other_module_state`). Outputs live in a memory pool shared
+address is stable, and one that moves re-captures. Each set of module state a graph reads
+in place is a position of its own, with a warm-up and a capture kept beside the others
+(`Captured.other_module_state`): the layers that run one layer's graph after a graph break
+inside it, or another copy of the model, which Dynamo compiled once with the first. A replay
+finds the next layer's capture from the one before it (`Captured.successor`), without
+building the call's signature. Outputs live in a memory pool shared
 with the graphs they feed (a training forward and its backward: cuda_graph_pool.py says
 how and when that is safe) and are valid until the next step, as with Inductor's CUDA graphs.
 
@@ -27,7 +30,6 @@ right): capture_context.py.
 
 from __future__ import annotations
 
-import bisect
 import weakref
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -35,6 +37,8 @@ import torch
 
 from fuselens.compiler.runtime.capture_context import (capturing, cublas_workspace_bytes, library_workspaces_in_pool,
                                                        no_collection, warm_up_stream)
+from fuselens.compiler.runtime.capture_failure import failure_site, plan_of, report_failed_capture
+from fuselens.compiler.runtime.capture_inputs import alias, copy_all, on_copies, overlapping, span
 from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily, PoolBuffer
 from fuselens.compiler.runtime.pool_reserve import graph_reservation
 from fuselens.kernel_timing import KernelTimer
@@ -51,18 +55,24 @@ MOVES_BEFORE_COPYING = 4
 # leaves the tensor's memory to its old pool, and a program that keeps doing it would
 # otherwise capture on every call.
 CONFLICTS_BEFORE_PLAIN = 4
-# Captures of one signature kept side by side, each with memory of its own, when the memory
-# of the one a call would replay is still in use: a forward called again before the last
-# call's backward ran (two views of a batch through one model, a triplet loss's three), and
-# the backwards reading each one's saved activations in place. Each call then replays one
-# whose memory is free. Before, such a forward captured again on every call, then ran
-# with plain launches.
+# Captures of one signature and one position kept side by side, each with memory of its own,
+# when the memory of the one a call would replay is still in use: a forward called again
+# before the last call's backward ran (two views of a batch through one model, a triplet
+# loss's three), and the backwards reading each one's saved activations in place. Each call
+# then replays one whose memory is free. Before, such a forward captured again on every
+# call, then ran with plain launches.
 CAPTURES_PER_SIGNATURE = 3
-# A graph that captured this many times within its last RECAPTURE_WINDOW calls runs with
-# plain launches from then on. Each capture is a warm-up run and leaves a pool behind: BART's
-# training on the H200 (transformers 5.17: ten graphs, one layer's code compiled once and run
-# by every layer) captured its layer backward 62 times and its forward 15, 62 ms a step
-# against reduce-overhead's 20 and 11.8 GB of pools (forty-fifth session).
+# Positions of one signature kept side by side: captures reading other parameters or other
+# graphs' outputs in place. A graph break inside a repeated block (BART's layers under
+# transformers 5.17) makes one compiled graph that every layer runs with its own weights:
+# each layer is a position with a capture of its own, as Inductor's CUDA graph trees record
+# one per call. Past this many, the least recently replayed is dropped.
+POSITIONS_PER_SIGNATURE = 64
+# A graph that captured one position again this many times within its last RECAPTURE_WINDOW
+# calls runs with plain launches from then on. Each capture is a warm-up run and leaves a
+# pool behind: before positions, BART's training on the H200 (transformers 5.17: one layer's
+# code compiled once and run by every layer) captured its layer backward 62 times and its
+# forward 15, 62 ms a step against reduce-overhead's 20 and 11.8 GB of pools (forty-fifth session).
 RECAPTURES_BEFORE_PLAIN = 12
 RECAPTURE_WINDOW = 48
 
@@ -71,7 +81,7 @@ class Captured:
     """One captured signature of a runner: what its replays read and write."""
 
     __slots__ = ("static", "in_place", "lent", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
-                 "watch", "watch_version", "plan", "into_pool", "spans")
+                 "watch", "watch_version", "plan", "into_pool", "spans", "successor", "__weakref__")
 
     def __init__(self, static: list, in_place: set[int], lent: list[int], graph: Any, outputs: CapturedOutputs,
                  family: GraphFamily, allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
@@ -94,7 +104,10 @@ class Captured:
         self.plan = ([i for i in range(len(static)) if i not in in_place], sorted(in_place), ptrs)
         self.into_pool: list[tuple[int, int]] = []  # (start, end) of the input copies made in the pool, sorted
         # copied inputs whose elements share memory (an expanded mask): replays copy what they span
-        self.spans = frozenset(i for i in self.plan[0] if isinstance(static[i], torch.Tensor) and _overlapping(static[i]))
+        self.spans = frozenset(i for i in self.plan[0] if isinstance(static[i], torch.Tensor) and overlapping(static[i]))
+        # the capture of the signature its runner's next call replayed last time: a layer's
+        # graph is called for each layer in turn, each replaying its own capture
+        self.successor: Optional[weakref.ref] = None
 
     def reads_in_place(self, args: Sequence[Any]) -> bool:
         """Whether `args` have the addresses this capture reads in place."""
@@ -169,6 +182,12 @@ class CudaGraphRunner:
         self.spares: dict[tuple, list[Captured]] = {}  # signature -> its other captures (CAPTURES_PER_SIGNATURE)
         # signatures whose first call ran, with the family it allocated in (None: outside the pools)
         self.warm: dict[tuple, Optional[GraphFamily]] = {}
+        # (signature, addresses of the module state it reads) that ran a warm-up: a position
+        # captures from its second call, so that a step's first calls all warm up and the
+        # next step captures every position in the order the steps replay them (a layer's
+        # graph captured for layer 2 in the first step, for layer 1 in the second, was
+        # captured out of that order: its replays could write over layer 1's activations)
+        self.warm_positions: set[tuple] = set()
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
         self.borrow = True  # may read other graphs' replayed outputs in place
@@ -199,20 +218,32 @@ class CudaGraphRunner:
             return self.runner(args)
         self.calls += 1
         hit = self._last_hit
-        if hit is not None and self._same_call(hit, args):
-            return self._replay(hit, args)
+        if hit is not None:
+            if self._same_call(hit, args):
+                return self._replay(hit, args)
+            nxt = self._successor(hit, args)
+            if nxt is not None:
+                self._swap_in(hit.key, nxt)
+                return self._replay(self._remember(hit.key), args)
         del hit
         key = self._key(args)
         ent = self.graphs.get(key)
         if ent is not None:
             params = ent.in_place
-            if not ent.reads_in_place(args):
-                spare = next((c for c in self.spares.get(key, ()) if c.reads_in_place(args)), None)
-                if spare is not None:  # the backward of another call's saved activations
+            fits = ent.reads_in_place(args)
+            copies = fits and self._copies_a_replayed_output(args, params)
+            if not fits or copies:
+                spare = self._spare_for(key, args)
+                if spare is not None:  # another call's saved activations, another position
                     self._swap_in(key, spare)
                     return self._replay(self._remember(key), args)
-                if (ent.still_fed(self._replayed()) or ent.other_module_state(args)) and self._keep_as_spare(key):
-                    return self._capture_and_replay(key, args)
+            if not fits:
+                if ent.still_fed(self._replayed()) or ent.other_module_state(args):
+                    # another position: another layer running this graph, another copy of the model
+                    if not self._position_warm(key, args):
+                        return self._warm_up(key, args)
+                    if self._keep_as_spare(key):
+                        return self._capture_and_replay(key, args, new_position=True)
                 ent = None  # a parameter moved: capture again
                 if key in self.borrowed:
                     # an input read in place moved: its graph captured again. While a training
@@ -221,10 +252,10 @@ class CudaGraphRunner:
                     # two graphs feeding each other would move each other's on every call
                     self.moves[key] = self.moves.get(key, 0) + 1
                     self.borrow &= self.moves[key] <= MOVES_BEFORE_COPYING
-            elif self._copies_a_replayed_output(args, params):
+            elif copies:
                 ent = None  # an input is now another graph's replayed output: captured again to read it in place
         if ent is None:
-            if key not in self.warm:
+            if key not in self.warm or not self._position_warm(key, args):
                 return self._warm_up(key, args)
             return self._capture_and_replay(key, args)
         return self._replay(self._remember(key), args)
@@ -236,6 +267,12 @@ class CudaGraphRunner:
         each capture instead ran a backward with every saved activation still alive: its
         pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory).
         An inference graph's warm-up runs outside the pools (`_warm_up_outside_pools`)."""
+        self.warm_positions.add((key, self._position(args)))
+        if len(self.warm_positions) > 2 * POSITIONS_PER_SIGNATURE:
+            return self._plain_from_now(args, (
+                f"its calls brought {len(self.warm_positions)} sets of parameters at new addresses, each warmed "
+                "up and captured anew (parameters replaced on every call), where a graph run by several layers "
+                "has one set a layer"))
         if self.inference:
             return self._warm_up_outside_pools(key, args)
         device = torch.cuda.current_device()
@@ -252,6 +289,11 @@ class CudaGraphRunner:
             outs = self.runner(args)
         torch.cuda.current_stream().wait_stream(side)
         family.out_ptrs |= {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+        # what the warm-up allocated: not its inputs handed back (a weight a forward saves for
+        # its backward: held for good, it kept every later backward from capturing)
+        kept = ptrs | self.constant_ptrs
+        family.warmed_up((o for o in outs if isinstance(o, torch.Tensor)
+                          and o.untyped_storage().data_ptr() not in kept), self)
         self.warm[key] = family
         return outs
 
@@ -268,25 +310,27 @@ class CudaGraphRunner:
         self.warm[key] = None
         return outs
 
-    def _capture_and_replay(self, key: tuple, args: list) -> Any:
+    def _capture_and_replay(self, key: tuple, args: list, new_position: bool = False) -> Any:
         """Capture and replay for this call's result (the kernels ran before, in the warm-up).
         A graph captured before for this signature is not alive during the capture: a
         training forward's saved activations would be held twice (GPT-2: 6.1 GB at its
-        peak against 3.3 GB for reduce-overhead)."""
+        peak against 3.3 GB for reduce-overhead). A position's first capture (`new_position`)
+        does not count towards RECAPTURES_BEFORE_PLAIN."""
         inputs = list(args)
         args.clear()
-        if self._recapturing():
+        if not new_position and self._recapturing():
             return self._plain_from_now(inputs, (
                 f"it captured {RECAPTURES_BEFORE_PLAIN} times in {RECAPTURE_WINDOW} calls: its calls keep bringing "
-                "parameters or other graphs' outputs that no capture of it reads (one compiled graph run by several "
-                "layers with their own weights, as a graph break inside a repeated block makes), and each capture is "
-                "a warm-up run and a pool"))
+                "parameters or other graphs' outputs that its capture for that position no longer reads, and each "
+                "capture is a warm-up run and a pool"))
         self._forget(key)
         try:
             outs = self._capture(key, inputs)
         except Exception as e:  # noqa: BLE001 - CUDA refused the capture: the graph runs as compiled
-            site, location, cause = _failure_site(self.runner, e)
+            site, location, cause = failure_site(self.runner, e)
             return self._plain_from_now(inputs, f"{site}{type(cause).__name__}: {str(cause)[:300]}", location)
+        if new_position:  # the position replayed before this one, kept as a spare, leads here next step
+            self.spares[key][-1].successor = weakref.ref(self.graphs[key])
         return self._replay(self._remember(key), inputs, first=outs)
 
     def _recapturing(self) -> bool:
@@ -301,22 +345,66 @@ class CudaGraphRunner:
         """This call and every later one with plain launches, and a finding saying `why`; never
         replayed again, the runner lets its captures and warm-up pools (sized for a graph) go."""
         self.failed = why
-        _report_failed_capture(self.graph_id, why, location)
+        report_failed_capture(self.graph_id, why, location)
         self.release()
         return self.runner(inputs)
 
     def _remember(self, key: tuple) -> _Hit:
         """Make `key` the last replayed signature; returns what a replay of it needs."""
         cap = self.graphs[key]
+        last = self._last_hit
+        if last is not None and last.key == key and last.captured is not cap:
+            last.captured.successor = weakref.ref(cap)
         self._last_hit = _Hit(key, cap)
         return self._last_hit
 
-    def _keep_as_spare(self, key: tuple) -> bool:
-        """Keep the capture `key` replays as a spare, so that the next capture of `key` does
-        not replace it; False when the signature has all the captures it may have."""
-        spares = self.spares.setdefault(key, [])
-        if len(spares) + 1 >= CAPTURES_PER_SIGNATURE:
+    def _spare_for(self, key: tuple, args: Sequence[Any]) -> Optional[Captured]:
+        """A spare of `key` that `args` fit: it reads in place what they have at its addresses,
+        and copies none of them that another graph replays into. A graph called once with a
+        tensor of the user's and once with another graph's output in the same place (BART's
+        mask graph, for its encoder and its decoder) replays a capture for each; found only
+        when it read in place, the other was captured anew on every call."""
+        return next((c for c in self.spares.get(key, ())
+                     if c.reads_in_place(args) and not self._copies_a_replayed_output(args, c.in_place)), None)
+
+    def _successor(self, hit: _Hit, args: list) -> Optional[Captured]:
+        """The spare that replayed after `hit` last time, if `args` are its call (the next
+        layer's): found without building the call's signature and searching the spares."""
+        ref = hit.captured.successor
+        nxt = ref() if ref is not None else None
+        if nxt is None or nxt.parked or not self._same_call(_Hit(hit.key, nxt), args):
+            return None
+        return nxt if nxt in self.spares.get(hit.key, ()) else None
+
+    def _position(self, args: Sequence[Any]) -> tuple:
+        """Which position of its signature a call is, for the warm-up: the addresses of the
+        module state it reads (parameters and static inputs: a layer's weights)."""
+        static = self.static_inputs
+        return tuple(a.data_ptr() for i, a in enumerate(args)
+                     if isinstance(a, torch.Tensor) and (i in static or isinstance(a, torch.nn.Parameter)))
+
+    def _position_warm(self, key: tuple, args: Sequence[Any]) -> bool:
+        """Whether a call may capture: its position ran a warm-up, and it reads no output of
+        a warm-up (a backward before its forward captured: such a capture copies what it
+        would read in place once its forward captures, and captures again then)."""
+        if (key, self._position(args)) not in self.warm_positions:
             return False
+        return not any(f.warm_output(a, self) for a in args if isinstance(a, torch.Tensor) for f in GraphFamily._all)
+
+    def _keep_as_spare(self, key: tuple, args: Optional[list] = None) -> bool:
+        """Keep the capture `key` replays as a spare, so that the next capture of `key` does
+        not replace it. For another capture of the same position as `args` (their memory
+        still in use): False when it has CAPTURES_PER_SIGNATURE. For a new position (no
+        `args`): the least recently replayed spare is dropped past POSITIONS_PER_SIGNATURE."""
+        spares = self.spares.setdefault(key, [])
+        if args is not None:
+            if sum(c.reads_in_place(args) for c in (self.graphs[key], *spares)) >= CAPTURES_PER_SIGNATURE:
+                return False
+        elif len(spares) + 1 >= POSITIONS_PER_SIGNATURE:
+            oldest = spares.pop(0)  # `_swap_in` appends the one it replaced: the front replayed longest ago
+            oldest.family.leave(oldest)
+            self.outputs = {p for c in self.captures() for p in c.outputs.ptrs()}
+            CudaGraphRunner._captures += 1
         spares.append(self.graphs.pop(key))
         self._last_hit = None
         return True
@@ -355,6 +443,7 @@ class CudaGraphRunner:
         self.outputs = set()
         self._kept = []
         self.warm.clear()
+        self.warm_positions.clear()
         self.moves.clear()
         self.borrowed.clear()
 
@@ -416,7 +505,7 @@ class CudaGraphRunner:
         if cap.spans:  # expanded inputs: the memory their elements reach, copied as it lies
             for k, i in enumerate(tensors):
                 if i in cap.spans:
-                    dsts[k], sources[k] = _span(dsts[k]), _span(sources[k])
+                    dsts[k], sources[k] = span(dsts[k]), span(sources[k])
         self._copy_inputs(cap, dsts, sources)
         del sources, dsts
         timer = self.timer
@@ -424,7 +513,7 @@ class CudaGraphRunner:
         cap.graph.replay()
         if timer is not None:
             timer.stop("cudagraph_replay", t1)
-        _copy_all([a for a, _ in back], [s for _, s in back])
+        copy_all([a for a, _ in back], [s for _, s in back])
         generation = family.generation
         for b in cap.outputs.buffers:
             b.generation = generation
@@ -449,7 +538,7 @@ class CudaGraphRunner:
         if spare is not None:
             self._swap_in(key, spare)
             return (self._replay(self._remember(key), args),)
-        if self._keep_as_spare(key):
+        if self._keep_as_spare(key, args):
             return (self._capture_and_replay(key, args),)
         return (self._capture_alone(key, args, "its last calls' saved activations are still held: their backwards "
                                     f"have not run ({CAPTURES_PER_SIGNATURE} forwards or more before their backwards)"),)
@@ -461,10 +550,10 @@ class CudaGraphRunner:
         # copied from a copy of it
         if cap.into_pool:
             pool = cap.family.out_ptrs
-            sources = [a.clone() if _on_copies(a, pool, cap.into_pool) else a for a in sources]
+            sources = [a.clone() if on_copies(a, pool, cap.into_pool) else a for a in sources]
         timer = self.timer
         t0 = timer.start() if timer is not None else None
-        _copy_all(dsts, sources)
+        copy_all(dsts, sources)
         if timer is not None:
             timer.stop("cudagraph_input_copies", t0)
 
@@ -532,9 +621,9 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         run_args = list(static)
         for i in borrowed:  # from here only `run_args` holds them: the run frees each after its last reader
-            static[i] = inputs[i] = _alias(static[i])
+            static[i] = inputs[i] = alias(static[i])
         for i in pooled:
-            static[i] = _alias(static[i])
+            static[i] = alias(static[i])
         family.hold_pool()
         with library_workspaces_in_pool(), no_collection(), capturing(graph, family.handle, side):
             outs = list(self.runner(run_args))
@@ -593,8 +682,8 @@ class CudaGraphRunner:
 
         def copy(i: int) -> None:
             a = inputs[i]
-            if _overlapping(a):  # an expanded input: its elements share memory, which copy_ refuses to write
-                src = _span(a)
+            if overlapping(a):  # an expanded input: its elements share memory, which copy_ refuses to write
+                src = span(a)
                 base = torch.empty_strided(src.shape, (1,), dtype=a.dtype, device=a.device).copy_(src)
                 static[i] = base.as_strided(a.shape, a.stride())
             else:
@@ -665,91 +754,13 @@ class CudaGraphRunner:
                                 "this graph in one launch", language="", device="cuda"))
 
 
-def _on_copies(t: torch.Tensor, pool: set[int], copies: list[tuple[int, int]]) -> bool:
-    """Whether `t` lies on the family's memory (`pool`: its blocks' addresses) where it
-    overlaps one of the input copies' `copies` ((start, end), sorted)."""
-    st = t.untyped_storage()
-    start = st.data_ptr()
-    return start in pool and _overlaps(start, start + st.nbytes(), copies)
-
-
-def _overlaps(start: int, end: int, ranges: list[tuple[int, int]]) -> bool:
-    """Whether bytes [start, end) share one with the sorted, disjoint `ranges`."""
-    k = bisect.bisect_right(ranges, (start, float("inf")))
-    return (k > 0 and ranges[k - 1][1] > start) or (k < len(ranges) and ranges[k][0] < end)
-
-
-def _overlapping(t: torch.Tensor) -> bool:
-    """Whether elements of `t` share memory: a dim of stride 0 (an `expand`) holding more than one."""
-    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
-
-
-def _span(t: torch.Tensor) -> torch.Tensor:
-    """The 1-D run of `t`'s storage from its first element to its last (strides are never negative)."""
-    n = 0 if t.numel() == 0 else 1 + sum((k - 1) * st for k, st in zip(t.shape, t.stride()))
-    return t.as_strided((n,), (1,), t.storage_offset())
-
-
-def _alias(t: torch.Tensor) -> torch.Tensor:
-    """A tensor at `t`'s address that owns nothing (and does not count as holding it): what a
-    capture keeps of an input it reads in place from another graph, to compare addresses."""
-    st = t.untyped_storage()
-    mem = torch._C._construct_storage_from_data_pointer(st.data_ptr(), t.device, st.nbytes())
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(mem, t.storage_offset(), t.shape, t.stride())
-
-
 def _constant_ptrs(runner: Any) -> set[int]:
     """Addresses of the tensors a compiled graph holds as constants (folded masks, literals).
     An output that is one (a forward saving Swin's folded attention mask for its backward)
     is not pool memory: the graph holds it for good, so as a saved activation it read as
     held at every call, which captured the forward again, then ran it without CUDA graphs."""
-    return {t.untyped_storage().data_ptr() for t in (getattr(_plan_of(runner), "constants", None) or {}).values()
+    return {t.untyped_storage().data_ptr() for t in (getattr(plan_of(runner), "constants", None) or {}).values()
             if isinstance(t, torch.Tensor)}
-
-
-def _plan_of(runner: Any) -> Any:
-    """The GraphRunner behind a compiled graph's callable: a generated wrapper keeps the
-    plan it was printed from."""
-    return getattr(runner, "runner", runner)
-
-
-def _failure_site(runner: Any, error: BaseException) -> tuple[str, Any, BaseException]:
-    """Where in the graph a capture stopped: ("at <step> (<its ATen ops>): ", the user's
-    line it computes, the error the step raised), or ("", None, `error`) when no step of
-    the generated wrapper raised it (the capture's end alone, say)."""
-    failed_step = getattr(runner, "failed_step", None)
-    found = failed_step(error) if failed_step is not None else None
-    if found is None:
-        return "", None, error
-    name, cause = found
-    origin = getattr(_plan_of(runner), "origins", {}).get(name)
-    if origin is None:
-        return f"at {name}: ", None, cause
-    from fuselens.compiler.explain import location_from_stack
-
-    ops = ", ".join(dict.fromkeys(origin.ops[:6]))
-    return f"at {name} ({ops}): ", location_from_stack(origin.stack_trace), cause
-
-
-def _report_failed_capture(graph_id: str, error: str, location: Any = None) -> None:
-    """A finding for a capture CUDA refused (what runtime/capture_check.py did not foresee),
-    at the user's line of the step it stopped at when known."""
-    from fuselens import sink
-    from fuselens.events import ErrorEntry
-
-    sink.emit(ErrorEntry(kind="fallback", message=f"graph {graph_id} runs without CUDA graphs: its capture failed "
-                         f"({error})", location=location))
-
-
-def _copy_all(dsts: list, srcs: list) -> None:
-    """`dst.copy_(src)` for each pair, as few launches as torch's multi-tensor copy makes
-    (Inductor's CUDA graphs copy their inputs so): a compiled optimizer step copies every
-    gradient (Dynamo marks parameters and state static, not gradients), 76 launches a
-    step for GPT-2's, 161 for ResNet-50's."""
-    if len(dsts) > 1:
-        torch._foreach_copy_(dsts, srcs)
-    elif dsts:
-        dsts[0].copy_(srcs[0])
 
 
 def release_all() -> None:
@@ -769,32 +780,3 @@ _CAN_COUNT_REFERENCES = hasattr(torch._C, "_storage_Use_Count")
 # torch 2.13 moves a held gradient out of the pool; torch 2.11 has no way to, and captures again
 # (the storage's `_swap_data_ptr_`, which PoolBuffer.move_out calls)
 _CAN_MOVE_STORAGE = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
-
-
-def _forward_static_indices() -> set[int]:
-    try:
-        from torch._guards import TracingContext
-
-        ctx = TracingContext.try_get()
-        meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-        return set(getattr(meta, "static_input_indices", None) or ())
-    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
-        return set()
-
-
-def gradient_output_indices() -> set[int]:
-    """For a backward being compiled: its outputs that are gradients of parameters or
-    buffers. AOTAutograd's backward returns one gradient per forward input, and the
-    tracing context still holds the forward's metadata, whose static inputs are those."""
-    return _forward_static_indices()
-
-
-def static_input_indices(backward: bool = False) -> set[int]:
-    """Inputs of the graph being compiled that AOTAutograd knows keep their address
-    from call to call: parameters and buffers (a BatchNorm's running statistics are
-    buffers, not Parameters). Empty outside a compile, and for a backward: while it
-    compiles, the tracing context still holds its forward's metadata, whose indices are
-    the forward's inputs. Taken for the backward's, they made ResNet-50's output
-    gradient (a new tensor every step) "static": a capture on every step, 0.13x of
-    reduce-overhead. A backward's saved activations are read in place by borrowing."""
-    return set() if backward else _forward_static_indices()

@@ -23,7 +23,8 @@ import torch
 
 from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.compiler.layout_passes import forward_user_outputs
-from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, gradient_output_indices, static_input_indices
+from fuselens.compiler.runtime.capture_inputs import gradient_output_indices, static_input_indices
+from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
 from fuselens.compiler.runtime import wrapper_codegen
