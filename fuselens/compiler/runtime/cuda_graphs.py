@@ -720,12 +720,16 @@ class CudaGraphRunner:
 
     def _copies_a_replayed_output(self, args: Sequence[Any], params: set[int],
                                   positions: Optional[Sequence[int]] = None) -> bool:
+        """Whether an input at `positions` (else all but `params`) is at an address another graph
+        replays into. One this graph's own captures write is not: a layer's input is the
+        output of its call for the layer before, copied as at the capture, and a backward in
+        the same pool writes there later in the step (BART's encoder: captured anew every step)."""
         replayed = self._replayed()
         if not replayed:
             return False
         positions = [i for i in range(len(args)) if i not in params] if positions is None else positions
-        return any(isinstance(args[i], torch.Tensor) and args[i].untyped_storage().data_ptr() in replayed
-                   for i in positions)
+        return any(isinstance(args[i], torch.Tensor) and (p := args[i].untyped_storage().data_ptr()) in replayed
+                   and p not in self.outputs for i in positions)
 
     def _replayed(self) -> set[int]:
         """Storages of the outputs other live graphs replay into (none once borrowing stopped)."""
