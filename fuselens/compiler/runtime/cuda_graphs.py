@@ -401,10 +401,7 @@ class CudaGraphRunner:
             if sum(c.reads_in_place(args) for c in (self.graphs[key], *spares)) >= CAPTURES_PER_SIGNATURE:
                 return False
         elif len(spares) + 1 >= POSITIONS_PER_SIGNATURE:
-            oldest = spares.pop(0)  # `_swap_in` appends the one it replaced: the front replayed longest ago
-            oldest.family.leave(oldest)
-            self.outputs = {p for c in self.captures() for p in c.outputs.ptrs()}
-            CudaGraphRunner._captures += 1
+            self._drop(spares.pop(0))  # `_swap_in` appends the one it replaced: the front replayed longest ago
         spares.append(self.graphs.pop(key))
         self._last_hit = None
         return True
@@ -427,6 +424,11 @@ class CudaGraphRunner:
             return
         if self._last_hit is not None and self._last_hit.key == key:
             self._last_hit = None
+        self._drop(cap)
+
+    def _drop(self, cap: Captured) -> None:
+        """A capture no longer kept (already out of `graphs` and `spares`): it leaves its family,
+        and its outputs are no longer this runner's."""
         cap.family.leave(cap)
         self.outputs = {p for c in self.captures() for p in c.outputs.ptrs()}
         CudaGraphRunner._captures += 1  # other runners' `_replayed` caches hold the old outputs
