@@ -276,17 +276,19 @@ time.sleep(6)
 """
 
 
-async def test_keys_answer_at_once_while_a_profile_runs(tmp_path):
-    target = program(tmp_path, SLOW_PROGRAM)
+async def test_keys_answer_while_a_profile_runs(tmp_path):
+    # The proof is the order, not a latency: the keys take effect while the run
+    # is still going. A wall-clock bound flaked on CI, where the other test
+    # worker compiles on the same two cores; a UI that waited for the run would
+    # answer only after the program's 30 s sleep, with `running` already False.
+    target = program(tmp_path, SLOW_PROGRAM.replace("time.sleep(6)", "time.sleep(30)"))
     app = FuselensApp(target, session=WorkerSession(target), reports=recorded(),
                       options=RunOptions(timeout_s=60), toggles=ToggleState(backend="eager"), sample=False)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_until(pilot, lambda: app._events > 0)  # the program is running
-        started = time.monotonic()
         await pilot.press("s")
         await pilot.press("t")
         assert app.sort_column == "mean" and app.focused.id == "toggles"
-        assert time.monotonic() - started < 2.0  # generous: the CI machine is shared
         assert app.running and app.query_one("#progress").display  # the progress indicator
         assert "profiling run 3" in text_of(app.query_one("#status"))
 
