@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_graph_simulation import Fn, InPlaceFn, _captures, _capturing, _pool_memory, _step, simulated_cuda
+from cuda_graph_simulation import Fn, InPlaceFn, Steps, _captures, _capturing, _pool_memory, _step, simulated_cuda
 
 from fuselens.compiler.runtime import cuda_graphs
 from fuselens.compiler.runtime.cuda_graph_pool import GraphFamily
@@ -603,3 +603,50 @@ def test_a_layer_graph_fed_its_own_last_positions_output_keeps_its_captures_when
         del g
     assert fw.captures_made == 6 and bw.captures_made == 6, (fw.captures_made, bw.captures_made)
     assert not fw.failed and not bw.failed and fw.conflicts == bw.conflicts == 0
+
+
+def _twice_a_step(f: CudaGraphRunner, b: CudaGraphRunner, step: int) -> None:
+    """A training step calling one weightless graph twice (BART's mask graph: encoder, then
+    decoder), each output saved for the backward, which runs for each in reverse."""
+    x1, x2 = torch.full((4,), float(step + 1)), torch.full((4,), float(step + 2))
+    h1 = f([x1])[0]
+    h2 = f([x2])[0]
+    g = torch.ones(4)
+    g2 = b([h2, g])[0]
+    g1 = b([h1, g2])[0]
+    assert torch.equal(g2, x2 * 2 + 1) and torch.equal(g1, x1 * 2 + x2 * 2 + 1), step
+
+
+def test_a_graph_called_twice_a_step_warms_up_both_calls_and_captures_them_next_step_in_one_pool(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph with no weights of its own called twice in a step is one position: its second
+    call used to capture in the first step, while that step's warm-ups still held their memory
+    in the pool (BART's training on the H200: a 4.8 GB pool for that capture alone, and the
+    second step's captures in pools of their own). Now both calls warm up in the first step,
+    as reduce-overhead records only in a step after its warm-ups, and capture in the second,
+    in step order, into one pool."""
+    steps = Steps()
+    monkeypatch.setattr(cuda_graphs, "current_step", steps)
+    f = CudaGraphRunner(Fn(lambda x: x * 2), "0/0:aot_forward", None, saved_from=0)
+    b = CudaGraphRunner(Fn(lambda h, g: h + g), "0/0:aot_backward", None)
+    _twice_a_step(f, b, 0)
+    assert (f.captures_made, b.captures_made) == (0, 0)
+    for step in range(1, 6):
+        steps.next()
+        _twice_a_step(f, b, step)
+    assert not f.failed and not b.failed
+    caps = [*f.captures(), *b.captures()]
+    assert len({c.family for c in caps}) == 1
+    assert f.captures_made + b.captures_made == len(caps) <= 4
+
+
+def test_a_graph_called_again_and_again_within_one_step_captures_after_a_few_warm_ups(
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call into compiled code that runs a graph many times (a whole loop compiled, with a
+    graph break inside) has no next step: the graph captures at its WARM_UPS_IN_ONE_STEP-th
+    call, where waiting for the next step would leave it without CUDA graphs for good."""
+    monkeypatch.setattr(cuda_graphs, "current_step", Steps())
+    f = CudaGraphRunner(Fn(lambda x: x * 2), "0/0:aot_inference", None, inference=True)
+    for k in range(10):
+        assert torch.equal(f([torch.full((4,), float(k))])[0], torch.full((4,), 2.0 * k))
+    assert f.captures_made == 1 and f.captures()[0].graph.replays == 10 - cuda_graphs.WARM_UPS_IN_ONE_STEP

@@ -30,6 +30,8 @@ right): capture_context.py.
 
 from __future__ import annotations
 
+import itertools
+import sys
 import weakref
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -75,6 +77,15 @@ POSITIONS_PER_SIGNATURE = 64
 # forward 15, 62 ms a step against reduce-overhead's 20 and 11.8 GB of pools (forty-fifth session).
 RECAPTURES_BEFORE_PLAIN = 12
 RECAPTURE_WINDOW = 48
+# A position captures in a step after the one its warm-up ran in (`current_step`), as
+# reduce-overhead records only in a generation after its warm-ups. A graph called twice a step
+# with the same module state (BART's mask graph, for its encoder and its decoder) captured at
+# its second call in the first step, while that step's warm-ups held their memory in the pool:
+# the capture took a pool of 4.8 GB of its own, and the second step's captures pools of their
+# own. Where one call into compiled code runs a graph again and again (a whole training loop
+# compiled, a graph break inside it), there is no next step: the call this many times into a
+# step captures.
+WARM_UPS_IN_ONE_STEP = 3
 
 
 class Captured:
@@ -182,12 +193,13 @@ class CudaGraphRunner:
         self.spares: dict[tuple, list[Captured]] = {}  # signature -> its other captures (CAPTURES_PER_SIGNATURE)
         # signatures whose first call ran, with the family it allocated in (None: outside the pools)
         self.warm: dict[tuple, Optional[GraphFamily]] = {}
-        # (signature, addresses of the module state it reads) that ran a warm-up: a position
-        # captures from its second call, so that a step's first calls all warm up and the
-        # next step captures every position in the order the steps replay them (a layer's
-        # graph captured for layer 2 in the first step, for layer 1 in the second, was
-        # captured out of that order: its replays could write over layer 1's activations)
-        self.warm_positions: set[tuple] = set()
+        # (signature, addresses of the module state it reads) that ran a warm-up -> (the step
+        # of its last warm-up, warm-ups in that step): a position captures in a later step, so
+        # that a step's calls all warm up and the next step captures every position in the
+        # order the steps replay them (a layer's graph captured for layer 2 in the first step,
+        # for layer 1 in the second, was captured out of that order: its replays could write
+        # over layer 1's activations)
+        self.warm_positions: dict[tuple, tuple[Any, int]] = {}
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
         self.borrow = True  # may read other graphs' replayed outputs in place
@@ -199,6 +211,14 @@ class CudaGraphRunner:
         # tuple per input, which Python hashes anew at every lookup (ResNet-50's 321 inputs: three
         # lookups a replay were 40-60 us of its host time)
         self._last_hit: Optional[_Hit] = None
+        # the step of the last call, and what the first call of that step replayed: a step's
+        # first call tries it first. Two calls of one position a step, each with its own
+        # capture (its first call's saved activations still held at the second), replay in
+        # their capture's order: the next step's first call had replayed the second capture,
+        # the one it replayed last, and the first then found that capture's outputs, this
+        # step's, in its way (captured again, alone)
+        self._step: Any = None
+        self._step_began: Optional[_Hit] = None
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
         self.calls = 0  # calls since the runner was made: how recent its captures are (RECAPTURE_WINDOW)
@@ -217,9 +237,15 @@ class CudaGraphRunner:
         if self.failed:
             return self.runner(args)
         self.calls += 1
+        step = current_step()
+        if step != self._step:
+            self._step = step
+            self._begin_step()
         hit = self._last_hit
         if hit is not None:
             if self._same_call(hit, args):
+                if self._step_began is None:
+                    self._step_began = hit
                 return self._replay(hit, args)
             nxt = self._successor(hit, args)
             if nxt is not None:
@@ -267,7 +293,9 @@ class CudaGraphRunner:
         each capture instead ran a backward with every saved activation still alive: its
         pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory).
         An inference graph's warm-up runs outside the pools (`_warm_up_outside_pools`)."""
-        self.warm_positions.add((key, self._position(args)))
+        where, step = (key, self._position(args)), current_step()
+        last, times = self.warm_positions.get(where, (None, 0))
+        self.warm_positions[where] = (step, times + 1 if last == step else 1)
         if len(self.warm_positions) > 2 * POSITIONS_PER_SIGNATURE:
             return self._plain_from_now(args, (
                 f"its calls brought {len(self.warm_positions)} sets of parameters at new addresses, each warmed "
@@ -356,7 +384,21 @@ class CudaGraphRunner:
         if last is not None and last.key == key and last.captured is not cap:
             last.captured.successor = weakref.ref(cap)
         self._last_hit = _Hit(key, cap)
+        if self._step_began is None:
+            self._step_began = self._last_hit
         return self._last_hit
+
+    def _begin_step(self) -> None:
+        """A new step's first call: it tries what the last step's first call replayed."""
+        began, self._step_began = self._step_began, None
+        if began is None or began is self._last_hit:  # one capture a step: no signature hashed (see `_Hit`)
+            return
+        key, cap = began
+        if self.graphs.get(key) is not cap:
+            if cap not in self.spares.get(key, ()):
+                return  # dropped since
+            self._swap_in(key, cap)
+        self._last_hit = began
 
     def _spare_for(self, key: tuple, args: Sequence[Any]) -> Optional[Captured]:
         """A spare of `key` that `args` fit: it reads in place what they have at its addresses,
@@ -384,10 +426,12 @@ class CudaGraphRunner:
                      if isinstance(a, torch.Tensor) and (i in static or isinstance(a, torch.nn.Parameter)))
 
     def _position_warm(self, key: tuple, args: Sequence[Any]) -> bool:
-        """Whether a call may capture: its position ran a warm-up, and it reads no output of
-        a warm-up (a backward before its forward captured: such a capture copies what it
-        would read in place once its forward captures, and captures again then)."""
-        if (key, self._position(args)) not in self.warm_positions:
+        """Whether a call may capture: its position ran a warm-up in an earlier step (or
+        WARM_UPS_IN_ONE_STEP in this one), and it reads no output of a warm-up (a backward
+        before its forward captured: such a capture copies what it would read in place once
+        its forward captures, and captures again then)."""
+        warmed = self.warm_positions.get((key, self._position(args)))
+        if warmed is None or (warmed[0] == current_step() and warmed[1] < WARM_UPS_IN_ONE_STEP):
             return False
         return not any(f.warm_output(a, self) for a in args if isinstance(a, torch.Tensor) for f in GraphFamily._all)
 
@@ -424,6 +468,8 @@ class CudaGraphRunner:
             return
         if self._last_hit is not None and self._last_hit.key == key:
             self._last_hit = None
+        if self._step_began is not None and self._step_began.captured is cap:
+            self._step_began = None
         self._drop(cap)
 
     def _drop(self, cap: Captured) -> None:
@@ -442,6 +488,7 @@ class CudaGraphRunner:
             for cap in spares:
                 cap.family.leave(cap)
         self.spares.clear()
+        self._step_began = None
         self.outputs = set()
         self._kept = []
         self.warm.clear()
@@ -769,6 +816,18 @@ def _constant_ptrs(runner: Any) -> set[int]:
             if isinstance(t, torch.Tensor)}
 
 
+def current_step() -> tuple[str, int]:
+    """The program's step, as reduce-overhead's CUDA graph trees tell them apart: the count of
+    `torch.compiler.cudagraph_mark_step_begin()` calls once the user makes them, else Dynamo's
+    generation, which every call from eager code into a compiled function bumps (a training
+    step's backward runs in its forward's)."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # imported by the first mark
+    marked = getattr(getattr(trees, "MarkStepBox", None), "mark_step_counter", 0)
+    if marked:
+        return ("marked", marked)
+    return ("generation", _GENERATION.generation) if _GENERATION is not None else ("calls", next(_CALLS))
+
+
 def release_all() -> None:
     """Every live runner's graphs dropped: `torch._dynamo.reset()` (entry.py's `_reset`), as
     it resets Inductor's CUDA graph trees. Dynamo's reset leaves the
@@ -780,6 +839,13 @@ def release_all() -> None:
     GraphFamily.prune_holding()
 
 
+# Dynamo's generation counter; a torch without it makes every call a step of its own (a
+# position's second call captures)
+try:
+    from torch._dynamo.mutation_guard import GenerationTracker as _GENERATION
+except ImportError:
+    _GENERATION = None
+_CALLS = itertools.count()
 # one C++ call comparing the addresses of many inputs (CUDA builds; Inductor's CUDA graphs use it)
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _CAN_COUNT_REFERENCES = hasattr(torch._C, "_storage_Use_Count")
