@@ -82,10 +82,9 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
                        ("_cuda_releasePool", "release")):
         monkeypatch.setattr(torch._C, name, lambda device, pool, what=what: _pool_call(what, pool), raising=False)
     monkeypatch.setattr(torch, "empty_strided", _empty_strided)
-    # the tests call runners directly, not through a compiled function, so Dynamo's step
-    # counter never moves: each call is a step of its own unless a test sets `steps` (`Steps`)
-    calls = iter(range(1 << 30))
-    monkeypatch.setattr(cuda_graphs, "current_step", lambda: ("call", next(calls)))
+    # the tests call runners directly, not through a compiled function, so Dynamo's generation
+    # never moves: each call is a step of its own unless a test sets a `StepClock` of its own
+    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", _EachCall())
     _allocating.clear()
     _pool_memory.clear()
     gc.collect()  # earlier tests' families release their pools when they go: not among this test's calls
@@ -180,18 +179,15 @@ class Fn:
         return [out]
 
 
-class Steps:
-    """The program's step, set by a test: `monkeypatch.setattr(cuda_graphs, "current_step",
-    steps)`, then `steps.next()` where a training loop's next step would begin."""
+class _EachCall:
+    """Every call a step of its own (`cuda_graphs.StepClock`'s place in the tests)."""
 
     def __init__(self) -> None:
         self.step = 0
 
-    def next(self) -> None:
+    def of_call(self, backward: bool, training_forward: bool) -> int:
         self.step += 1
-
-    def __call__(self) -> tuple[str, int]:
-        return ("step", self.step)
+        return self.step
 
 
 def _captures() -> list:

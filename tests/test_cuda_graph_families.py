@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_graph_simulation import Fn, InPlaceFn, Steps, _captures, _capturing, _pool_memory, _step, simulated_cuda
+from cuda_graph_simulation import Fn, InPlaceFn, _captures, _capturing, _pool_memory, _step, simulated_cuda
 
 from fuselens.compiler.runtime import cuda_graphs
 from fuselens.compiler.runtime.cuda_graph_pool import GraphFamily
@@ -605,11 +605,28 @@ def test_a_layer_graph_fed_its_own_last_positions_output_keeps_its_captures_when
     assert not fw.failed and not bw.failed and fw.conflicts == bw.conflicts == 0
 
 
-def _twice_a_step(f: CudaGraphRunner, b: CudaGraphRunner, step: int) -> None:
-    """A training step calling one weightless graph twice (BART's mask graph: encoder, then
-    decoder), each output saved for the backward, which runs for each in reverse."""
+class Generations:
+    """Dynamo's generation as the program would move it: `bump()` at each call into compiled
+    code from eager code (the source of a real `cuda_graphs.StepClock`)."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+    def bump(self) -> None:
+        self.generation += 1
+
+    def __call__(self) -> tuple[str, int]:
+        return ("generation", self.generation)
+
+
+def _twice_a_step(f: CudaGraphRunner, b: CudaGraphRunner, calls: Generations, step: int) -> None:
+    """A training step calling one weightless graph twice before the backward (BART's mask
+    graph, for its encoder and its decoder; two views of a batch), each output saved for the
+    backward, which runs for each in reverse. Each forward is a call into compiled code."""
     x1, x2 = torch.full((4,), float(step + 1)), torch.full((4,), float(step + 2))
+    calls.bump()
     h1 = f([x1])[0]
+    calls.bump()
     h2 = f([x2])[0]
     g = torch.ones(4)
     g2 = b([h2, g])[0]
@@ -624,20 +641,21 @@ def test_a_graph_called_twice_a_step_warms_up_both_calls_and_captures_them_next_
     in the pool (BART's training on the H200: a 4.8 GB pool for that capture alone, and the
     second step's captures in pools of their own). Now both calls warm up in the first step,
     as reduce-overhead records only in a step after its warm-ups, and capture in the second,
-    in step order, into one pool."""
-    steps = Steps()
-    monkeypatch.setattr(cuda_graphs, "current_step", steps)
+    in step order, into one pool; the next steps replay them in that order."""
+    calls = Generations()
+    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", cuda_graphs.StepClock(calls))
     f = CudaGraphRunner(Fn(lambda x: x * 2), "0/0:aot_forward", None, saved_from=0)
     b = CudaGraphRunner(Fn(lambda h, g: h + g), "0/0:aot_backward", None)
-    _twice_a_step(f, b, 0)
+    _twice_a_step(f, b, calls, 0)
     assert (f.captures_made, b.captures_made) == (0, 0)
-    for step in range(1, 6):
-        steps.next()
-        _twice_a_step(f, b, step)
-    assert not f.failed and not b.failed
+    _twice_a_step(f, b, calls, 1)
+    assert (f.captures_made, b.captures_made) == (2, 2)
     caps = [*f.captures(), *b.captures()]
-    assert len({c.family for c in caps}) == 1
-    assert f.captures_made + b.captures_made == len(caps) <= 4
+    assert len({c.family for c in caps}) == 1 and sorted(c.index for c in caps) == [0, 1, 2, 3]
+    for step in range(2, 6):
+        _twice_a_step(f, b, calls, step)
+    assert (f.captures_made, b.captures_made) == (2, 2) and f.conflicts + b.conflicts == 0
+    assert not f.failed and not b.failed and all(c.graph.replays == 5 for c in caps)
 
 
 def test_a_graph_called_again_and_again_within_one_step_captures_after_a_few_warm_ups(
@@ -645,7 +663,7 @@ def test_a_graph_called_again_and_again_within_one_step_captures_after_a_few_war
     """One call into compiled code that runs a graph many times (a whole loop compiled, with a
     graph break inside) has no next step: the graph captures at its WARM_UPS_IN_ONE_STEP-th
     call, where waiting for the next step would leave it without CUDA graphs for good."""
-    monkeypatch.setattr(cuda_graphs, "current_step", Steps())
+    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", cuda_graphs.StepClock(Generations()))
     f = CudaGraphRunner(Fn(lambda x: x * 2), "0/0:aot_inference", None, inference=True)
     for k in range(10):
         assert torch.equal(f([torch.full((4,), float(k))])[0], torch.full((4,), 2.0 * k))

@@ -528,3 +528,39 @@ def test_a_graph_fed_a_users_tensor_and_another_graphs_output_in_turn_replays_a_
     (by_graph,) = [c for c in mask.captures() if c.lent]
     assert by_user.graph.replays >= 8 and by_graph.graph.replays >= 8
     assert not [e for e in events if isinstance(e, ErrorEntry)]
+
+
+def test_the_step_clock_begins_a_step_at_a_compiled_call_once_no_forward_waits_for_its_backward() -> None:
+    """Steps as reduce-overhead's CUDA graph trees count generations: each call into compiled
+    code (Dynamo's generation) begins one, but not while a training forward's backward has
+    not run (two views of a batch, then one backward), and never at a backward (a loss
+    compiled apart from its model); a user's `cudagraph_mark_step_begin()` begins one anyway."""
+    source = [("generation", 1)]
+    clock = cuda_graphs.StepClock(lambda: source[0])
+
+    def call(generation: Any, role: str) -> int:
+        source[0] = generation if isinstance(generation, tuple) else ("generation", generation)
+        return clock.of_call(role == "backward", role == "forward")
+
+    # model and loss compiled apart, one step: forward, loss forward, both backwards
+    assert [call(1, "forward"), call(2, "forward"), call(2, "backward"), call(2, "backward")] == [1, 1, 1, 1]
+    assert [call(3, "forward"), call(4, "forward"), call(4, "backward"), call(4, "backward")] == [2, 2, 2, 2]
+    # two views of a batch through the model, then one backward: one step
+    assert [call(5, "forward"), call(6, "forward"), call(6, "backward")] == [3, 3, 3]
+    # inference calls: a step each; a forward whose backward never runs holds the step
+    assert [call(7, "inference"), call(8, "inference"), call(9, "forward"), call(10, "forward")] == [4, 5, 6, 6]
+    assert call(("marked", -1), "forward") == 7  # the user's mark
+    assert call(("marked", -1), "inference") == 7
+
+
+def test_dynamos_generation_moves_at_each_call_into_compiled_code_and_not_at_its_backward() -> None:
+    """What `compiled_calls` reads: this torch's own counters, through a real compiled
+    function (a torch without them would leave every call a step of its own)."""
+    f = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    seen = []
+    for _ in range(3):
+        y = f(torch.randn(2, 4))
+        seen.append(cuda_graphs.compiled_calls())
+        y.sum().backward()
+        assert cuda_graphs.compiled_calls() == seen[-1]
+    assert seen[0][0] == "generation" and [g for _, g in seen] == [seen[0][1] + k for k in range(3)]

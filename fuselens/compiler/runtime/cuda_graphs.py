@@ -1,8 +1,9 @@
 """CUDA graphs for compiled Triton graphs (option `cuda_graphs`, CUDA only).
 
-The first call per input signature runs normally (compiling and tuning kernels)
-and captures one CUDA graph; later calls copy the inputs into the graph's static
-buffers and replay it. The copies are a kernel of their own in the report
+A signature's calls in the step of its first call run normally (warm-ups: compiling
+and tuning kernels); its first call in a later step (`StepClock`: the program's steps as
+reduce-overhead tells them apart) captures one CUDA graph; later calls copy the inputs
+into the graph's static buffers and replay it. The copies are a kernel of their own in the report
 (`cudagraph_input_copies`); parameters, buffers and the outputs other graphs replay
 into (a model's logits handed to its loss after a graph break) are not copied: their
 address is stable, and one that moves re-captures. Each set of module state a graph reads
@@ -77,7 +78,7 @@ POSITIONS_PER_SIGNATURE = 64
 # forward 15, 62 ms a step against reduce-overhead's 20 and 11.8 GB of pools (forty-fifth session).
 RECAPTURES_BEFORE_PLAIN = 12
 RECAPTURE_WINDOW = 48
-# A position captures in a step after the one its warm-up ran in (`current_step`), as
+# A position captures in a step after the one its warm-up ran in (`StepClock`), as
 # reduce-overhead records only in a generation after its warm-ups. A graph called twice a step
 # with the same module state (BART's mask graph, for its encoder and its decoder) captured at
 # its second call in the first step, while that step's warm-ups held their memory in the pool:
@@ -184,6 +185,9 @@ class CudaGraphRunner:
         # inputs the graph overwrites: a copied one is copied back after each replay
         self.mutated_inputs = list(mutated_inputs)
         self.graph_id = graph_id
+        stage = graph_id.split("#")[0].rsplit(":", 1)[-1]
+        self.backward = stage == "aot_backward"  # never begins a step (`StepClock`)
+        self.training_forward = stage == "aot_forward"
         # replayed in place, like Parameters; a moved one is captured again (see __call__)
         self.static_inputs = set(static_inputs or ())
         # the graph's timer (option time_kernels): a replay is timed whole, and the input copies
@@ -199,7 +203,7 @@ class CudaGraphRunner:
         # order the steps replay them (a layer's graph captured for layer 2 in the first step,
         # for layer 1 in the second, was captured out of that order: its replays could write
         # over layer 1's activations)
-        self.warm_positions: dict[tuple, tuple[Any, int]] = {}
+        self.warm_positions: dict[tuple, tuple[int, int]] = {}
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
         self.borrow = True  # may read other graphs' replayed outputs in place
@@ -217,7 +221,7 @@ class CudaGraphRunner:
         # their capture's order: the next step's first call had replayed the second capture,
         # the one it replayed last, and the first then found that capture's outputs, this
         # step's, in its way (captured again, alone)
-        self._step: Any = None
+        self._step = -1
         self._step_began: Optional[_Hit] = None
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
@@ -237,7 +241,7 @@ class CudaGraphRunner:
         if self.failed:
             return self.runner(args)
         self.calls += 1
-        step = current_step()
+        step = STEP_CLOCK.of_call(self.backward, self.training_forward)
         if step != self._step:
             self._step = step
             self._begin_step()
@@ -293,7 +297,7 @@ class CudaGraphRunner:
         each capture instead ran a backward with every saved activation still alive: its
         pool kept room for both (BERT training: 1.55x reduce-overhead's reserved memory).
         An inference graph's warm-up runs outside the pools (`_warm_up_outside_pools`)."""
-        where, step = (key, self._position(args)), current_step()
+        where, step = (key, self._position(args)), self._step
         last, times = self.warm_positions.get(where, (None, 0))
         self.warm_positions[where] = (step, times + 1 if last == step else 1)
         if len(self.warm_positions) > 2 * POSITIONS_PER_SIGNATURE:
@@ -431,7 +435,7 @@ class CudaGraphRunner:
         before its forward captured: such a capture copies what it would read in place once
         its forward captures, and captures again then)."""
         warmed = self.warm_positions.get((key, self._position(args)))
-        if warmed is None or (warmed[0] == current_step() and warmed[1] < WARM_UPS_IN_ONE_STEP):
+        if warmed is None or (warmed[0] == self._step and warmed[1] < WARM_UPS_IN_ONE_STEP):
             return False
         return not any(f.warm_output(a, self) for a in args if isinstance(a, torch.Tensor) for f in GraphFamily._all)
 
@@ -468,13 +472,13 @@ class CudaGraphRunner:
             return
         if self._last_hit is not None and self._last_hit.key == key:
             self._last_hit = None
-        if self._step_began is not None and self._step_began.captured is cap:
-            self._step_began = None
         self._drop(cap)
 
     def _drop(self, cap: Captured) -> None:
         """A capture no longer kept (already out of `graphs` and `spares`): it leaves its family,
         and its outputs are no longer this runner's."""
+        if self._step_began is not None and self._step_began.captured is cap:
+            self._step_began = None
         cap.family.leave(cap)
         self.outputs = {p for c in self.captures() for p in c.outputs.ptrs()}
         CudaGraphRunner._captures += 1  # other runners' `_replayed` caches hold the old outputs
@@ -816,16 +820,45 @@ def _constant_ptrs(runner: Any) -> set[int]:
             if isinstance(t, torch.Tensor)}
 
 
-def current_step() -> tuple[str, int]:
-    """The program's step, as reduce-overhead's CUDA graph trees tell them apart: the count of
-    `torch.compiler.cudagraph_mark_step_begin()` calls once the user makes them, else Dynamo's
-    generation, which every call from eager code into a compiled function bumps (a training
-    step's backward runs in its forward's)."""
+def compiled_calls() -> tuple[str, int]:
+    """What tells the program's steps apart, as reduce-overhead's CUDA graph trees read it:
+    the count of `torch.compiler.cudagraph_mark_step_begin()` calls once the user makes them,
+    else Dynamo's generation, which every call from eager code into a compiled function bumps
+    (a backward runs in the generation of the last call before it)."""
     trees = sys.modules.get("torch._inductor.cudagraph_trees")  # imported by the first mark
     marked = getattr(getattr(trees, "MarkStepBox", None), "mark_step_counter", 0)
     if marked:
         return ("marked", marked)
     return ("generation", _GENERATION.generation) if _GENERATION is not None else ("calls", next(_CALLS))
+
+
+class StepClock:
+    """Counts the program's steps for the runners, as reduce-overhead's CUDA graph trees begin
+    a generation: a forward or inference call begins a step when `compiled_calls` moved since
+    the step began, unless a training forward's backward has not run yet (two views of a
+    batch through the model, then one backward: one step); a user's mark begins one anyway.
+    A backward never begins one (a loss compiled apart from its model is a call of its own)."""
+
+    def __init__(self, source: Any = None) -> None:
+        self.source = source or compiled_calls
+        self.step = 0
+        self.began: Any = None  # what `source` said when this step began
+        self.pending = False  # a training forward ran whose backward has not
+
+    def of_call(self, backward: bool, training_forward: bool) -> int:
+        """The step a runner's call is in."""
+        if backward:
+            self.pending = False
+            return self.step
+        now = self.source()
+        if now != self.began and (not self.pending or now[0] == "marked"):
+            self.began = now
+            self.step += 1
+        self.pending |= training_forward
+        return self.step
+
+
+STEP_CLOCK = StepClock()
 
 
 def release_all() -> None:
