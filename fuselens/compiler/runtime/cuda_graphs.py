@@ -825,8 +825,10 @@ def compiled_calls() -> tuple[str, int]:
     the count of `torch.compiler.cudagraph_mark_step_begin()` calls once the user makes them,
     else Dynamo's generation, which every call from eager code into a compiled function bumps
     (a backward runs in the generation of the last call before it)."""
-    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # imported by the first mark
-    marked = getattr(getattr(trees, "MarkStepBox", None), "mark_step_counter", 0)
+    global _MARKS
+    if _MARKS is None:  # imported by the first mark
+        _MARKS = getattr(sys.modules.get("torch._inductor.cudagraph_trees"), "MarkStepBox", None)
+    marked = getattr(_MARKS, "mark_step_counter", 0)
     if marked:
         return ("marked", marked)
     return ("generation", _GENERATION.generation) if _GENERATION is not None else ("calls", next(_CALLS))
@@ -879,6 +881,7 @@ try:
 except ImportError:
     _GENERATION = None
 _CALLS = itertools.count()
+_MARKS: Any = None  # torch's MarkStepBox, once imported
 # one C++ call comparing the addresses of many inputs (CUDA builds; Inductor's CUDA graphs use it)
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _CAN_COUNT_REFERENCES = hasattr(torch._C, "_storage_Use_Count")
