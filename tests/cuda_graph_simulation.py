@@ -180,7 +180,7 @@ class Fn:
 
 
 class _EachCall:
-    """Every call a step of its own (`cuda_graphs.StepClock`'s place in the tests)."""
+    """Every call a step of its own (`step_clock.StepClock`'s place in the tests)."""
 
     def __init__(self) -> None:
         self.step = 0

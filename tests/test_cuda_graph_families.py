@@ -15,7 +15,7 @@ import pytest
 import torch
 from cuda_graph_simulation import Fn, InPlaceFn, _captures, _capturing, _pool_memory, _step, simulated_cuda
 
-from fuselens.compiler.runtime import cuda_graphs
+from fuselens.compiler.runtime import cuda_graphs, step_clock
 from fuselens.compiler.runtime.cuda_graph_pool import GraphFamily
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
@@ -643,7 +643,7 @@ def test_a_graph_called_twice_a_step_warms_up_both_calls_and_captures_them_next_
     as reduce-overhead records only in a step after its warm-ups, and capture in the second,
     in step order, into one pool; the next steps replay them in that order."""
     calls = Generations()
-    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", cuda_graphs.StepClock(calls))
+    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", step_clock.StepClock(calls))
     f = CudaGraphRunner(Fn(lambda x: x * 2), "0/0:aot_forward", None, saved_from=0)
     b = CudaGraphRunner(Fn(lambda h, g: h + g), "0/0:aot_backward", None)
     _twice_a_step(f, b, calls, 0)
@@ -663,7 +663,7 @@ def test_a_graph_called_again_and_again_within_one_step_captures_after_a_few_war
     """One call into compiled code that runs a graph many times (a whole loop compiled, with a
     graph break inside) has no next step: the graph captures at its WARM_UPS_IN_ONE_STEP-th
     call, where waiting for the next step would leave it without CUDA graphs for good."""
-    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", cuda_graphs.StepClock(Generations()))
+    monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", step_clock.StepClock(Generations()))
     f = CudaGraphRunner(Fn(lambda x: x * 2), "0/0:aot_inference", None, inference=True)
     for k in range(10):
         assert torch.equal(f([torch.full((4,), float(k))])[0], torch.full((4,), 2.0 * k))

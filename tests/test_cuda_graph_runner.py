@@ -17,7 +17,7 @@ import torch
 from cuda_graph_simulation import (Fn, InPlaceFn, Runner, _at_address, _capturing, _Graph, _graph, _in_pool, _pool_calls,
                                    simulated_cuda)
 
-from fuselens.compiler.runtime import capture_context, capture_inputs, cuda_graphs
+from fuselens.compiler.runtime import capture_context, capture_inputs, captured_graph, cuda_graphs, step_clock
 from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
 
 __all__ = ["simulated_cuda"]  # the fixture, imported for the tests here
@@ -205,7 +205,7 @@ def test_tensor_only_inputs_compare_addresses_in_one_call_with_the_signature_cud
         calls.append(indices)
         return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
 
-    monkeypatch.setattr(cuda_graphs, "_PTRS_EQUAL", ptrs_equal)
+    monkeypatch.setattr(captured_graph, "PTRS_EQUAL", ptrs_equal)
 
     def run(args: list) -> list:
         x, w = args
@@ -536,7 +536,7 @@ def test_the_step_clock_begins_a_step_at_a_compiled_call_once_no_forward_waits_f
     not run (two views of a batch, then one backward), and never at a backward (a loss
     compiled apart from its model); a user's `cudagraph_mark_step_begin()` begins one anyway."""
     source = [("generation", 1)]
-    clock = cuda_graphs.StepClock(lambda: source[0])
+    clock = step_clock.StepClock(lambda: source[0])
 
     def call(generation: Any, role: str) -> int:
         source[0] = generation if isinstance(generation, tuple) else ("generation", generation)
@@ -560,7 +560,7 @@ def test_dynamos_generation_moves_at_each_call_into_compiled_code_and_not_at_its
     seen = []
     for _ in range(3):
         y = f(torch.randn(2, 4))
-        seen.append(cuda_graphs.compiled_calls())
+        seen.append(step_clock.compiled_calls())
         y.sum().backward()
-        assert cuda_graphs.compiled_calls() == seen[-1]
+        assert step_clock.compiled_calls() == seen[-1]
     assert seen[0][0] == "generation" and [g for _, g in seen] == [seen[0][1] + k for k in range(3)]

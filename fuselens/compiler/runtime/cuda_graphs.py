@@ -1,7 +1,7 @@
 """CUDA graphs for compiled Triton graphs (option `cuda_graphs`, CUDA only).
 
 A signature's calls in the step of its first call run normally (warm-ups: compiling
-and tuning kernels); its first call in a later step (`StepClock`: the program's steps as
+and tuning kernels); its first call in a later step (`step_clock.py`: the program's steps as
 reduce-overhead tells them apart) captures one CUDA graph; later calls copy the inputs
 into the graph's static buffers and replay it. The copies are a kernel of their own in the report
 (`cudagraph_input_copies`); parameters, buffers and the outputs other graphs replay
@@ -31,19 +31,20 @@ right): capture_context.py.
 
 from __future__ import annotations
 
-import itertools
-import sys
 import weakref
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from fuselens.compiler.runtime.capture_context import (capturing, cublas_workspace_bytes, library_workspaces_in_pool,
                                                        no_collection, warm_up_stream)
 from fuselens.compiler.runtime.capture_failure import failure_site, plan_of, report_failed_capture
+from fuselens.compiler.runtime import captured_graph
 from fuselens.compiler.runtime.capture_inputs import alias, copy_all, on_copies, overlapping, span
-from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily, PoolBuffer
+from fuselens.compiler.runtime.captured_graph import Captured, Hit
+from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily
 from fuselens.compiler.runtime.pool_reserve import graph_reservation
+from fuselens.compiler.runtime.step_clock import STEP_CLOCK
 from fuselens.kernel_timing import KernelTimer
 
 
@@ -89,74 +90,6 @@ RECAPTURE_WINDOW = 48
 WARM_UPS_IN_ONE_STEP = 3
 
 
-class Captured:
-    """One captured signature of a runner: what its replays read and write."""
-
-    __slots__ = ("static", "in_place", "lent", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
-                 "watch", "watch_version", "plan", "into_pool", "spans", "successor", "__weakref__")
-
-    def __init__(self, static: list, in_place: set[int], lent: list[int], graph: Any, outputs: CapturedOutputs,
-                 family: GraphFamily, allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
-        self.static = static  # inputs: copies (replays copy into them), parameters, aliases of borrowed outputs
-        self.in_place = in_place  # positions read in place (parameters, static inputs, other graphs' outputs)
-        self.lent = lent  # those of them that are other graphs' outputs
-        self.graph = graph
-        self.outputs = outputs
-        self.family = family
-        self.allowed = allowed  # the family's buffers alive at the end of the capture: never written by it
-        self.parked = False  # its runner dropped it, but an output of it is still held
-        self.runner = weakref.ref(runner)
-        self.index = family.join(self)
-        self.watch: list = []
-        self.watch_version = -1
-        # what a replay needs, worked out once: (positions copied or compared, positions read
-        # in place, the static inputs' addresses for one C++ comparison or None)
-        tensors = all(isinstance(a, torch.Tensor) for a in static)
-        ptrs = [a.data_ptr() for a in static] if _PTRS_EQUAL is not None and tensors else None
-        self.plan = ([i for i in range(len(static)) if i not in in_place], sorted(in_place), ptrs)
-        self.into_pool: list[tuple[int, int]] = []  # (start, end) of the input copies made in the pool, sorted
-        # copied inputs whose elements share memory (an expanded mask): replays copy what they span
-        self.spans = frozenset(i for i in self.plan[0] if isinstance(static[i], torch.Tensor) and overlapping(static[i]))
-        # the capture of the signature its runner's next call replayed last time: a layer's
-        # graph is called for each layer in turn, each replaying its own capture
-        self.successor: Optional[weakref.ref] = None
-
-    def reads_in_place(self, args: Sequence[Any]) -> bool:
-        """Whether `args` have the addresses this capture reads in place."""
-        return all(args[i].data_ptr() == self.static[i].data_ptr() for i in self.in_place)
-
-    def other_module_state(self, args: Sequence[Any]) -> bool:
-        """Whether the inputs this capture reads in place that `args` have elsewhere are all
-        module state (parameters, and buffers Dynamo marks static, such as a rotary
-        embedding's frequencies), none another graph's output: another copy of the model,
-        which Dynamo compiled once with this one (its state is the graph's inputs), so that
-        the two copies' calls alternate. Kept beside the new capture, this one also keeps its
-        state alive where a model was given new parameters for good; CAPTURES_PER_SIGNATURE
-        bounds that."""
-        moved = {i for i in self.in_place if args[i].data_ptr() != self.static[i].data_ptr()}
-        return bool(moved) and not moved & set(self.lent)
-
-    def park(self) -> None:
-        """Dropped by its runner (GraphFamily.leave), kept while an output of it is held, never
-        replayed: it lets go of its inputs, or a parameter read in place would keep its gradient,
-        such an output, and so itself alive for good (after `torch._dynamo.reset()`: 16 MB a run)."""
-        self.parked = True
-        self.static = []
-        self.plan = ([], [], None)
-
-    def still_fed(self, replayed: set[int]) -> bool:
-        """Whether the other graphs' outputs it reads in place are still what their live
-        captures write (else they captured again: this capture is stale)."""
-        return bool(self.lent) and all(self.static[i].untyped_storage().data_ptr() in replayed for i in self.lent)
-
-
-class _Hit(NamedTuple):
-    """A captured signature, looked up once."""
-
-    key: tuple  # the input signature
-    captured: Captured
-
-
 class CudaGraphRunner:
     """Replays a captured CUDA graph of a compiled graph."""
 
@@ -197,12 +130,10 @@ class CudaGraphRunner:
         self.spares: dict[tuple, list[Captured]] = {}  # signature -> its other captures (CAPTURES_PER_SIGNATURE)
         # signatures whose first call ran, with the family it allocated in (None: outside the pools)
         self.warm: dict[tuple, Optional[GraphFamily]] = {}
-        # (signature, addresses of the module state it reads) that ran a warm-up -> (the step
-        # of its last warm-up, warm-ups in that step): a position captures in a later step, so
-        # that a step's calls all warm up and the next step captures every position in the
-        # order the steps replay them (a layer's graph captured for layer 2 in the first step,
-        # for layer 1 in the second, was captured out of that order: its replays could write
-        # over layer 1's activations)
+        # (signature, addresses of the module state it reads) -> (the step of its last warm-up,
+        # warm-ups in that step): a position captures in a later step, in the order the steps
+        # replay them (a layer's graph captured for layer 2 in the first step, for layer 1 in
+        # the second, was out of that order: its replays could write over layer 1's activations)
         self.warm_positions: dict[tuple, tuple[int, int]] = {}
         self.reported = False
         self.outputs: set[int] = set()  # addresses of the captured graphs' output buffers
@@ -214,15 +145,9 @@ class CudaGraphRunner:
         # the last replay's signature with what a replay needs of it: a signature is a tuple of a
         # tuple per input, which Python hashes anew at every lookup (ResNet-50's 321 inputs: three
         # lookups a replay were 40-60 us of its host time)
-        self._last_hit: Optional[_Hit] = None
-        # the step of the last call, and what the first call of that step replayed: a step's
-        # first call tries it first. Two calls of one position a step, each with its own
-        # capture (its first call's saved activations still held at the second), replay in
-        # their capture's order: the next step's first call had replayed the second capture,
-        # the one it replayed last, and the first then found that capture's outputs, this
-        # step's, in its way (captured again, alone)
-        self._step = -1
-        self._step_began: Optional[_Hit] = None
+        self._last_hit: Optional[Hit] = None
+        self._step = -1  # the step of the last call (step_clock.py)
+        self._step_began: Optional[Hit] = None  # what that step's first call replayed (`_begin_step`)
         self.failed = ""  # why a capture failed: from then on the graph runs with plain launches
         self.captures_made = 0  # replaced ones included: each replaced one left its pool to the allocator's cache
         self.calls = 0  # calls since the runner was made: how recent its captures are (RECAPTURE_WINDOW)
@@ -381,21 +306,26 @@ class CudaGraphRunner:
         self.release()
         return self.runner(inputs)
 
-    def _remember(self, key: tuple) -> _Hit:
+    def _remember(self, key: tuple) -> Hit:
         """Make `key` the last replayed signature; returns what a replay of it needs."""
         cap = self.graphs[key]
         last = self._last_hit
         if last is not None and last.key == key and last.captured is not cap:
             last.captured.successor = weakref.ref(cap)
-        self._last_hit = _Hit(key, cap)
+        self._last_hit = Hit(key, cap)
         if self._step_began is None:
             self._step_began = self._last_hit
         return self._last_hit
 
     def _begin_step(self) -> None:
-        """A new step's first call: it tries what the last step's first call replayed."""
+        """A new step's first call: it tries what the last step's first call replayed. Two
+        calls of one position a step, each with its own capture (the first call's saved
+        activations still held at the second), replay in their captures' order: the next
+        step's first call had replayed the second capture, the one replayed last, and the
+        first then found that capture's outputs, this step's, in its way (captured again,
+        alone)."""
         began, self._step_began = self._step_began, None
-        if began is None or began is self._last_hit:  # one capture a step: no signature hashed (see `_Hit`)
+        if began is None or began is self._last_hit:  # one capture a step: no signature hashed (see `Hit`)
             return
         key, cap = began
         if self.graphs.get(key) is not cap:
@@ -413,12 +343,12 @@ class CudaGraphRunner:
         return next((c for c in self.spares.get(key, ())
                      if c.reads_in_place(args) and not self._copies_a_replayed_output(args, c.in_place)), None)
 
-    def _successor(self, hit: _Hit, args: list) -> Optional[Captured]:
+    def _successor(self, hit: Hit, args: list) -> Optional[Captured]:
         """The spare that replayed after `hit` last time, if `args` are its call (the next
         layer's): found without building the call's signature and searching the spares."""
         ref = hit.captured.successor
         nxt = ref() if ref is not None else None
-        if nxt is None or nxt.parked or not self._same_call(_Hit(hit.key, nxt), args):
+        if nxt is None or nxt.parked or not self._same_call(Hit(hit.key, nxt), args):
             return None
         return nxt if nxt in self.spares.get(hit.key, ()) else None
 
@@ -500,7 +430,7 @@ class CudaGraphRunner:
         self.moves.clear()
         self.borrowed.clear()
 
-    def _same_call(self, hit: _Hit, args: list) -> bool:
+    def _same_call(self, hit: Hit, args: list) -> bool:
         """Whether `args` replay the graph the last call replayed: the other inputs of the
         same sizes and strides (scalars equal), the ones read in place at the same address,
         none another graph's replayed output. The slow path's checks, without building a
@@ -519,13 +449,13 @@ class CudaGraphRunner:
             elif isinstance(a, torch.Tensor) or a != s:
                 return False
         if ptrs is not None:
-            if not _PTRS_EQUAL(args, ptrs, in_place):
+            if not captured_graph.PTRS_EQUAL(args, ptrs, in_place):
                 return False
         elif not cap.reads_in_place(args):
             return False
         return not self._copies_a_replayed_output(args, cap.in_place, others)
 
-    def _replay(self, hit: _Hit, args: list, first: Optional[list] = None) -> Any:
+    def _replay(self, hit: Hit, args: list, first: Optional[list] = None) -> Any:
         """Replay for this call's result: `first`, the capture's own outputs, right after it."""
         key, cap = hit
         copied = cap.plan[0]
@@ -820,49 +750,6 @@ def _constant_ptrs(runner: Any) -> set[int]:
             if isinstance(t, torch.Tensor)}
 
 
-def compiled_calls() -> tuple[str, int]:
-    """What tells the program's steps apart, as reduce-overhead's CUDA graph trees read it:
-    the count of `torch.compiler.cudagraph_mark_step_begin()` calls once the user makes them,
-    else Dynamo's generation, which every call from eager code into a compiled function bumps
-    (a backward runs in the generation of the last call before it)."""
-    global _MARKS
-    if _MARKS is None:  # imported by the first mark
-        _MARKS = getattr(sys.modules.get("torch._inductor.cudagraph_trees"), "MarkStepBox", None)
-    marked = getattr(_MARKS, "mark_step_counter", 0)
-    if marked:
-        return ("marked", marked)
-    return ("generation", _GENERATION.generation) if _GENERATION is not None else ("calls", next(_CALLS))
-
-
-class StepClock:
-    """Counts the program's steps for the runners, as reduce-overhead's CUDA graph trees begin
-    a generation: a forward or inference call begins a step when `compiled_calls` moved since
-    the step began, unless a training forward's backward has not run yet (two views of a
-    batch through the model, then one backward: one step); a user's mark begins one anyway.
-    A backward never begins one (a loss compiled apart from its model is a call of its own)."""
-
-    def __init__(self, source: Any = None) -> None:
-        self.source = source or compiled_calls
-        self.step = 0
-        self.began: Any = None  # what `source` said when this step began
-        self.pending = False  # a training forward ran whose backward has not
-
-    def of_call(self, backward: bool, training_forward: bool) -> int:
-        """The step a runner's call is in."""
-        if backward:
-            self.pending = False
-            return self.step
-        now = self.source()
-        if now != self.began and (not self.pending or now[0] == "marked"):
-            self.began = now
-            self.step += 1
-        self.pending |= training_forward
-        return self.step
-
-
-STEP_CLOCK = StepClock()
-
-
 def release_all() -> None:
     """Every live runner's graphs dropped: `torch._dynamo.reset()` (entry.py's `_reset`), as
     it resets Inductor's CUDA graph trees. Dynamo's reset leaves the
@@ -874,16 +761,6 @@ def release_all() -> None:
     GraphFamily.prune_holding()
 
 
-# Dynamo's generation counter; a torch without it makes every call a step of its own (a
-# position's second call captures)
-try:
-    from torch._dynamo.mutation_guard import GenerationTracker as _GENERATION
-except ImportError:
-    _GENERATION = None
-_CALLS = itertools.count()
-_MARKS: Any = None  # torch's MarkStepBox, once imported
-# one C++ call comparing the addresses of many inputs (CUDA builds; Inductor's CUDA graphs use it)
-_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _CAN_COUNT_REFERENCES = hasattr(torch._C, "_storage_Use_Count")
 # torch 2.13 moves a held gradient out of the pool; torch 2.11 has no way to, and captures again
 # (the storage's `_swap_data_ptr_`, which PoolBuffer.move_out calls)
