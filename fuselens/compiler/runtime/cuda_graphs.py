@@ -86,8 +86,9 @@ RECAPTURE_WINDOW = 48
 # the capture took a pool of 4.8 GB of its own, and the second step's captures pools of their
 # own. Where one call into compiled code runs a graph again and again (a whole training loop
 # compiled, a graph break inside it), there is no next step: the call this many times into a
-# step captures.
-WARM_UPS_IN_ONE_STEP = 3
+# step captures. More than a model has layers: a graph every layer runs with the same state
+# (no weights of its own) still waits for the next step.
+WARM_UPS_IN_ONE_STEP = 64
 
 
 class CudaGraphRunner:
