@@ -329,8 +329,9 @@ class CudaGraphRunner:
         if began is None or began is self._last_hit:  # one capture a step: no signature hashed (see `Hit`)
             return
         key, cap = began
-        if self.graphs.get(key) is not cap:
-            if cap not in self.spares.get(key, ()):
+        current = self.graphs.get(key)
+        if current is not cap:
+            if current is None or cap not in self.spares.get(key, ()):
                 return  # dropped since
             self._swap_in(key, cap)
         self._last_hit = began
