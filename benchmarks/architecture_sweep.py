@@ -111,6 +111,43 @@ def _hf(name: str) -> nn.Module:
         "xglm": lambda: T.XGLMForCausalLM(T.XGLMConfig(d_model=64, num_layers=2, attention_heads=4, ffn_dim=128,
                                                        vocab_size=VOCAB, dropout=0.0, attention_dropout=0.0,
                                                        activation_dropout=0.0, layerdrop=0.0)),
+        # the forty-ninth session's fourth held-out set: newer decoders (soft-capped logits,
+        # sliding windows, q/k norms, latent attention), state-space and recurrent models
+        # (Mamba's scans, RWKV's time mixing), FNet's FFT, Longformer's banded attention
+        "modernbert": lambda: T.ModernBertForMaskedLM(T.ModernBertConfig(
+            **c, global_attn_every_n_layers=2, local_attention=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            cls_token_id=1, sep_token_id=2)),
+        "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**c, num_key_value_heads=2, head_dim=16, sliding_window=16)),
+        "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(**c, num_key_value_heads=2, head_dim=16,
+                                                                 sliding_window=16)),
+        "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**c, num_key_value_heads=2, head_dim=16)),
+        "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**c, num_key_value_heads=2, pad_token_id=0)),
+        "olmo2": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**c)),
+        "nemotron": lambda: T.NemotronForCausalLM(T.NemotronConfig(**c, num_key_value_heads=2)),
+        "glm": lambda: T.GlmForCausalLM(T.GlmConfig(**c, num_key_value_heads=2, head_dim=16, pad_token_id=0)),
+        "granitemoe": lambda: T.GraniteMoeForCausalLM(T.GraniteMoeConfig(**c, num_local_experts=4,
+                                                                         num_experts_per_tok=2)),
+        "deepseek_v3": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+            **c, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+            first_k_dense_replace=1, n_group=2, topk_group=1)),
+        "roformer": lambda: T.RoFormerForMaskedLM(T.RoFormerConfig(**c, embedding_size=64)),
+        "longformer": lambda: T.LongformerForMaskedLM(T.LongformerConfig(**c, attention_window=[8, 8],
+                                                                         max_position_embeddings=130)),
+        "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB,
+                                                          state_size=8, use_mambapy=False)),
+        "mamba2": lambda: T.Mamba2ForCausalLM(T.Mamba2Config(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB,
+                                                             state_size=8, num_heads=8, head_dim=16, n_groups=1,
+                                                             expand=2, chunk_size=16)),
+        "rwkv": lambda: T.RwkvForCausalLM(T.RwkvConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB,
+                                                       attention_hidden_size=64, intermediate_size=128,
+                                                       context_length=64)),
+        "jamba": lambda: T.JambaForCausalLM(T.JambaConfig(
+            **c, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+            mamba_expand=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+            use_mamba_kernels=False)),
+        "fnet": lambda: T.FNetForMaskedLM(T.FNetConfig(**c)),
+        "bigbird": lambda: T.BigBirdForMaskedLM(T.BigBirdConfig(**c, attention_type="original_full")),
     }
     return makers[name]()
 
@@ -118,7 +155,8 @@ def _hf(name: str) -> nn.Module:
 HF = ("roberta", "distilbert", "albert", "deberta_v2", "mistral", "gemma", "phi", "qwen2", "mixtral", "qwen2_moe", "opt",
       "bloom", "falcon", "gptj", "gpt_neo", "xlnet", "bart", "t5", "electra", "mpnet", "gpt_neox", "stablelm", "starcoder2",
       "olmo", "cohere", "granite", "persimmon", "mobilebert", "funnel", "convbert", "squeezebert", "codegen", "biogpt",
-      "xglm")
+      "xglm", "modernbert", "gemma2", "gemma3", "qwen3", "phi3", "olmo2", "nemotron", "glm", "granitemoe", "deepseek_v3",
+      "roformer", "longformer", "mamba", "mamba2", "rwkv", "jamba", "fnet", "bigbird")
 
 
 class _DenseLayer(nn.Module):
