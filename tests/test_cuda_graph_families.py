@@ -95,13 +95,16 @@ class SavesWeight(Fn):
 
 
 def _layer_steps(fa: CudaGraphRunner, fb: CudaGraphRunner, ba: CudaGraphRunner, bb: CudaGraphRunner,
-                 layers: list, steps: int, bw_reads: str) -> None:
+                 layers: list, steps: int, bw_reads: str, calls: "Generations | None" = None) -> None:
     """Training steps through `layers`, each run as two compiled graphs (a graph break inside
     the layer: fa then fb forward, bb then ba backward, the forward's outputs saved for the
     backward), with every output checked against the same arithmetic in eager. The
     backwards read the layer's weights (`bw_reads`): as an input of their own ("weights"),
-    as fa handed them back ("saved-weights"), or not at all ("saved")."""
+    as fa handed them back ("saved-weights"), or not at all ("saved"). `calls`: Dynamo's
+    generation, moved at each step's call into the compiled model."""
     for step in range(steps):
+        if calls is not None:
+            calls.bump()
         x = torch.full((4,), float(step + 1))
         want, saved, handed = x.clone(), [], []
         for w in layers:
@@ -126,9 +129,10 @@ def _layer_steps(fa: CudaGraphRunner, fb: CudaGraphRunner, ba: CudaGraphRunner, 
         assert torch.allclose(g, want_g), step
 
 
+@pytest.mark.parametrize("clock", ["each-call-a-step", "dynamo-steps"])
 @pytest.mark.parametrize("bw_reads", ["weights", "saved-weights", "saved"])
 def test_a_graph_break_inside_a_repeated_layer_captures_each_layer_in_one_pool_in_step_order(
-        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, bw_reads: str) -> None:
+        simulated_cuda: None, monkeypatch: pytest.MonkeyPatch, bw_reads: str, clock: str) -> None:
     """A graph break inside each of six layers: two forward graphs and two backward graphs,
     each run by every layer with its own weights (BART's training under transformers 5.17).
     Each layer is a position of its graphs: all warm up in the first step and capture in the
@@ -146,9 +150,12 @@ def test_a_graph_break_inside_a_repeated_layer_captures_each_layer_in_one_pool_i
     ba = CudaGraphRunner(Fn(lambda a, w, g: a * w * g), "0/1:aot_backward", None)
     bb = CudaGraphRunner(Fn(lambda a, w, g: a + w + g), "0/2:aot_backward", None)
     runners = [fa, fb, ba, bb]
-    _layer_steps(*runners, layers, 1, bw_reads)
+    calls = Generations() if clock == "dynamo-steps" else None
+    if calls is not None:  # the program's steps as a training loop makes them, not a step a call
+        monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", step_clock.StepClock(calls))
+    _layer_steps(*runners, layers, 1, bw_reads, calls)
     assert [r.captures_made for r in runners] == [0, 0, 0, 0]
-    _layer_steps(*runners, layers, 1, bw_reads)
+    _layer_steps(*runners, layers, 1, bw_reads, calls)
     assert [r.captures_made for r in runners] == [6, 6, 6, 6]
     caps = [c for r in runners for c in r.captures()]
     (family,) = {c.family for c in caps}
@@ -157,7 +164,7 @@ def test_a_graph_break_inside_a_repeated_layer_captures_each_layer_in_one_pool_i
     signatures = []
     real_key = CudaGraphRunner._key
     monkeypatch.setattr(CudaGraphRunner, "_key", staticmethod(lambda args: signatures.append(1) or real_key(args)))
-    _layer_steps(*runners, layers, 3, bw_reads)
+    _layer_steps(*runners, layers, 3, bw_reads, calls)
     assert len(signatures) <= 4 * 2  # the third step's first search; none after
     assert [r.captures_made for r in runners] == [6, 6, 6, 6] and sum(r.conflicts for r in runners) == 0
     assert not any(r.failed for r in runners) and all(c.graph.replays == 4 for c in caps)
