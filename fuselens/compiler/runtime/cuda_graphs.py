@@ -36,10 +36,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from fuselens.compiler.runtime import captured_graph
 from fuselens.compiler.runtime.capture_context import (capturing, cublas_workspace_bytes, library_workspaces_in_pool,
                                                        no_collection, warm_up_stream)
 from fuselens.compiler.runtime.capture_failure import failure_site, plan_of, report_failed_capture
-from fuselens.compiler.runtime import captured_graph
 from fuselens.compiler.runtime.capture_inputs import alias, copy_all, on_copies, overlapping, span
 from fuselens.compiler.runtime.captured_graph import Captured, Hit
 from fuselens.compiler.runtime.cuda_graph_pool import CapturedOutputs, GraphFamily
