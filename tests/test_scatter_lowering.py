@@ -1,8 +1,10 @@
-"""`scatter` with a few indices per line along its dim (up to SCATTER_MAX_PER_LINE) is
-lowered as comparisons in the output's space (cross-entropy's backward: no ATen copy of
-a zeros tensor the size of the logits; top-k's backward in a mixture-of-experts router);
-scatters with more stay ATen's. Where a line names an element twice, the last index wins,
-as in ATen's CPU kernel. C++ in-process, Triton in its interpreter."""
+"""`scatter` and `scatter_add` with a few indices per line along their dim (up to
+SCATTER_MAX_PER_LINE) are lowered as comparisons in the output's space (cross-entropy's
+backward: no ATen copy of a zeros tensor the size of the logits; top-k's backward in a
+mixture-of-experts router; a `gather`'s backward, DeepSeek-V3's router); scatters with more
+stay ATen's. Where a line names an element twice, the last index wins (`scatter`) or both
+are added in index order (`scatter_add`), as in ATen's CPU kernel. C++ in-process, Triton
+in its interpreter."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ def _cases() -> dict:
         "three_per_line": (lambda x, i, s: x.scatter(1, i, s) + 1, (x, three, src3)),
         "three_per_line_value": (lambda x, i: x.scatter(1, i, 0.0) + 1, (x, three)),
         "many_per_line": (lambda x, i: x.scatter(1, i, 0.0) + 1, (x, wide)),
+        "add_three_per_line": (lambda x, i, s: x.scatter_add(1, i, s) * 2, (x, three, src3)),
+        "add_many_per_line": (lambda x, i, s: x.scatter_add(1, i, s) + 1, (x, wide, torch.randn(6, 12, generator=g))),
     }
 
 
@@ -69,12 +73,25 @@ def _run(opts: dict) -> dict:
     (theirs,) = torch.autograd.grad(top2(router), router)
     aten = any(isinstance(e, ErrorEntry) and "aten.scatter" in e.message for e in events)
     out["top2_router_grad"] = [bool(torch.allclose(mine, theirs, atol=1e-7)), aten]
+    torch._dynamo.reset()
+    scores = torch.randn(32, 8, requires_grad=True)
+    picked = torch.topk(scores.detach(), 2, dim=-1).indices
+
+    def gathered(z: torch.Tensor) -> torch.Tensor:  # each token's top-2 expert scores, gathered
+        return z.sigmoid().gather(1, picked).square().sum()
+
+    with sink.collect() as events:
+        (mine,) = torch.autograd.grad(torch.compile(gathered, backend="fuselens", options=opts)(scores), scores)
+    (theirs,) = torch.autograd.grad(gathered(scores), scores)
+    aten = any(isinstance(e, ErrorEntry) and "aten.scatter" in e.message for e in events)
+    out["gather_grad"] = [bool(torch.allclose(mine, theirs, atol=1e-7)), aten]
     return out
 
 
 EXPECTED = {"src_dim1": [True, False], "value_dim0": [True, False], "value_last_dim": [True, False],
             "three_per_line": [True, False], "three_per_line_value": [True, False], "many_per_line": [True, True],
-            "cross_entropy_grad": [True, False], "top2_router_grad": [True, False]}
+            "add_three_per_line": [True, False], "add_many_per_line": [True, True],
+            "cross_entropy_grad": [True, False], "top2_router_grad": [True, False], "gather_grad": [True, False]}
 
 
 def test_scatter_with_few_indices_per_line_is_generated_code_and_others_stay_aten() -> None:

@@ -376,6 +376,20 @@ def lower_scatter_few_per_line(ctx: Lowerer, x: TensorValue, dim: int, index: Te
     such j winning (ATen's order on the CPU; on CUDA ATen leaves it undefined), else
     self. Without it ATen copies the zeros (GPT-2's logits gradient: 0.4 GB) before
     scattering into them."""
+    return _scatter_few_per_line(ctx, x, dim, index, src, accumulate=False)
+
+
+@register(aten.scatter_add.default)
+def lower_scatter_add_few_per_line(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue,
+                                   src: TensorValue) -> TensorValue:
+    """`scatter_add` with a few indices per line (a `gather`'s backward: DeepSeek-V3's router
+    gathers each token's top-k expert scores): as `scatter`, each matching src added in
+    index order, ATen's order on the CPU (on CUDA ATen adds them atomically, in no order)."""
+    return _scatter_few_per_line(ctx, x, dim, index, src, accumulate=True)
+
+
+def _scatter_few_per_line(ctx: Lowerer, x: TensorValue, dim: int, index: TensorValue, src: Any,
+                          accumulate: bool) -> TensorValue:
     size = out_size(ctx)
     n = len(size)
     dim = dim + n if dim < 0 else dim
@@ -397,7 +411,7 @@ def lower_scatter_few_per_line(ctx: Lowerer, x: TensorValue, dim: int, index: Te
             line = [sympy.Integer(j) if d == dim else i for d, i in enumerate(idx)]
             hit = ops.eq(at, load_as(ops, index, line, torch.int64, index.size))
             new = load_as(ops, src, line, dt, index.size) if isinstance(src, TensorValue) else load_as(ops, src, idx, dt, size)
-            out = ops.where(hit, new, out)
+            out = ops.where(hit, ops.add(out, new) if accumulate else new, out)
         return out
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
