@@ -98,3 +98,45 @@ def test_as_strided_scatter_writes_through_the_strided_view(size, stride, offset
     assert not [e.message for e in events if isinstance(e, ErrorEntry)]
     assert any("aten.as_strided_scatter.default" in k.ops for k in events if isinstance(k, Kernel) and k.kind == "cpp")
 
+
+
+def _chunks(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Longformer's `_chunk`: overlapping windows, by as_strided, of its queries: a view of the
+    projection's output (sequence first) with the heads first, its dims permuted in memory."""
+    q = (x @ w).view(32, 2, 4, 16).transpose(0, 1).transpose(1, 2).reshape(8, 32, 16)  # no copy: a view
+    h = q.view(8, 4, 8, 16)
+    size, stride = list(h.size()), list(h.stride())
+    size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+    return (h.as_strided(size=size, stride=stride) * 2).sum(-1)
+
+
+def test_overlapping_as_strided_windows_of_a_computed_tensor_are_generated_forward_and_backward() -> None:
+    """An as_strided view of a value with no buffer of its own (a permuted view of a matmul's
+    output) is read through the element each storage offset holds in its layout: forward and
+    backward as eager's, none left to ATen (Longformer's chunks had been)."""
+    torch.manual_seed(5)
+    x, w = torch.randn(64, 64, requires_grad=True), torch.randn(64, 64, requires_grad=True)
+    with sink.collect() as events:
+        mine = torch.autograd.grad(_compiled(_chunks)(x, w).square().sum(), (x, w))
+    theirs = torch.autograd.grad(_chunks(x, w).square().sum(), (x, w))
+    for a, b in zip(mine, theirs):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()  # sums of 64 terms and more, in another order
+    assert not [e.message for e in events if isinstance(e, ErrorEntry)]
+
+
+def test_an_as_strided_view_reaching_past_a_computed_tensors_elements_stays_atens_and_right() -> None:
+    """Past the value's own elements lies memory of another tensor's (its base's): such a view
+    stays ATen's, on the materialized value, and still equals eager."""
+    torch.manual_seed(6)
+    base = torch.randn(40)
+
+    def fn(b: torch.Tensor) -> torch.Tensor:
+        v = (b * 2)[:32]  # a view with more storage past its end
+        return v.as_strided((4, 8), (8, 1), 4) + 1
+
+    opts = {"target": "cpp"}
+    torch._dynamo.reset()
+    with sink.collect() as events:
+        got = torch.compile(fn, backend="fuselens", options=opts)(base)
+    assert torch.equal(got, fn(base))
+    assert any("aten.as_strided" in e.message for e in events if isinstance(e, ErrorEntry))

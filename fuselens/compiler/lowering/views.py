@@ -311,12 +311,49 @@ def lower_diagonal(ctx: Lowerer, x: TensorValue, offset: int = 0, dim1: int = 0,
 
 @register(aten.as_strided.default)
 def lower_as_strided(ctx: Lowerer, x: TensorValue, size: Any, stride: Any, storage_offset: Any = None) -> TensorValue:
-    if not x.direct:
-        raise NotLowered("as_strided of a view")
-    name = x.source
+    """A strided view of `x`'s storage. A value with no buffer of its own (a view, a computed
+    tensor) whose eager layout is dense from its storage's start, in any order of its dims, is
+    read at the element each storage offset holds in that layout, as long as the view stays
+    within its elements: Longformer's overlapping chunks of its queries and keys (a view of
+    the projection's output, heads first), which had stayed ATen's on a materialized copy."""
     st = [ir.sympify_size(s) for s in stride]
     off = ir.sympify_size(storage_offset or 0)
-    return TensorValue(out_size(ctx), x.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, st, off)), name)
+    if x.direct:
+        name = x.source
+        return TensorValue(out_size(ctx), x.dtype, lambda ops, idx: ops.load(name, ir.offset_of(idx, st, off)), name)
+    meta = ctx.arg_meta(0)
+    size, src = out_size(ctx), list(x.size)
+    src_stride = [ir.sympify_size(t) for t in meta.stride()] if meta is not None else []
+    if meta is None or not all(v.is_Integer for v in [*size, *st, off, *src, *src_stride]) or any(
+            int(v) <= 0 for v in size) or any(int(t) < 0 for t in st):
+        raise NotLowered("as_strided of a view with symbolic sizes, an empty dim or a negative stride")
+    dims = _dense_order([int(v) for v in src], [int(t) for t in src_stride])
+    if dims is None or meta.storage_offset() != 0:
+        raise NotLowered("as_strided of a view that is not dense from its storage's start")
+    last = int(off) + sum((int(s) - 1) * int(t) for s, t in zip(size, st))
+    if last >= functools.reduce(lambda a, b: a * int(b), src, 1):
+        raise NotLowered("as_strided of a view reaching past its elements")
+
+    def reindex(idx: Sequence[Expr]) -> list[Expr]:
+        flat = ir.offset_of(idx, st, off)
+        out = [ZERO] * len(src)
+        for k, d in enumerate(dims):
+            out[d] = FloorDiv(flat, src_stride[d]) if k == 0 else ModularIndexing(flat, src_stride[d], src[d])
+        return out
+
+    return view_of(x, size, reindex)
+
+
+def _dense_order(size: Sequence[int], stride: Sequence[int]) -> "list[int] | None":
+    """The dims of more than one element, outermost first, when they tile memory with no gap
+    and no overlap from offset 0 (a contiguous tensor, or one with its dims permuted); else None."""
+    dims = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: stride[d])
+    expected = 1
+    for d in dims:
+        if stride[d] != expected:
+            return None
+        expected *= size[d]
+    return dims[::-1]
 
 
 def _split(ctx: Lowerer, x: TensorValue, sizes: Sequence[Any], dim: int) -> tuple:
