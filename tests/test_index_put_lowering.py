@@ -1,7 +1,8 @@
 """`x[idx] = v` (aten.index_put without accumulate) with a few positions along one dim is
 a generated kernel (compiler/lowering/indexing.py): a static KV cache's `index_copy_` at
 the decoded position, assignments to a few rows, and their gradients. Values equal to
-eager's, nothing left to ATen; more positions than SCATTER_MAX_PER_LINE stay ATen's."""
+eager's, nothing left to ATen; more positions than SCATTER_MAX_PER_LINE stay ATen's. So is
+`x[mask] = v` through a boolean mask with one value (a `where`), and its gradient."""
 
 from __future__ import annotations
 
@@ -71,6 +72,47 @@ def test_gradients_through_an_assignment_match_eager():
     assert left == [], left
     torch.testing.assert_close(xc.grad, xe.grad)
     torch.testing.assert_close(vc.grad, ve.grad)
+
+
+def test_a_boolean_mask_assignment_of_one_value_is_generated_forward_and_backward():
+    """`t[t == 2] = big` (Longformer's global-attention mask), a mask over trailing dims, a
+    one-element tensor value: each a `where`, equal to eager's, the gradient too, nothing
+    left to ATen. A mask with many values (`x[mask] = v` of a selected count) stays ATen's."""
+    def leading(x, a):
+        y = x * 2
+        y[a == 2] = torch.finfo(x.dtype).max
+        return y + 1
+
+    def trailing(x, a):
+        y = x * 2
+        y[:, a[0] > 0] = -1.0
+        return y
+
+    def one_element(x, a):
+        y = x.clone()
+        y[a > 1] = torch.tensor([3.0])
+        return y * 3
+
+    x, a = torch.randn(4, 6), torch.randint(0, 3, (4, 6))
+    for fn in (leading, trailing, one_element):
+        out, left = _run(fn, x, a)
+        assert left == [], (fn.__name__, left)
+        assert torch.equal(out, fn(x, a)), fn.__name__
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (leading(xe, a) * torch.arange(24.0).view(4, 6)).sum().backward()
+    out, left = _run(lambda x, a: (leading(x, a) * torch.arange(24.0).view(4, 6)).sum(), xc, a)
+    out.backward()
+    assert left == [] and torch.equal(xc.grad, xe.grad)
+
+    def many(x, a, v):
+        y = x.clone()
+        y[a == 2] = v
+        return y
+
+    a = torch.tensor([[2, 0, 2, 1, 0, 0]] * 4)
+    v = torch.randn(8)
+    out, left = _run(many, x, a, v)
+    assert torch.equal(out, many(x, a, v)) and left == ["aten.index_put.default"], left
 
 
 def test_many_positions_stay_atens():

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
+from fuselens.compiler import ir
 from fuselens.compiler.ir import Expr, TensorValue
 from fuselens.compiler.lowering.lowerer import Lowerer
 from fuselens.compiler.lowering.pointwise import load_as
@@ -136,6 +137,8 @@ def lower_index_put(ctx: Lowerer, x: TensorValue, indices: Sequence[Any], values
     if not isinstance(x, TensorValue) or len(at) != 1:
         raise NotLowered("index_put with other than one index tensor")
     p, t = at[0], tensors[at[0]]
+    if isinstance(t, TensorValue) and t.dtype == torch.bool:
+        return _put_through_mask(ctx, x, p, t, values)
     if not isinstance(t, TensorValue) or t.dtype not in (torch.int32, torch.int64) or len(t.size) != 1:
         raise NotLowered("index_put with a boolean mask or an index of other than one dim")
     k = t.size[0]
@@ -157,5 +160,24 @@ def lower_index_put(ctx: Lowerer, x: TensorValue, indices: Sequence[Any], values
             line = [sympy.Integer(j) if d == p else i for d, i in enumerate(idx)]
             out = ops.where(ops.eq(here, pos), load_as(ops, values, line, dt, indexed), out)
         return out
+
+    return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
+
+
+def _put_through_mask(ctx: Lowerer, x: TensorValue, p: int, mask: TensorValue, values: Any) -> TensorValue:
+    """`x[mask] = v` with one value (`t[t == 2] = big`, Longformer's global-attention mask) is
+    `where(mask, v, x)`: the mask covers x's dims from p on, each element of x takes v where
+    its mask element is set. Without it ATen copied x and wrote through the mask."""
+    size = out_size(ctx)
+    m = len(mask.size)
+    if p + m > len(x.size) or any(not ir.same_expr(a, b) for a, b in zip(mask.size, x.size[p:p + m])):
+        raise NotLowered("index_put through a boolean mask not shaped like the dims it indexes")
+    if isinstance(values, TensorValue) and not all(ir.same_expr(v, 1) for v in values.size):
+        raise NotLowered("index_put through a boolean mask of more than one value")
+    dt = ctx.out_meta().dtype
+
+    def body(ops: Any, idx: Sequence[Expr]) -> Any:
+        hit = load_as(ops, mask, idx[p:p + m], torch.bool, mask.size)
+        return ops.where(hit, load_as(ops, values, idx, dt, size), load_as(ops, x, idx, dt, size))
 
     return ctx.add_compute(body, size, dt, stride=ctx.out_stride(size))
