@@ -388,6 +388,22 @@ def test_a_library_custom_op_is_a_library_call_not_an_op_left_to_aten():
     assert any(isinstance(e, Kernel) and e.kind == "extern" and "clipped_cube" in e.ops[0] for e in events)
 
 
+def test_an_fft_is_a_library_call_whatever_its_complex_dtype_and_complex_casts_stay_findings():
+    """An FFT (FNet's token mixing) is pocketfft's or cuFFT's, as Inductor calls it too: a
+    library call between our kernels, not an op "not lowered" because its values are complex.
+    The casts to and from complex values are ops we do not lower, and say so."""
+    def f(x):
+        return torch.fft.fft(torch.fft.fft(x.to(torch.complex64), dim=-1), dim=-2).real * 2
+
+    x = torch.randn(4, 8, 16)
+    with sink.collect() as events:
+        got = torch.compile(f, backend="fuselens")(x)
+    torch.testing.assert_close(got, f(x))
+    left = {e.message.split(" runs in ATen")[0] for e in events if isinstance(e, ErrorEntry)}
+    assert "aten._fft_c2c.default" not in left and "aten._to_copy.default" in left, left
+    assert any(isinstance(e, Kernel) and e.kind == "extern" and "_fft_c2c" in e.ops[0] for e in events)
+
+
 def _capture_results(monkeypatch, module, name):
     """Every value `module.name(...)` returns from now on, in a list."""
     results = []

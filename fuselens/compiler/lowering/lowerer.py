@@ -185,7 +185,8 @@ class Lowerer:
                     self._extern(node, "extern", f"an op of the library '{node.target.namespace}', opaque to a "
                                                  "compiler: it runs as registered")
                     continue
-                reason = self._unsupported_dtype(node)
+                # a library call takes whatever ATen's kernel takes (an FFT's complex values)
+                reason = "" if getattr(fn, "library_call", False) else self._unsupported_dtype(node)
                 if fn is None and not reason:
                     reason = f"no lowering for {ir.op_name(node.target)}" if self.options.lower else "lowering disabled (option lower=False)"
                 if fn is not None and not reason:

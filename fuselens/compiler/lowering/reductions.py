@@ -371,6 +371,9 @@ _EXTERN = [
     # ATen's atomic accumulation: what graph_passes' `index_put_accumulate_as_index_add` chooses for
     # an embedding's gradient on the GPU (every Hugging Face model's training backward)
     *overloads(aten.index_add, "default"),
+    # FFTs (pocketfft or MKL on the CPU, cuFFT on CUDA), as Inductor calls them too: FNet's token
+    # mixing was reported as an op "not lowered"
+    *overloads(aten, "_fft_c2c", "_fft_r2c", "_fft_c2r"),
     # a mixture-of-experts layer's experts in one grouped GEMM (CUTLASS), as Hugging Face calls it
     # on GPUs that have it
     *(overloads(aten._grouped_mm, "default") if hasattr(aten, "_grouped_mm") else []),
@@ -387,6 +390,9 @@ for _p in _EXTERN:
 
 def _lower_extern(ctx: Lowerer, *args: Any, **kwargs: Any) -> Any:
     return ctx.extern(f"library call {ctx.current.target} (ATen's tuned kernel)")
+
+
+_lower_extern.library_call = True  # type: ignore[attr-defined]  # any dtype ATen takes (the lowerer's check)
 
 
 register(*EXTERN_OPS)(_lower_extern)
