@@ -327,12 +327,12 @@ def lower_as_strided(ctx: Lowerer, x: TensorValue, size: Any, stride: Any, stora
     if meta is None or not all(v.is_Integer for v in [*size, *st, off, *src, *src_stride]) or any(
             int(v) <= 0 for v in size) or any(int(t) < 0 for t in st):
         raise NotLowered("as_strided of a view with symbolic sizes, an empty dim or a negative stride")
-    dims = _dense_order([int(v) for v in src], [int(t) for t in src_stride])
-    if dims is None or meta.storage_offset() != 0:
+    if not ir.dense_layout(src, src_stride, {}) or meta.storage_offset() != 0:
         raise NotLowered("as_strided of a view that is not dense from its storage's start")
     last = int(off) + sum((int(s) - 1) * int(t) for s, t in zip(size, st))
-    if last >= functools.reduce(lambda a, b: a * int(b), src, 1):
+    if last >= int(ir.numel(src)):
         raise NotLowered("as_strided of a view reaching past its elements")
+    dims = sorted((d for d in range(len(src)) if src[d] != 1), key=lambda d: -int(src_stride[d]))  # outermost first
 
     def reindex(idx: Sequence[Expr]) -> list[Expr]:
         flat = ir.offset_of(idx, st, off)
@@ -342,18 +342,6 @@ def lower_as_strided(ctx: Lowerer, x: TensorValue, size: Any, stride: Any, stora
         return out
 
     return view_of(x, size, reindex)
-
-
-def _dense_order(size: Sequence[int], stride: Sequence[int]) -> "list[int] | None":
-    """The dims of more than one element, outermost first, when they tile memory with no gap
-    and no overlap from offset 0 (a contiguous tensor, or one with its dims permuted); else None."""
-    dims = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: stride[d])
-    expected = 1
-    for d in dims:
-        if stride[d] != expected:
-            return None
-        expected *= size[d]
-    return dims[::-1]
 
 
 def _split(ctx: Lowerer, x: TensorValue, sizes: Sequence[Any], dim: int) -> tuple:

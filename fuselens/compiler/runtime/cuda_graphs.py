@@ -119,7 +119,7 @@ class CudaGraphRunner:
         # inputs the graph overwrites: a copied one is copied back after each replay
         self.mutated_inputs = list(mutated_inputs)
         self.graph_id = graph_id
-        stage = graph_id.split("#")[0].rsplit(":", 1)[-1]
+        stage = graph_stage(graph_id)
         self.backward = stage == "aot_backward"  # never begins a step (`StepClock`)
         self.training_forward = stage == "aot_forward"
         # replayed in place, like Parameters; a moved one is captured again (see __call__)
@@ -750,6 +750,11 @@ def _constant_ptrs(runner: Any) -> set[int]:
     held at every call, which captured the forward again, then ran it without CUDA graphs."""
     return {t.untyped_storage().data_ptr() for t in (getattr(plan_of(runner), "constants", None) or {}).values()
             if isinstance(t, torch.Tensor)}
+
+
+def graph_stage(graph_id: str) -> str:
+    """The AOTAutograd stage a compiled graph's id names ("aot_forward" of "3/0:aot_forward#2")."""
+    return graph_id.split("#")[0].rsplit(":", 1)[-1]
 
 
 def release_all() -> None:

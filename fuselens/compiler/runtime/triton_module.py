@@ -24,7 +24,7 @@ import torch
 from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.compiler.layout_passes import forward_user_outputs
 from fuselens.compiler.runtime.capture_inputs import gradient_output_indices, static_input_indices
-from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner
+from fuselens.compiler.runtime.cuda_graphs import CudaGraphRunner, graph_stage
 from fuselens.compiler.runtime.triton_launcher import Launcher
 from fuselens.compiler.runtime.triton_precompile import precompile
 from fuselens.compiler.runtime import wrapper_codegen
@@ -92,7 +92,7 @@ def finalize(runner: Any, lib: Optional[TritonLibrary], options: Any, graph_id: 
             la.kernel_timer = timer
     runner = wrapper_codegen.wrap(runner, fast=on_cuda) or runner  # straight-line Python, not the plan interpreter
     if on_cuda and options.cuda_graphs:
-        stage = graph_id.split("#")[0].rsplit(":", 1)[-1]
+        stage = graph_stage(graph_id)
         backward = stage == "aot_backward"
         static = static_input_indices(backward=backward)
         grads = gradient_output_indices() if backward else set()
