@@ -85,6 +85,7 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     # the tests call runners directly, not through a compiled function, so Dynamo's generation
     # never moves: each call is a step of its own unless a test sets a `StepClock` of its own
     monkeypatch.setattr(cuda_graphs, "STEP_CLOCK", _EachCall())
+    monkeypatch.setattr(cuda_graph_pool.GraphFamily, "_latest", {})  # no earlier test's family to join
     _allocating.clear()
     _pool_memory.clear()
     gc.collect()  # earlier tests' families release their pools when they go: not among this test's calls

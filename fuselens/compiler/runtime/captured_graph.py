@@ -20,7 +20,7 @@ class Captured:
     """One captured signature of a runner: what its replays read and write."""
 
     __slots__ = ("static", "in_place", "lent", "graph", "outputs", "family", "index", "allowed", "parked", "runner",
-                 "watch", "watch_version", "plan", "into_pool", "spans", "successor", "__weakref__")
+                 "watch", "watch_in_order", "watch_version", "plan", "into_pool", "spans", "successor", "__weakref__")
 
     def __init__(self, static: list, in_place: set[int], lent: list[int], graph: Any, outputs: CapturedOutputs,
                  family: GraphFamily, allowed: "weakref.WeakSet[PoolBuffer]", runner: "CudaGraphRunner") -> None:
@@ -35,6 +35,7 @@ class Captured:
         self.runner = weakref.ref(runner)
         self.index = family.join(self)
         self.watch: list = []
+        self.watch_in_order: list = []  # `watch`'s buffers a replay in capture order may find of this step
         self.watch_version = -1
         # what a replay needs, worked out once: (positions copied or compared, positions read
         # in place, the static inputs' addresses for one C++ comparison or None)

@@ -235,7 +235,7 @@ class CudaGraphRunner:
             return self._warm_up_outside_pools(key, args)
         device = torch.cuda.current_device()
         ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        family = GraphFamily.of(ptrs, device, warm_up=True)
+        family = GraphFamily.of(ptrs, device, warm_up=True) or GraphFamily.latest(device, warm_up=True)
         new_pool = family is None
         if new_pool:
             family = GraphFamily(device, torch.cuda.graph_pool_handle())
@@ -476,7 +476,7 @@ class CudaGraphRunner:
             # judged before the inputs are copied: a copy writes the pool, where the capture
             # freed it after its last read
             check_first = family.begin_replay(cap.index)
-            why = self._conflict(cap)
+            why = self._conflict(cap, check_first or family.disordered)
             if why:
                 inputs = list(static)
                 for i, a in zip(tensors, sources):
@@ -502,6 +502,7 @@ class CudaGraphRunner:
         generation = family.generation
         for b in cap.outputs.buffers:
             b.generation = generation
+            b.free = False
         result = first if first is not None else cap.outputs.tensors()
         if not self.hand_out and self.gradient_outputs:
             self._kept = [result[i] for i in self.gradient_outputs if i < len(result)]
@@ -553,19 +554,22 @@ class CudaGraphRunner:
                 b.move_out()
         return True
 
-    def _conflict(self, cap: Captured) -> str:
+    def _conflict(self, cap: Captured, every: bool) -> str:
         """Why this replay must not write over its family's memory now ("" when it may):
         a tensor of the family it may write over (see cuda_graph_pool.py) is still held.
-        Held gradients are moved out instead where torch can."""
+        Held gradients are moved out instead where torch can. Unless `every`, the family's
+        members replay in capture order in this step: only those captured before this one
+        may have written this step's outputs."""
         family = cap.family
         if cap.watch_version != family.version:
-            cap.watch = family.watch(cap)
+            cap.watch, cap.watch_in_order = family.watch(cap)
             cap.watch_version = family.version
         generation = family.generation
-        for b, producer_ref in cap.watch:
-            if not b.gradient and b.generation != generation:
-                continue  # an earlier step's output: overwritten whether held or not (no use count asked)
+        for b, producer_ref in (cap.watch if every else cap.watch_in_order):
+            if b.free or (not b.gradient and b.generation != generation):
+                continue  # let go, or an earlier step's output: overwritten whether held or not
             if not b.held():
+                b.free = True
                 continue
             if b.gradient:
                 if _CAN_MOVE_STORAGE:
@@ -684,10 +688,13 @@ class CudaGraphRunner:
         return static, pooled, sum(inputs[i].untyped_storage().nbytes() for i in copied)
 
     def _family_to_join(self, key: tuple, inputs: list, borrowed: list[int], device: int) -> GraphFamily:
-        """The family of the graph whose outputs this capture reads in place, else the one its
+        """The family of the graph whose outputs this capture reads in place, else the one the
+        device's last warm-up or capture allocated in (`GraphFamily.latest`), else the one its
         warm-up ran in, if no capture is closed to it (see cuda_graph_pool.py); else a new one."""
         ptrs = {inputs[i].untyped_storage().data_ptr() for i in borrowed}
         family = GraphFamily.of(ptrs, device) if ptrs else None
+        if family is None:
+            family = GraphFamily.latest(device)
         if family is None:
             family = self.warm.get(key)
             if family is not None and (family.sealed or family.device != device):

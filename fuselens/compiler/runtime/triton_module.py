@@ -19,8 +19,6 @@ import sys
 import threading
 from typing import Any, Optional, Sequence
 
-import torch
-
 from fuselens.compiler.runtime.atomic_file import write_atomically
 from fuselens.compiler.layout_passes import forward_user_outputs
 from fuselens.compiler.runtime.capture_inputs import gradient_output_indices, static_input_indices
