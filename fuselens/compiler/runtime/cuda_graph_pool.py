@@ -1,4 +1,4 @@
-"""One memory pool shared by CUDA graphs that feed each other (option `cuda_graphs`).
+"""One memory pool shared by the CUDA graphs of a step (option `cuda_graphs`).
 
 A training forward's graph returns the activations its backward reads. With a pool per
 graph, the forward's pool kept them between steps and the backward's temporaries and
@@ -6,6 +6,10 @@ gradients came on top (0.5-1.2 GB over `reduce-overhead` on the suite's models).
 graph captured while it reads another graph's outputs in place joins that graph's
 family, one pool: a backward's capture reuses, for its temporaries and gradients, the
 memory of each saved activation once it has read it, as Inductor's CUDA graph trees do.
+A graph that reads no open family's output joins the family the device's last warm-up or
+capture allocated in, while no capture is closed to it: a step's graphs, eager code between
+them, share one pool, and the second step's captures reuse what the first step's warm-ups
+let go (`GraphFamily.latest`).
 
 A signature's first call is its warm-up, a real run allocating from the family's pool (a
 throwaway run right before the capture would run a backward with every saved activation
