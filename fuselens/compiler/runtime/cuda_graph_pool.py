@@ -251,6 +251,7 @@ class GraphFamily:
         self.members: list[Any] = []  # the captures (`Captured`), parked ones included
         self.generation = 0  # steps begun (replays of its first graph)
         self.last_index = -1  # capture index of the member that replayed last
+        self.program_step: Any = None  # the program's step (step_clock.py) of the last replay
         self.disordered = False  # a member replayed out of capture order since the step began
         self.version = 0  # bumped when members change: each member's watch list is rebuilt
         self.joined = 0  # captures that joined, parked and pruned ones included: the next one's index
@@ -350,23 +351,29 @@ class GraphFamily:
         self.joined += 1
         return self.joined - 1
 
-    def begin_replay(self, index: int) -> bool:
-        """A member replays. The first member's replay begins a step: what the others wrote
-        before it is of the last step, and may be overwritten, if they replayed in capture
-        order. Out of that order, a member's outputs may be of this step whatever their step
-        number says: True then, for the first member, to judge them before the new step
-        begins (`end_step_check`)."""
+    def begin_replay(self, index: int, step: int) -> bool:
+        """A member replays in the program's `step` (step_clock.py). The first member's replay
+        in a step of the program after the family's last replay begins the family's step: what
+        the others wrote before it is of the last step, and may be overwritten, if they replayed
+        in capture order. Out of that order, a member's outputs may be of this step whatever
+        their step number says: True then, for the first member, to judge them before the new
+        step begins (`end_step_check`). The first member replaying within the program step of
+        an earlier replay is out of order too: graphs of two models in one pool whose order
+        changes from step to step (a GAN's generator, then its critic, which replayed first
+        in the critic's own step) had the generator's saved activations taken for an earlier
+        step's, to be written over while held."""
         self.sealed = True
         if GraphFamily._holding:  # a step in which nothing captures still lets go of what was let go
             GraphFamily.prune_holding()
         first = min((m.index for m in self.members if not m.parked), default=index)
         check_first = False
-        if index == first:
+        new_step, self.program_step = step != self.program_step, step
+        if index == first and new_step:
             check_first = self.disordered
             if not check_first:
                 self.generation += 1
             self.disordered = False
-        elif index <= self.last_index:
+        elif index <= self.last_index or index == first:
             self.disordered = True
         self.last_index = index
         return check_first

@@ -475,7 +475,7 @@ class CudaGraphRunner:
         if first is None:
             # judged before the inputs are copied: a copy writes the pool, where the capture
             # freed it after its last read
-            check_first = family.begin_replay(cap.index)
+            check_first = family.begin_replay(cap.index, self._step)
             why = self._conflict(cap, check_first or family.disordered)
             if why:
                 inputs = list(static)
