@@ -5,7 +5,8 @@
 Each line: the step (`step_clock.STEP_CLOCK`), Dynamo's generation, the graph, and what its
 runner did: a warm-up, a capture (and the family, i.e. the memory pool, it joined, with its
 index there), a capture again alone (and why), plain launches from then on (and why), or a
-replay (from which family); after each step, the memory pools the allocator holds (MB
+replay (from which family), and for each capture what differs from the capture it replaces
+(inputs read in place that moved, ...); after each step, the memory pools the allocator holds (MB
 reserved, MB allocated). It found why BART's training held 10.7 GB of pools against
 reduce-overhead's 6.1: its first step's warm-ups ran in one pool no capture reused, and the
 captures spread over seven others (fiftieth session, benchmarks/RESULTS.md). The runner's
@@ -60,6 +61,22 @@ def _wrap(lines: list[Line], name: str, what: Callable[..., str]) -> None:
     setattr(runner, name, logged)
 
 
+def why_again(self: Any, key: Any, args: Any, new_position: bool = False) -> str:
+    """What differs from the capture this signature replayed until now, if any: the inputs it
+    read in place that moved, whether an input it copies is now another graph's output, and
+    whether that capture's saved activations are still held."""
+    prev = self.graphs.get(key)
+    if prev is None:
+        return ("a new position: module state at other addresses (another layer's weights)" if new_position
+                else "no capture of this signature kept to replay")
+    moved = [i for i in prev.in_place if isinstance(args[i], torch.Tensor)
+             and args[i].data_ptr() != prev.static[i].data_ptr()]
+    copies = self._copies_a_replayed_output(args, prev.in_place)
+    return (f"again{' (a new position)' if new_position else ''}: read in place and moved {moved[:8]}"
+            f"{' (parameters)' if moved and all(isinstance(args[i], torch.nn.Parameter) for i in moved) else ''}, "
+            f"copies another graph's output {copies}, saved activations held {prev.outputs.saved_held()}")
+
+
 def record(lines: list[Line]) -> None:
     """Wrap the runner's decisions so that each appends a line to `lines`."""
     def position(self: Any, key: Any, args: Any, *_: Any) -> str:
@@ -67,6 +84,7 @@ def record(lines: list[Line]) -> None:
 
     _wrap(lines, "_warm_up", position)
     _wrap(lines, "_capture", position)
+    _wrap(lines, "_capture_and_replay", why_again)
     _wrap(lines, "_capture_alone", lambda self, key, inputs, why: why[:120])
     _wrap(lines, "_plain_from_now", lambda self, inputs, why, *_: why[:120])
     _wrap(lines, "_replay", lambda self, hit, args, first=None: f"pool {hit[1].family.handle}"
