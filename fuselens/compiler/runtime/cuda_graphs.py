@@ -484,8 +484,8 @@ class CudaGraphRunner:
                 return self._capture_alone(key, inputs, why)
             if check_first:
                 family.end_step_check()
-        else:
-            family.last_index = cap.index
+        else:  # the capture's own run: its outputs are of this program step, as a replay's
+            family.last_index, family.program_step = cap.index, self._step
         dsts = [static[i] for i in tensors]
         if cap.spans:  # expanded inputs: the memory their elements reach, copied as it lies
             for k, i in enumerate(tensors):
