@@ -19,7 +19,7 @@ import argparse
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,7 +44,10 @@ def _where() -> tuple[int, int]:
     return cuda_graphs.STEP_CLOCK.step, compiled_calls()[1]
 
 
-def _wrap(lines: list[Line], name: str, what: Callable[..., str]) -> None:
+def _wrap(lines: list[Line], name: str, what: Callable[..., str],
+          after: Optional[Callable[..., str]] = None) -> None:
+    """Log `what(runner, *args)` before each call of the runner's method `name`, and
+    `after(runner, *args)`, if given, once it returned."""
     runner = cuda_graphs.CudaGraphRunner
     real = getattr(runner, name)
 
@@ -52,13 +55,16 @@ def _wrap(lines: list[Line], name: str, what: Callable[..., str]) -> None:
     def logged(self: Any, *args: Any, **kw: Any) -> Any:
         lines.append((*_where(), self.graph_id, name.lstrip("_"), what(self, *args, **kw)))
         out = real(self, *args, **kw)
-        if name == "_capture":
-            key = args[0]
-            cap = self.graphs[key]
-            lines.append((*_where(), self.graph_id, "  captured in", f"pool {cap.family.handle} index {cap.index}"))
+        if after is not None:
+            lines.append((*_where(), self.graph_id, "  then", after(self, *args, **kw)))
         return out
 
     setattr(runner, name, logged)
+
+
+def _joined(self: Any, key: Any, *_: Any) -> str:
+    cap = self.graphs[key]
+    return f"captured in pool {cap.family.handle} index {cap.index}"
 
 
 def why_again(self: Any, key: Any, args: Any, new_position: bool = False) -> str:
@@ -69,8 +75,7 @@ def why_again(self: Any, key: Any, args: Any, new_position: bool = False) -> str
     if prev is None:
         return ("a new position: module state at other addresses (another layer's weights)" if new_position
                 else "no capture of this signature kept to replay")
-    moved = [i for i in prev.in_place if isinstance(args[i], torch.Tensor)
-             and args[i].data_ptr() != prev.static[i].data_ptr()]
+    moved = sorted(prev.moved(args))
     copies = self._copies_a_replayed_output(args, prev.in_place)
     return (f"again{' (a new position)' if new_position else ''}: read in place and moved {moved[:8]}"
             f"{' (parameters)' if moved and all(isinstance(args[i], torch.nn.Parameter) for i in moved) else ''}, "
@@ -83,7 +88,7 @@ def record(lines: list[Line]) -> None:
         return f"position {hash(self._position(args)) % 997}"
 
     _wrap(lines, "_warm_up", position)
-    _wrap(lines, "_capture", position)
+    _wrap(lines, "_capture", position, after=_joined)
     _wrap(lines, "_capture_and_replay", why_again)
     _wrap(lines, "_capture_alone", lambda self, key, inputs, why: why[:120])
     _wrap(lines, "_plain_from_now", lambda self, inputs, why, *_: why[:120])

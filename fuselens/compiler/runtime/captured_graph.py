@@ -53,6 +53,10 @@ class Captured:
         """Whether `args` have the addresses this capture reads in place."""
         return all(args[i].data_ptr() == self.static[i].data_ptr() for i in self.in_place)
 
+    def moved(self, args: Sequence[Any]) -> set[int]:
+        """Positions this capture reads in place whose inputs `args` have elsewhere."""
+        return {i for i in self.in_place if args[i].data_ptr() != self.static[i].data_ptr()}
+
     def other_module_state(self, args: Sequence[Any]) -> bool:
         """Whether the inputs this capture reads in place that `args` have elsewhere are all
         module state (parameters, and buffers Dynamo marks static, such as a rotary
@@ -61,7 +65,7 @@ class Captured:
         the two copies' calls alternate. Kept beside the new capture, this one also keeps its
         state alive where a model was given new parameters for good; CAPTURES_PER_SIGNATURE
         bounds that."""
-        moved = {i for i in self.in_place if args[i].data_ptr() != self.static[i].data_ptr()}
+        moved = self.moved(args)
         return bool(moved) and not moved & set(self.lent)
 
     def park(self) -> None:
