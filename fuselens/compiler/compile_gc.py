@@ -30,9 +30,12 @@ fast enough for Python to run a full pass (Inductor's compiles do: it kept nothi
 after compiles one full pass runs at the next call of a graph already called once
 (`collect_after_compiles`): the step that compiled has returned by then, in a loop of
 steps. The pass costs what each of those that the freeze holds back would have
-(0.4-0.7 s on the H200), once per run of compiles, and at most a tenth of the program's
-time where compiles keep coming (`_PASS_SHARE`). None runs while a CUDA graph is captured
-around the call.
+(0.4-0.7 s on the H200), once per run of compiles, and where compiles keep coming, passes
+take at most a tenth of the program's time since its first compile (`_PASS_SHARE`). That
+share was once a window of ten times the last pass after it, in which a pass asked for
+waited: BART's training with CUDA graphs on the H200 had one held back past its compiles
+into its steady state, where it stalled a step for 0.53 s (fifty-first session). None runs
+while a CUDA graph is captured around the call.
 """
 
 from __future__ import annotations
@@ -59,15 +62,19 @@ _thresholds: tuple = ()  # the collector's thresholds before the compile
 # only what the compile left alive.
 _NEVER = 1 << 30  # passes of the younger generation before an older one is collected
 _compiled = False  # a compile ended since the last full pass `collect_after_compiles` ran
-# A program that compiles again and again (a new shape, a new function each call) gets a pass
-# at most every this many times its length: passes cost at most a tenth of its time.
+# A program that compiles again and again (a new shape, a new function each call) spends at
+# most one part in this many of its time since its first compile on our passes.
 _PASS_SHARE = 10
-_next_pass = 0.0  # time.monotonic() before which no pass of ours runs
+_since: float = -1.0  # time.monotonic() at the first compile's start (-1: none yet)
+_spent = 0.0  # seconds our passes took
+_last = 0.0  # the last pass's seconds: what the next one is taken to cost
 
 
 def _enter() -> None:
-    global _depth, _ours, _thresholds
+    global _depth, _ours, _thresholds, _since
     with _lock:
+        if _since < 0:
+            _since = time.monotonic()
         if _depth == 0 and gc.get_freeze_count() == 0:
             gc.collect(1)  # see the module's docstring: young garbage is not frozen
         _depth += 1
@@ -110,12 +117,12 @@ def collect_after_compiles(fn: Callable) -> Callable:
 
 
 def _collect_garbage_of_compiles() -> None:
-    global _compiled, _next_pass
+    global _compiled, _spent, _last
     import torch
 
     start = time.monotonic()
-    if start < _next_pass:
-        return  # compiles in quick succession: one pass for them all, a little later
+    if _spent + _last > (start - _since) / _PASS_SHARE:
+        return  # compiles keep coming: one pass for them all, once the program has run longer
     if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
         return  # a CUDA graph being captured around the call: a later call collects
     with _lock:
@@ -123,7 +130,8 @@ def _collect_garbage_of_compiles() -> None:
             return
         _compiled = False
     gc.collect()
-    _next_pass = time.monotonic() + _PASS_SHARE * (time.monotonic() - start)
+    _last = time.monotonic() - start
+    _spent += _last
 
 
 @contextlib.contextmanager
