@@ -10,6 +10,9 @@ Backends are `benchmarks.models`' labels (`inductor_cg` is `mode="reduce-overhea
 For each model, mode and backend (same process, same inputs, as `benchmarks.models`):
 - `enqueue_ms`: a call's host time with the GPU idle at its start (median of 30);
   `wall_ms`: the same call until the GPU is done. enqueue close to wall: host-bound.
+- `back_to_back_ms`: steps queued back to back, as a training loop runs them (median of
+  five blocks of 20); `full_gc_passes` / `full_gc_ms`: Python's full collections during
+  these timed steps (each stalls a step);
 - `allocations`: the caching allocator's allocations in one step (each costs host time);
 - from torch.profiler over 5 steps: kernel ms and launches, GPU busy fraction (union
   of kernel intervals over the window), CUDA runtime API calls by name (a
@@ -23,7 +26,9 @@ For each model, mode and backend (same process, same inputs, as `benchmarks.mode
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import gc
 import json
 import statistics
 import sys
@@ -53,6 +58,42 @@ def enqueue_and_wall(step: Callable[[], Any], calls: int = 30) -> tuple[float, f
         enq.append(t1 - t0)
         wall.append(t2 - t0)
     return 1e3 * statistics.median(enq), 1e3 * statistics.median(wall)
+
+
+def back_to_back(step: Callable[[], Any], blocks: int = 5, calls: int = 20) -> float:
+    """ms a step with steps queued back to back (a training loop's throughput), the median
+    of `blocks` blocks of `calls` steps: a do_bench of a few reps, or turns of three, can
+    land on a rare stall (a full collection) that a loop pays once."""
+    per = []
+    for _ in range(blocks):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+        per.append(1e3 * (time.perf_counter() - t0) / calls)
+    return statistics.median(per)
+
+
+@contextlib.contextmanager
+def full_passes(into: dict) -> Any:
+    """Python's full collections meanwhile: their number and total ms, into `into`."""
+    started: list[float] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            into["full_gc_passes"] = into.get("full_gc_passes", 0) + 1
+            into["full_gc_ms"] = into.get("full_gc_ms", 0.0) + 1e3 * (time.perf_counter() - started.pop())
+
+    gc.callbacks.append(watch)
+    try:
+        yield into
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -142,7 +183,10 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
         step = make_step(case, compiled, inputs, train, "cuda")
         for _ in range(3):
             step()
-        enq, wall = enqueue_and_wall(step)
+        passes: dict = {}
+        with full_passes(passes):  # a pass in the timed steps reads as a slow step
+            enq, wall = enqueue_and_wall(step)
+            loop_ms = back_to_back(step)
         torch.cuda.reset_peak_memory_stats()
         made = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
         step()
@@ -151,6 +195,7 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
         # ATen's results and workspaces, Python's (a tensor taking over a dead one's memory does not)
         made = torch.cuda.memory_stats().get("allocation.all.allocated", 0) - made
         rec = {"model": model, "mode": mode, "backend": backend, "enqueue_ms": enq, "wall_ms": wall,
+               "back_to_back_ms": loop_ms, **passes,
                "peak_mb": peak, "allocations": made, **anatomy(step), "host_top": host_top(step)}
         print(json.dumps(rec), flush=True)
         out.append(rec)
