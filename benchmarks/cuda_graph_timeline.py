@@ -68,18 +68,32 @@ def _joined(self: Any, key: Any, *_: Any) -> str:
 
 
 def why_again(self: Any, key: Any, args: Any, new_position: bool = False) -> str:
-    """What differs from the capture this signature replayed until now, if any: the inputs it
-    read in place that moved, whether an input it copies is now another graph's output, and
-    whether that capture's saved activations are still held."""
+    """What differs from the capture this signature replayed until now, if any (for a new
+    position, the one just set aside as a spare): the inputs it read in place that moved,
+    and what each is, whether an input it copies is now another graph's output, whether its
+    saved activations are still held, and how many inputs moved for each other spare."""
     prev = self.graphs.get(key)
+    spares = list(self.spares.get(key, ()))
+    if prev is None and new_position and spares:
+        prev = spares.pop()  # `_keep_as_spare` has just moved it there
     if prev is None:
-        return ("a new position: module state at other addresses (another layer's weights)" if new_position
-                else "no capture of this signature kept to replay")
+        return "no capture of this signature kept to replay"
     moved = sorted(prev.moved(args))
+    what = ", ".join(f"{i} {_input_kind(self, prev, args, i)}" for i in moved[:8])
     copies = self._copies_a_replayed_output(args, prev.in_place)
-    return (f"again{' (a new position)' if new_position else ''}: read in place and moved {moved[:8]}"
-            f"{' (parameters)' if moved and all(isinstance(args[i], torch.nn.Parameter) for i in moved) else ''}, "
-            f"copies another graph's output {copies}, saved activations held {prev.outputs.saved_held()}")
+    return (f"again{' (a new position)' if new_position else ''}: read in place and moved [{what}], "
+            f"copies another graph's output {copies}, saved activations held {prev.outputs.saved_held()}"
+            + (f"; other spares, inputs moved: {[len(c.moved(args)) for c in spares]}" if spares else ""))
+
+
+def _input_kind(runner: Any, cap: Any, args: Any, i: int) -> str:
+    if isinstance(args[i], torch.nn.Parameter):
+        return "(parameter)"
+    if i in cap.lent:
+        return "(another graph's output)"
+    if i in runner.static_inputs:
+        return "(static input)"
+    return "(other)"
 
 
 def record(lines: list[Line]) -> None:
