@@ -200,6 +200,29 @@ def test_a_full_pass_after_compiles_frees_old_garbage_that_holds_a_step_s_tensor
     assert gc.get_stats()[2]["collections"] == full + 1  # once per run of compiles
 
 
+
+def test_a_graph_called_again_while_the_step_still_compiles_waits_for_the_compiles_to_end(
+        only_our_full_passes: Any) -> None:
+    """A graph called twice in the first step (BART's mask graph, for its encoder and its
+    decoder) with another graph compiled between its calls: no pass at its second call, in
+    the middle of the step's compiles, but one at the first call after them, and no more."""
+    fuselens.compiler.register()
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    mask = torch.compile(lambda x: x.cos() + 1, backend="fuselens")
+    layer = torch.compile(lambda x: x.sin() * 2, backend="fuselens")
+    full = gc.get_stats()[2]["collections"]
+    mask(x)  # compiles
+    layer(x)  # compiles: the step goes on compiling
+    mask(x)
+    assert gc.get_stats()[2]["collections"] == full
+    layer(x)  # no compile since its last call: the step's compiles have ended
+    assert gc.get_stats()[2]["collections"] == full + 1
+    for _ in range(3):
+        mask(x)
+        layer(x)
+    assert gc.get_stats()[2]["collections"] == full + 1
+
 def test_compiles_in_quick_succession_share_one_full_pass(only_our_full_passes: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A program compiling again and again (new shapes, new functions) pays at most a tenth of

@@ -27,15 +27,17 @@ frames hold, through their callers, the frames of the step being compiled, whose
 the step's tensors. BART training on the H200 (a data-dependent branch) kept the first step's
 785 MB of logits alive through every later step, since nothing made long-lived objects
 fast enough for Python to run a full pass (Inductor's compiles do: it kept nothing). So
-after compiles one full pass runs at the next call of a graph already called once
-(`collect_after_compiles`): the step that compiled has returned by then, in a loop of
-steps. The pass costs what each of those that the freeze holds back would have
-(0.4-0.7 s on the H200), once per run of compiles, and where compiles keep coming, passes
-take at most a tenth of the program's time since its first compile (`_PASS_SHARE`). That
-share was once a window of ten times the last pass after it, in which a pass asked for
-waited: BART's training with CUDA graphs on the H200 had one held back past its compiles
-into its steady state, where it stalled a step for 0.53 s (fifty-first session). None runs
-while a CUDA graph is captured around the call.
+after compiles one full pass runs at the first call of a graph whose last call came after
+the last compile (`collect_after_compiles`): the step that compiled has returned by then,
+in a loop of steps. A graph called again while later graphs of the step still compile (BART's
+mask graph, called for its encoder and its decoder) does not run it: a pass there came
+before the step's last compiles, which asked for another. The pass costs what each of those
+that the freeze holds back would have (0.4-0.7 s on the H200), once per run of compiles,
+and where compiles keep coming, passes take at most a tenth of the program's time since its
+first compile (`_PASS_SHARE`). That share was once a window of ten times the last pass
+after it, in which a pass asked for waited: BART's training with CUDA graphs on the H200 had
+one held back past its compiles into its steady state, where it stalled a step for 0.53 s
+(fifty-first session). None runs while a CUDA graph is captured around the call.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ _thresholds: tuple = ()  # the collector's thresholds before the compile
 # only what the compile left alive.
 _NEVER = 1 << 30  # passes of the younger generation before an older one is collected
 _compiled = False  # a compile ended since the last full pass `collect_after_compiles` ran
+_compiles = 0  # compiles ended so far (outermost ones)
 # A program that compiles again and again (a new shape, a new function each call) spends at
 # most one part in this many of its time since its first compile on our passes.
 _PASS_SHARE = 10
@@ -88,11 +91,12 @@ def _enter() -> None:
 
 
 def _exit() -> None:
-    global _depth, _ours, _compiled
+    global _depth, _ours, _compiled, _compiles
     with _lock:
         _depth -= 1
         if _depth == 0:
             _compiled = True
+            _compiles += 1
             if _ours:
                 gc.unfreeze()
                 _ours = False
@@ -102,16 +106,18 @@ def _exit() -> None:
 
 def collect_after_compiles(fn: Callable) -> Callable:
     """`fn`, a compiled graph's boxed callable, which, when a compile ended since the last
-    such pass, runs a full collection before any call but its first (see the module's
-    docstring)."""
-    called = False
+    such pass and none since its own last call, runs a full collection before the call (see
+    the module's docstring)."""
+    seen = -1  # compiles ended when its last call returned (-1: not called yet)
 
     def run(args: Any) -> Any:
-        nonlocal called
-        if _compiled and called:
+        nonlocal seen
+        if _compiled and seen == _compiles:
             _collect_garbage_of_compiles()
-        called = True
-        return fn(args)
+        try:
+            return fn(args)
+        finally:
+            seen = _compiles
 
     return run
 
