@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.models import backends_for, make_step, profiled_steps  # noqa: E402
+from benchmarks.models import back_to_back, backends_for, make_step, profiled_steps  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
 
@@ -58,21 +58,6 @@ def enqueue_and_wall(step: Callable[[], Any], calls: int = 30) -> tuple[float, f
         enq.append(t1 - t0)
         wall.append(t2 - t0)
     return 1e3 * statistics.median(enq), 1e3 * statistics.median(wall)
-
-
-def back_to_back(step: Callable[[], Any], blocks: int = 5, calls: int = 20) -> float:
-    """ms a step with steps queued back to back (a training loop's throughput), the median
-    of `blocks` blocks of `calls` steps: a do_bench of a few reps, or turns of three, can
-    land on a rare stall (a full collection) that a loop pays once."""
-    per = []
-    for _ in range(blocks):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-        per.append(1e3 * (time.perf_counter() - t0) / calls)
-    return statistics.median(per)
 
 
 @contextlib.contextmanager
