@@ -11,8 +11,7 @@ EfficientNet-B0, ConvNeXt-T, Swin-T. GPU: inference in bf16 (`model.bfloat16()`,
 no_grad), training is one forward+backward under bf16 autocast; CPU: fp32.
 
 Columns per model and backend: wall ms/step (GPU: `triton.testing.do_bench`
-median; CPU: median of timed steps, the backends timed in turns; on the GPU also `ms back to
-back`, steps queued as a training loop queues them, the median of five blocks of 20), ratio Inductor/this (above 1: faster than
+median; CPU: median of timed steps, the backends timed in turns), ratio Inductor/this (above 1: faster than
 Inductor), GPU kernel ms/step, launches/step and host ms/step (wall minus kernel
 time) from torch.profiler over a few steps, cold compile s (first call, fresh
 caches; the JSON splits it by phase), peak memory of a step (allocated; the JSON also
@@ -88,19 +87,15 @@ def time_step(step: Callable[[], Any], device: str, reps: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def back_to_back(step: Callable[[], Any], blocks: int = 5, calls: int = 20) -> float:
-    """ms a step with steps queued back to back (a training loop's throughput), the median
-    of `blocks` blocks of `calls` steps: a do_bench of a few reps, or turns of three, can
-    land on a rare stall (a full collection) that a loop pays once."""
-    per = []
-    for _ in range(blocks):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-        per.append(1e3 * (time.perf_counter() - t0) / calls)
-    return statistics.median(per)
+def back_to_back_s(step: Callable[[], Any], calls: int, device: str) -> float:
+    """Seconds a step over `calls` steps queued back to back, one wait at the end, from an idle
+    device: what a training loop that does not read the loss each step sees."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    _sync(device)
+    return (time.perf_counter() - t0) / calls
 
 
 def _minor_faults() -> int:
@@ -309,7 +304,6 @@ def run_model(name: str, mode: str, device: str, backends: list[tuple[str, dict]
                 r["step_peaks_mb"] = step_peaks_mb(step)
                 torch.cuda.reset_peak_memory_stats()
                 r["ms"] = time_step(step, device, reps)
-                r["loop_ms"] = back_to_back(step)
             if device != "cuda" or turns:
                 steps[label] = step
             if device == "cuda":
@@ -467,10 +461,7 @@ def interleaved_times(steps: dict[str, Callable[[], Any]], rounds: int, device: 
             touched[k] += _minor_faults() - f0  # counted outside the timed span
             pipelined = t2 - t0  # the CPU runs a step's kernels as it queues them: nothing to overlap
             if device == "cuda":
-                for _ in range(PIPELINED_STEPS):
-                    step()
-                _sync(device)
-                pipelined = (time.perf_counter() - t2) / PIPELINED_STEPS
+                pipelined = back_to_back_s(step, PIPELINED_STEPS, device)
             times[k].append((t2 - t0, t1 - t0, pipelined))
     if faults is not None and rounds:
         faults.update({k: n / rounds for k, n in touched.items()})
@@ -527,9 +518,6 @@ def table(results: list[dict], backends: list[str]) -> str:
     cols = ["ms", "kernel_ms", "launches", "host_ms", "compile_s", "peak_mb", "reserved_mb", "own_pools_mb", "err"]
     heads = ["wall ms", "vs Inductor", "kernel ms", "launches", "host ms", "compile s", "peak MB", "reserved MB",
              "graphs' pools MB", "max err"]
-    if any("loop_ms" in r for rec in results for r in rec.values() if isinstance(r, dict)):
-        cols.append("loop_ms")
-        heads.append("ms back to back")
     if any("turn_wall_ms" in r for rec in results for r in rec.values() if isinstance(r, dict)):
         cols += ["turn_wall_ms", "turn_host_ms", "turn_pipelined_ms"]
         heads += ["wall ms in turns", "host ms in turns", "pipelined ms in turns"]

@@ -26,9 +26,7 @@ For each model, mode and backend (same process, same inputs, as `benchmarks.mode
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import gc
 import json
 import statistics
 import sys
@@ -42,7 +40,8 @@ import torch  # noqa: E402
 
 import fuselens.compiler  # noqa: E402
 fuselens.compiler.register()  # a source checkout (the GPU machine) has no entry point
-from benchmarks.models import back_to_back, backends_for, make_step, profiled_steps  # noqa: E402
+from benchmarks.collections_timed import collections_timed  # noqa: E402
+from benchmarks.models import back_to_back_s, backends_for, make_step, profiled_steps  # noqa: E402
 from benchmarks.real_models import build  # noqa: E402
 
 
@@ -58,27 +57,6 @@ def enqueue_and_wall(step: Callable[[], Any], calls: int = 30) -> tuple[float, f
         enq.append(t1 - t0)
         wall.append(t2 - t0)
     return 1e3 * statistics.median(enq), 1e3 * statistics.median(wall)
-
-
-@contextlib.contextmanager
-def full_passes(into: dict) -> Any:
-    """Python's full collections meanwhile: their number and total ms, into `into`."""
-    started: list[float] = []
-
-    def watch(phase: str, info: dict) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            started.append(time.perf_counter())
-        elif started:
-            into["full_gc_passes"] = into.get("full_gc_passes", 0) + 1
-            into["full_gc_ms"] = into.get("full_gc_ms", 0.0) + 1e3 * (time.perf_counter() - started.pop())
-
-    gc.callbacks.append(watch)
-    try:
-        yield into
-    finally:
-        gc.callbacks.remove(watch)
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -168,10 +146,11 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
         step = make_step(case, compiled, inputs, train, "cuda")
         for _ in range(3):
             step()
-        passes: dict = {}
-        with full_passes(passes):  # a pass in the timed steps reads as a slow step
+        with collections_timed() as passes:  # a full pass in the timed steps reads as a slow step
             enq, wall = enqueue_and_wall(step)
-            loop_ms = back_to_back(step)
+            # a training loop's throughput: the median of five blocks, as a rare stall is paid once
+            loop_ms = 1e3 * statistics.median(back_to_back_s(step, 20, "cuda") for _ in range(5))
+        full_gc_passes, full_gc_s = passes.get(2, (0, 0.0))
         torch.cuda.reset_peak_memory_stats()
         made = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
         step()
@@ -180,7 +159,7 @@ def run(model: str, mode: str, backends: list[str]) -> list[dict]:
         # ATen's results and workspaces, Python's (a tensor taking over a dead one's memory does not)
         made = torch.cuda.memory_stats().get("allocation.all.allocated", 0) - made
         rec = {"model": model, "mode": mode, "backend": backend, "enqueue_ms": enq, "wall_ms": wall,
-               "back_to_back_ms": loop_ms, **passes,
+               "back_to_back_ms": loop_ms, "full_gc_passes": full_gc_passes, "full_gc_ms": 1e3 * full_gc_s,
                "peak_mb": peak, "allocations": made, **anatomy(step), "host_top": host_top(step)}
         print(json.dumps(rec), flush=True)
         out.append(rec)
