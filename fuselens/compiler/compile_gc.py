@@ -34,10 +34,13 @@ mask graph, called for its encoder and its decoder) does not run it: a pass ther
 before the step's last compiles, which asked for another. The pass costs what each of those
 that the freeze holds back would have (0.4-0.7 s on the H200), once per run of compiles,
 and where compiles keep coming, passes take at most a tenth of the program's time since its
-first compile (`_PASS_SHARE`). That share was once a window of ten times the last pass
-after it, in which a pass asked for waited: BART's training with CUDA graphs on the H200 had
-one held back past its compiles into its steady state, where it stalled a step for 0.53 s
-(fifty-first session). None runs while a CUDA graph is captured around the call.
+first compile (`_PASS_SHARE`): a pass past that share is not run at all, and its compiles'
+garbage waits for Python's own next full pass. Held back and asked for again at every call, it
+ran once the program had run long enough, in its steady state: BART's training with CUDA
+graphs on the H200 stalled a step for 0.52-0.56 s some hundred steps after its compiles (a
+compile in its second step asked again right after the first pass), and before that a window
+of ten times the last pass did the same (fifty-first and fifty-second sessions). None runs
+while a CUDA graph is captured around the call.
 """
 
 from __future__ import annotations
@@ -127,14 +130,14 @@ def _collect_garbage_of_compiles() -> None:
     import torch
 
     start = time.monotonic()
-    if _spent + _last > (start - _since) / _PASS_SHARE:
-        return  # compiles keep coming: one pass for them all, once the program has run longer
     if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
         return  # a CUDA graph being captured around the call: a later call collects
     with _lock:
         if _depth:  # a compile in progress: its end asks again
             return
         _compiled = False
+    if _spent + _last > (start - _since) / _PASS_SHARE:
+        return  # compiles keep coming: not now, nor later in the steady state (see the docstring)
     gc.collect()
     _last = time.monotonic() - start
     _spent += _last
