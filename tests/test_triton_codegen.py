@@ -74,6 +74,8 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
                 "fallbacks": [e.message for e in events if type(e).__name__ == "ErrorEntry"],
                 "externs": [k.ops[0] for k in events if isinstance(k, Kernel) and k.kind == "extern"],
                 "epilogues": [d.reason for d in events if isinstance(d, FusionDecision) and d.rule == "extern-epilogue"],
+                "once": [d.nodes[0] for d in events if isinstance(d, FusionDecision)
+                         and d.rule == "module-state-prologue"],
             }
         except Exception as e:  # noqa: BLE001 - record, the test reports it
             import traceback
@@ -167,7 +169,10 @@ def _worker(out_path: str) -> None:  # pragma: no cover - runs in the subprocess
         bn.weight.data.uniform_(0.5, 1.5)
         bn.bias.data.uniform_(-0.5, 0.5)
     with torch.no_grad():
+        # the fold's kernels over the weights at every call, as with CUDA graphs
         case("conv_bn_relu_folded", block, (torch.randn(2, 8, 10, 10).to(memory_format=torch.channels_last),),
+             rtol=1e-4, atol=1e-4, module_state_once="never")
+        case("conv_bn_relu_folded_once", block, (torch.randn(2, 8, 10, 10).to(memory_format=torch.channels_last),),
              rtol=1e-4, atol=1e-4)
     case("conv_bn_relu_with_grad_untouched", block, (torch.randn(2, 8, 10, 10),), rtol=1e-4, atol=1e-4)
     case("full_reduction_scalar", lambda x: x.mean(), (torch.randn(37, 11),), rtol=1e-4, atol=1e-5)
@@ -507,6 +512,15 @@ def test_inference_batch_norm_folds_into_the_convolution_with_relu_and_residual(
     assert sum("residual add" in r for r in rec["epilogues"]) == 1, rec["epilogues"]
     # with gradients enabled nothing is rewritten: the custom op has no derivative
     assert "fuselens.conv2d_bias_relu.default" not in _ok(records, "conv_bn_relu_with_grad_untouched")["externs"]
+
+
+def test_the_folded_weights_and_biases_are_computed_once_not_at_every_call(records: dict) -> None:
+    """The fold reads parameters and buffers alone: its kernels leave the graph for the
+    module-state prologue (module_state_prologue.py), and the graph is its two library calls."""
+    rec = _ok(records, "conv_bn_relu_folded_once")
+    assert rec["externs"] == ["fuselens.conv2d_bias_relu.default"] * 2, rec["externs"]
+    assert not rec["kinds"] and len(rec["once"]) == 4, rec["once"]  # each convolution's weight and bias
+    assert _ok(records, "conv_bn_relu_folded")["kinds"] and not _ok(records, "conv_bn_relu_folded")["once"]
 
 
 def test_a_per_row_int64_read_does_not_halve_a_bf16_row_reductions_chunk(records: dict) -> None:

@@ -334,6 +334,8 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     target = get_target(resolve_target(opts.target, devices))
     with phases.timed("graph_passes"):
         rewrites = rewrite_graph(gm, target, example_inputs, ident.stage, opts)
+        prologue, hoisted = _module_state_prologue(gm, example_inputs, ident.stage, opts)
+        rewrites += hoisted
     with phases.timed("lowering"):
         graph, outputs = lower(gm, opts)
     with phases.timed("scheduling"):
@@ -364,7 +366,26 @@ def _compile_pipeline(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     _say_why_not_recomputed(events, declined)
     opts, blocked = _cuda_graphs_for(gm, example_inputs, opts, ident)
     runner, extra_events = target.finalize(runner, lib, opts, ident.graph_id, devices, timer)
+    if prologue is not None:
+        from fuselens.compiler.module_state_prologue import PrologueRunner
+
+        runner = PrologueRunner(runner, prologue)
     return runner, events + blocked + extra_events
+
+
+def _module_state_prologue(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], stage: str,
+                           opts: Any) -> tuple[Any, list]:
+    """An inference graph's work on module state alone, cut out to run once
+    (module_state_prologue.py), where option `module_state_once` says; never under CUDA
+    graphs, whose replays would not see it redone."""
+    on_cuda = runs_on_cuda(example_inputs)
+    if opts.module_state_once == "never" or stage != "aot_inference" \
+            or (on_cuda and (opts.module_state_once == "cpu" or opts.cuda_graphs)):
+        return None, []
+    from fuselens.compiler.module_state_prologue import split_module_state_prologue
+    from fuselens.compiler.runtime.capture_inputs import static_input_indices
+
+    return split_module_state_prologue(gm, sorted(static_input_indices()))
 
 
 def _cuda_graphs_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Any,
