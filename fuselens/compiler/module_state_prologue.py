@@ -87,7 +87,8 @@ def _choose(n: torch.fx.Node, known: set, state: set, cut: list, looked: set) ->
     if n in looked or n.op != "call_function":
         return
     looked.add(n)
-    sources = _sources(n, known, state)
+    ancestors = _ancestors(n, known)
+    sources = ancestors & state
     if not sources:
         return  # literals alone: constant_folding.py's to fold, at compile time
     returned = any(u.op == "output" for u in n.users)
@@ -97,37 +98,26 @@ def _choose(n: torch.fx.Node, known: set, state: set, cut: list, looked: set) ->
             if i in known:
                 _choose(i, known, state, cut, looked)
         return
-    if _computes(n, known):
+    if _work(ancestors):
         cut.append(n)
 
 
-def _sources(n: torch.fx.Node, known: set, state: set) -> set[torch.fx.Node]:
-    """The module-state inputs `n` is computed from."""
-    seen, stack, found = set(), [n], set()
+def _ancestors(n: torch.fx.Node, known: set) -> set[torch.fx.Node]:
+    """`n` and the module state and constants it is computed from, transitively."""
+    seen, stack = set(), [n]
     while stack:
         m = stack.pop()
         if m in seen:
             continue
         seen.add(m)
-        if m in state:
-            found.add(m)
-        elif m.op == "call_function":
+        if m.op == "call_function":
             stack.extend(i for i in _data_inputs(m) if i in known)
-    return found
+    return seen
 
 
-def _computes(n: torch.fx.Node, known: set) -> bool:
-    """Whether `n`'s value takes work: some op computing it is not a view."""
-    stack, seen = [n], set()
-    while stack:
-        m = stack.pop()
-        if m in seen or m.op != "call_function":
-            continue
-        seen.add(m)
-        if not ir.returns_alias(m):
-            return True
-        stack.extend(i for i in _data_inputs(m) if i in known)
-    return False
+def _work(nodes: set[torch.fx.Node]) -> int:
+    """The ops among `nodes` that compute (views take no work)."""
+    return sum(1 for m in nodes if m.op == "call_function" and not ir.returns_alias(m))
 
 
 def _bytes(val: Any) -> int:
@@ -165,7 +155,7 @@ def _split(gm: torch.fx.GraphModule, cut: list[torch.fx.Node], known: set,
         last = p
         p.meta.update({key: n.meta[key] for key in ("val", "tensor_meta", "stack_trace") if key in n.meta})
         n.replace_all_uses_with(p, delete_user_cb=lambda u: u not in cone)
-        ops = sum(1 for m in _cone_of(n, known) if m.op == "call_function" and not ir.returns_alias(m))
+        ops = _work(_ancestors(n, known))
         shape = "x".join(str(s) for s in val.shape) or "0-d"
         rewrites.append(GraphRewrite(
             "module-state-prologue", n.name,
@@ -175,17 +165,6 @@ def _split(gm: torch.fx.GraphModule, cut: list[torch.fx.Node], known: set,
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return Prologue(module, reads, expected), rewrites
-
-
-def _cone_of(n: torch.fx.Node, known: set) -> set[torch.fx.Node]:
-    seen, stack = set(), [n]
-    while stack:
-        m = stack.pop()
-        if m in seen or m.op != "call_function":
-            continue
-        seen.add(m)
-        stack.extend(i for i in _data_inputs(m) if i in known)
-    return seen
 
 
 class PrologueRunner:

@@ -197,8 +197,14 @@ class Planner:
                 symbol_sources[s.name] = ("arg", g.inputs[src[1]].name)
             else:
                 symbol_sources[s.name] = (src[0], g.inputs[src[1]].name, src[2])
-        viewed = {self._root(k) for k in self.alias_parent}  # roots something else aliases
-        reusable = {n for n in self.kernel_allocated if self._root(n) == n and n not in viewed} - taken
+        # buffers the graph owns whole (a kernel's output, a matmul's result) whose storage a later
+        # allocation may take over once they die: a Free drops a root with all its views
+        # (`_insert_frees`), so a viewed one counts too (a Linear's result reshaped, ConvNeXt's and
+        # every transformer's: on the CPU, where only kernels' unviewed outputs counted, ConvNeXt-T
+        # made 43 fresh buffers a call and took over one); never one an output or a mutated input is on
+        matmuls = {st.outputs for st in self.plan if isinstance(st, ExternCall) and st.out_layout is not None}
+        kept = {self._root(b) for b in self._output_bufs | in_place}
+        reusable = {n for n in self.kernel_allocated | matmuls if self._root(n) == n} - taken - kept
         runner = GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
                              outputs, reusable - self._output_bufs - in_place, self.timer, constants=g.constants)
         runner.origins = self._origins()

@@ -338,6 +338,21 @@ class _Printer:
         self.emit(f"del {old}")
         return True
 
+    def _pooled_for(self, step: ExternCall) -> Optional[str]:
+        """A dead buffer of the host pool a matmul's result may be written into (`out=`), as
+        kernels' outputs take them (`_take_pooled`); None: the library allocates it. Each fresh
+        result of megabytes is memory the C library maps anew and the matmul's first touch
+        faults in: ConvNeXt-T inference on a 2-core CPU copied its Linear biases into fresh
+        results at 143 us a call against Inductor's 27, which hands them dead buffers."""
+        dtype = step.dtypes.get(step.outputs) if isinstance(step.outputs, str) else None
+        if dtype is None:
+            return None
+        size, stride = step.out_layout
+        key = (dtype, alloc_nbytes(size, stride, dtype))
+        self.nbytes[self.local(step.outputs)] = key  # pooled in turn once it dies (`free`)
+        free = self.pool.get(key)
+        return free.pop() if free else None
+
     def _take_held(self, name: str) -> str:
         """The expression giving allocation `name` the storage of the dead buffer it takes."""
         old = self.takes[name]
@@ -353,9 +368,16 @@ class _Printer:
     def extern(self, step: ExternCall) -> None:
         a = ", ".join(self.arg(x) for x in step.args)
         k = ", ".join(f"{key}={self.arg(v)}" for key, v in step.kwargs.items())
-        into = None
+        into = release = None
         if step.out_layout is not None and self.takes.get(step.outputs) in self.held:
             into = self._take_held(step.outputs)
+            release = self.held.pop(self.takes[step.outputs])
+        elif step.out_layout is not None and self.host_pool and self.static is not None:
+            release = self._pooled_for(step)
+            if release is not None:
+                size, stride = step.out_layout
+                into = f"{release}.as_strided({self.lit(tuple(size))}, {self.lit(tuple(stride))}, 0)"
+        if into is not None:
             k = ", ".join(p for p in (k, f"out={into}") if p)
         call = f"{self.glob(_direct(step.target), 'e')}({', '.join(p for p in (a, k) if p)})"
         method = _VIEW_METHODS.get(step.target)
@@ -386,8 +408,8 @@ class _Printer:
             self.emit(f"{self.local(step.outputs)} = {call}")
             if tail:
                 self.emit(tail)
-            if into is not None:
-                self.emit(f"del {self.held.pop(self.takes[step.outputs])}")
+            if release is not None:
+                self.emit(f"del {release}")
         for n, dt in step.dtypes.items():  # where kernels read it, in the dtype they were generated for
             if n in self.kernel_reads:
                 var, d = self.names[n], self.glob(dt, "dt")
