@@ -71,18 +71,17 @@ def split_module_state_prologue(gm: torch.fx.GraphModule,
             torch.fx.node.map_arg((n.args, n.kwargs), inputs.append)
             if inputs and all(i in known for i in inputs):
                 known.add(n)
-    cut: list[torch.fx.Node] = []
+    cut: dict[torch.fx.Node, int] = {}  # node -> the ops computing it
     looked: set[torch.fx.Node] = set()
     for n in gm.graph.nodes:
         if n in known and n.op == "call_function" and any(u not in known for u in n.users):
             _choose(n, known, state, cut, looked)
     if not cut:
         return None, []
-    chosen = set(cut)
-    return _split(gm, [n for n in gm.graph.nodes if n in chosen], known, placeholders)
+    return _split(gm, {n: cut[n] for n in gm.graph.nodes if n in cut}, known, placeholders)
 
 
-def _choose(n: torch.fx.Node, known: set, state: set, cut: list, looked: set) -> None:
+def _choose(n: torch.fx.Node, known: set, state: set, cut: dict, looked: set) -> None:
     """Cut `n` where that saves work and no memory, else look at what it reads."""
     if n in looked or n.op != "call_function":
         return
@@ -98,8 +97,9 @@ def _choose(n: torch.fx.Node, known: set, state: set, cut: list, looked: set) ->
             if i in known:
                 _choose(i, known, state, cut, looked)
         return
-    if _work(ancestors):
-        cut.append(n)
+    ops = _work(ancestors)
+    if ops:
+        cut[n] = ops
 
 
 def _ancestors(n: torch.fx.Node, known: set) -> set[torch.fx.Node]:
@@ -124,7 +124,7 @@ def _bytes(val: Any) -> int:
     return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
 
 
-def _split(gm: torch.fx.GraphModule, cut: list[torch.fx.Node], known: set,
+def _split(gm: torch.fx.GraphModule, cut: dict[torch.fx.Node, int], known: set,
            placeholders: list[torch.fx.Node]) -> tuple[Prologue, list[GraphRewrite]]:
     cone: set[torch.fx.Node] = set()  # what the prologue computes: the cut values and what they read
     stack = list(cut)
@@ -147,7 +147,7 @@ def _split(gm: torch.fx.GraphModule, cut: list[torch.fx.Node], known: set,
     expected = []
     rewrites = []
     last = placeholders[-1]
-    for k, n in enumerate(cut):
+    for k, (n, ops) in enumerate(cut.items()):
         val = n.meta["val"]
         expected.append((tuple(val.shape), tuple(val.stride()), val.dtype))
         with gm.graph.inserting_after(last):
@@ -155,7 +155,6 @@ def _split(gm: torch.fx.GraphModule, cut: list[torch.fx.Node], known: set,
         last = p
         p.meta.update({key: n.meta[key] for key in ("val", "tensor_meta", "stack_trace") if key in n.meta})
         n.replace_all_uses_with(p, delete_user_cb=lambda u: u not in cone)
-        ops = _work(_ancestors(n, known))
         shape = "x".join(str(s) for s in val.shape) or "0-d"
         rewrites.append(GraphRewrite(
             "module-state-prologue", n.name,

@@ -206,7 +206,7 @@ class Planner:
         kept = {self._root(b) for b in self._output_bufs | in_place}
         reusable = {n for n in self.kernel_allocated | matmuls if self._root(n) == n} - taken - kept
         runner = GraphRunner(self.plan, [i.name for i in g.inputs], symbol_sources, _compile_slots(self.symeval),
-                             outputs, reusable - self._output_bufs - in_place, self.timer, constants=g.constants)
+                             outputs, reusable, self.timer, constants=g.constants)
         runner.origins = self._origins()
         names = [i.name for i in g.inputs]
         runner.mutated_inputs = sorted(names.index(d) for d in g.input_mutations.values())
